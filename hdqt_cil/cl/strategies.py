@@ -1,0 +1,66 @@
+"""One registered builder per strategy; each is a thin layer over avalanche's templates and plugins.
+
+Every builder receives the same `common` keyword arguments (optimizer, criterion, batch sizes, epochs, device,
+plugins, evaluator); a new strategy is one `@register` function here plus one file in configs/strategy/.
+"""
+from typing import Callable
+
+from avalanche.training import ICaRL, JointTraining, LwF, Naive
+from avalanche.training.templates import SupervisedTemplate
+from torchvision.transforms import v2
+
+from .bic import BiCPlugin
+
+_BUILDERS: dict[str, Callable] = {}
+
+
+def register(name: str):
+    def add(builder):
+        _BUILDERS[name] = builder
+        return builder
+    return add
+
+
+def strategy_names() -> tuple[str, ...]:
+    return tuple(sorted(_BUILDERS))
+
+
+def build_strategy(cfg, trainer, model, common: dict, image_inputs: bool) -> SupervisedTemplate:
+    """The avalanche strategy `cfg.name` around `model` (a models.Classifier)."""
+    if cfg.name not in _BUILDERS:
+        raise ValueError(f"unknown strategy {cfg.name!r}; choose one of {', '.join(strategy_names())}")
+    return _BUILDERS[cfg.name](cfg, trainer, model, common, image_inputs)
+
+
+@register("naive")
+def _naive(cfg, trainer, model, common, image_inputs):
+    return Naive(model=model, **common)
+
+
+@register("joint")
+def _joint(cfg, trainer, model, common, image_inputs):
+    return JointTraining(model=model, **common)
+
+
+@register("lwf")
+def _lwf(cfg, trainer, model, common, image_inputs):
+    return LwF(model=model, alpha=cfg.alpha, temperature=cfg.temperature, **common)
+
+
+@register("icarl")
+def _icarl(cfg, trainer, model, common, image_inputs):
+    # Exemplars are stored after the eval transform (normalised tensors); only geometric augmentation is
+    # replayed on them, since a colour jitter would clamp normalised values to [0, 1].
+    replay_tf = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()]) if image_inputs else None
+    kwargs = {k: v for k, v in common.items() if k != "criterion"}  # iCaRL brings its own loss
+    return ICaRL(feature_extractor=model.features, classifier=model.classifier,
+                 memory_size=trainer.memory_size, buffer_transform=replay_tf,
+                 fixed_memory=cfg.fixed_memory, **kwargs)
+
+
+@register("bic")
+def _bic(cfg, trainer, model, common, image_inputs):
+    plugin = BiCPlugin(mem_size=trainer.memory_size, val_percentage=cfg.val_percentage, T=cfg.temperature,
+                       stage_2_epochs=cfg.stage_2_epochs, lamb=cfg.lamb, lr=cfg.stage_2_lr)
+    common = {**common, "plugins": [*common["plugins"], plugin]}
+    return SupervisedTemplate(model=model, **common)

@@ -1,0 +1,155 @@
+"""cfg → benchmark, model, quantization, strategy → train/evaluate each experience → results in the run folder."""
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+from avalanche.evaluation.metrics import accuracy_metrics, loss_metrics
+from avalanche.logging import CSVLogger, InteractiveLogger, TensorboardLogger
+from avalanche.training.determinism.rng_manager import RNGManager
+from avalanche.training.plugins import EvaluationPlugin, LRSchedulerPlugin
+from omegaconf import OmegaConf
+from torch.optim.lr_scheduler import MultiStepLR
+
+from .cl.recorder import PredictionRecorder
+from .cl.strategies import build_strategy
+from .config import validate, validate_against_benchmark
+from .data.benchmarks import build_benchmark
+from .models import build_model
+from .results.io import read_json, write_atomic, write_json
+from .results.metrics import AccuracyHistory, summarize
+from .results.tables import display_table, aggregate, collect_runs, to_markdown
+
+log = logging.getLogger(__name__)
+
+# Keys that may differ between two runs writing the same folder: they change how, not what, is computed.
+_RUN_INDEPENDENT = ("overwrite", "logging", "results_root", "data_root")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"trainer.device={name!r} but CUDA is not available here; use auto or cpu")
+    return device
+
+
+def _comparable(cfg_dict: dict) -> dict:
+    out = {k: v for k, v in cfg_dict.items() if k not in _RUN_INDEPENDENT}
+    out["trainer"] = {k: v for k, v in out.get("trainer", {}).items() if k not in ("device", "num_workers")}
+    return out
+
+
+def claim_run_dir(run_dir: Path, cfg_dict: dict, overwrite: bool) -> bool:
+    """Make `run_dir` ours; False when it already holds this exact run, complete (nothing to do)."""
+    config_file = run_dir / "config.yaml"
+    if config_file.exists() and not overwrite:
+        previous = OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
+        if _comparable(previous) != _comparable(cfg_dict):
+            raise FileExistsError(
+                f"{run_dir} holds a run with a different config; set tag=<name> to write this one elsewhere, "
+                f"or overwrite=true to replace it")
+        summary = run_dir / "summary.json"
+        if summary.exists() and read_json(summary)["status"] == "complete":
+            return False
+    write_atomic(config_file, OmegaConf.to_yaml(OmegaConf.create(cfg_dict)))
+    return True
+
+
+def _evaluator(cfg, run_dir: Path) -> EvaluationPlugin:
+    show_bars = cfg.logging.progress == "on" or (cfg.logging.progress == "auto" and sys.stdout.isatty())
+    loggers = [InteractiveLogger()] if show_bars else []
+    if cfg.logging.csv:
+        loggers.append(CSVLogger(log_folder=str(run_dir / "csv")))
+    if cfg.logging.tensorboard:
+        loggers.append(TensorboardLogger(tb_log_dir=str(run_dir / "tb")))
+    metrics = [accuracy_metrics(epoch=True, experience=True), loss_metrics(epoch=True)] if loggers else []
+    return EvaluationPlugin(*metrics, loggers=loggers)
+
+
+def _summary(cfg, bench, history, status, started, device, error=None) -> dict:
+    return {
+        "status": status,
+        "error": error,
+        "run": {"benchmark": cfg.benchmark.name, "model": cfg.model.name, "strategy": cfg.strategy.name,
+                "quant": cfg.quant.name, "tag": cfg.tag, "seed": cfg.seed},
+        "n_experiences": bench.n_experiences,
+        "classes_per_exp": bench.num_classes // bench.n_experiences,
+        "steps_done": history.steps,
+        "metrics": summarize(history),
+        "seen_acc": history.seen_acc,
+        "acc_matrix": history.acc_matrix,
+        "class_acc": history.class_acc,
+        "class_order": bench.class_order,
+        "class_names": [bench.class_names[c] for c in bench.class_order],
+        "wall_time_s": time.time() - started,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "command": " ".join(sys.argv),
+    }
+
+
+def _write_results(run_dir: Path, summary: dict) -> None:
+    write_json(run_dir / "summary.json", summary)
+    header = "after_exp," + ",".join(f"exp{j}" for j in range(summary["n_experiences"]))
+    lines = [header] + [f"{k}," + ",".join(f"{a:.2f}" for a in row) for k, row in enumerate(summary["acc_matrix"])]
+    write_atomic(run_dir / "accuracy_matrix.csv", "\n".join(lines) + "\n")
+
+
+def run(cfg, run_dir) -> dict:
+    """Run one experiment into `run_dir`; return its summary."""
+    run_dir = Path(run_dir)
+    validate(cfg)
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    if not claim_run_dir(run_dir, cfg_dict, cfg.overwrite):
+        log.info("%s already holds this run, complete; overwrite=true reruns it", run_dir)
+        return read_json(run_dir / "summary.json")
+
+    RNGManager.set_random_seeds(cfg.seed)
+    device = resolve_device(cfg.trainer.device)
+    bench = build_benchmark(cfg.benchmark, cfg.seed)
+    validate_against_benchmark(cfg, bench.num_classes)
+    model = build_model(cfg.model.name, bench.input_shape, bench.num_classes, cfg.model.get("hidden"))
+
+    t = cfg.trainer
+    optimizer = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+    recorder = PredictionRecorder()
+    plugins = [recorder]
+    if t.milestones:
+        plugins.append(LRSchedulerPlugin(MultiStepLR(optimizer, list(t.milestones), t.gamma)))
+    common = dict(optimizer=optimizer, criterion=torch.nn.CrossEntropyLoss(), train_mb_size=t.batch_size,
+                  train_epochs=t.epochs, eval_mb_size=t.eval_batch_size, device=device, plugins=plugins,
+                  evaluator=_evaluator(cfg, run_dir))
+    strategy = build_strategy(cfg.strategy, t, model, common, image_inputs=len(bench.input_shape) == 3)
+
+    history = AccuracyHistory(bench.n_experiences, bench.num_classes)
+    started = time.time()
+    scenario = bench.scenario
+    loader_args = {"num_workers": t.num_workers}
+    log.info("%s: %d classes in %d experiences on %s → %s", cfg.benchmark.name, bench.num_classes,
+             bench.n_experiences, device, run_dir)
+    try:
+        if cfg.strategy.name == "joint":
+            strategy.train(scenario.train_stream, **loader_args)
+            steps = [len(scenario.test_stream) - 1]
+        else:
+            steps = range(bench.n_experiences)
+        for k in steps:
+            if cfg.strategy.name != "joint":
+                strategy.train(scenario.train_stream[k], **loader_args)
+            strategy.eval(scenario.test_stream[: k + 1], **loader_args)
+            history.add_step(recorder.results)
+            status = "complete" if k == steps[-1] else "running"
+            _write_results(run_dir, _summary(cfg, bench, history, status, started, device))
+            log.info("after experience %d/%d: accuracy on seen classes %.2f%% (%.0f s)", k + 1,
+                     bench.n_experiences, history.seen_acc[-1], time.time() - started)
+    except BaseException as exc:
+        _write_results(run_dir, _summary(cfg, bench, history, "interrupted", started, device, error=repr(exc)))
+        raise
+    return read_json(run_dir / "summary.json")
+
+
+def run_table(run_dir) -> str:
+    """The Markdown table of one run folder (what `python run.py` prints at the end)."""
+    return to_markdown(display_table(aggregate(collect_runs(run_dir))))
