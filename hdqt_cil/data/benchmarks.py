@@ -1,0 +1,62 @@
+"""Benchmark construction: a dataset loader per name, then one class-incremental split for all of them.
+
+The split uses avalanche's `nc_benchmark` (not `class_incremental_benchmark`: avalanche 0.6.0's iCaRL and BiC
+read `n_classes_per_exp` and `classes_order`, which only the NC scenarios carry). Classes are relabelled 0..C-1 in
+the order they arrive, so logits, exemplar memories and per-class tables all speak the same label space;
+`class_names[order[i]]` names relabelled class i.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+from avalanche.benchmarks import nc_benchmark
+
+from . import cifar, digits, har
+
+BENCHMARKS = ("digits", "cifar10", "cifar100", "hapt", "dsads", "pamap2", "features")
+
+
+@dataclass
+class Benchmark:
+    scenario: object  # avalanche NCScenario
+    input_shape: tuple
+    num_classes: int
+    class_order: list  # original class index of relabelled class i
+    class_names: list
+
+    @property
+    def n_experiences(self) -> int:
+        return len(self.scenario.train_stream)
+
+
+def _load(cfg, seed: int):
+    """(train set, test set, class names, train transform, eval transform) for benchmark `cfg.name`."""
+    name = cfg.name
+    if name == "digits":
+        return (*digits.load(), None, None)
+    if name in ("cifar10", "cifar100"):
+        train, test, names = cifar.load(name, cfg.root, download=cfg.download, verify=cfg.verify)
+        return (train, test, names, *cifar.transforms(name, cfg.augment, cfg.color_jitter))
+    if name in ("hapt", "dsads", "pamap2", "features"):
+        return (*har.load(cfg, seed), None, None)
+    raise ValueError(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}")
+
+
+def build_benchmark(cfg, seed: int) -> Benchmark:
+    """Split benchmark `cfg.name` into `cfg.n_experiences` experiences; the class order is shuffled by `seed`."""
+    train, test, names, train_tf, eval_tf = _load(cfg, seed)
+    classes = sorted(set(train.targets))
+    n_exp = cfg.n_experiences
+    if n_exp < 1 or len(classes) % n_exp:
+        raise ValueError(f"benchmark.n_experiences={n_exp} does not divide the {len(classes)} classes of "
+                         f"{cfg.name}; choose a divisor of {len(classes)}")
+    missing = sorted(set(classes) - set(test.targets))
+    if missing:
+        raise ValueError(f"classes {[names[c] for c in missing]} of {cfg.name} have no test samples")
+    order = list(np.random.RandomState(seed).permutation(classes)) if cfg.shuffle_classes else classes
+    order = [int(c) for c in order]
+    scenario = nc_benchmark(
+        train, test, n_experiences=n_exp, task_labels=False, shuffle=False,
+        fixed_class_order=order, class_ids_from_zero_from_first_exp=True,
+        train_transform=train_tf, eval_transform=eval_tf,
+    )
+    return Benchmark(scenario, tuple(train.inputs.shape[1:]), len(classes), order, list(names))
