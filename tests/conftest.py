@@ -1,0 +1,28 @@
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from hdqt_cil.config import register_resolvers
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+register_resolvers()
+
+
+@pytest.fixture
+def make_cfg(tmp_path):
+    """Compose the project config with overrides, results and data under tmp_path."""
+    def _make(*overrides):
+        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+            return compose("config", overrides=[f"results_root={tmp_path}/runs", f"data_root={tmp_path}/data",
+                                                "logging.progress=off", *overrides])
+    return _make
+
+
+@pytest.fixture(autouse=True)
+def _quiet_threads():
+    os.environ.setdefault("OMP_NUM_THREADS", "2")
+    yield

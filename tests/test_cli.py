@@ -1,0 +1,39 @@
+"""run.py as a user calls it: a real process, real Hydra."""
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args, tmp_path):
+    flags = [a for a in args if a.startswith("-")]
+    overrides = [a for a in args if not a.startswith("-")]
+    return subprocess.run([sys.executable, "run.py", *flags, f"results_root={tmp_path}", *overrides], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_run_prints_its_table(tmp_path):
+    out = run_cli("strategy=naive", "trainer.epochs=1", tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "| digits | mlp | naive | fp32 |" in out.stdout
+    assert (tmp_path / "digits-mlp" / "naive" / "fp32" / "seed0" / "summary.json").exists()
+
+
+def test_multirun_sweeps_into_one_results_tree(tmp_path):
+    out = run_cli("-m", "strategy=naive,lwf", "seed=0,1", "trainer.epochs=1", tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    runs = sorted(str(p.parent.relative_to(tmp_path)) for p in tmp_path.rglob("summary.json"))
+    assert runs == [f"digits-mlp/{s}/fp32/seed{k}" for s in ("lwf", "naive") for k in (0, 1)]
+
+
+def test_unknown_strategy_lists_the_choices(tmp_path):
+    out = run_cli("strategy=ewc", tmp_path=tmp_path)
+    assert out.returncode != 0
+    assert "Could not find 'strategy/ewc'" in out.stderr and "icarl" in out.stderr
+
+
+def test_bad_value_fails_before_writing_anything(tmp_path):
+    out = run_cli("trainer.epochs=0", tmp_path=tmp_path)
+    assert out.returncode != 0 and "trainer.epochs=0 must be a positive integer" in out.stderr
+    assert not list(tmp_path.rglob("summary.json"))

@@ -1,0 +1,51 @@
+"""Every strategy trains on a real (small) benchmark on the CPU and yields well-formed results."""
+import json
+
+import numpy as np
+import pytest
+
+from hdqt_cil.experiment import run
+
+STRATEGIES = ["naive", "lwf", "icarl", "bic", "joint"]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_strategy_runs_one_epoch_on_digits(make_cfg, tmp_path, strategy):
+    cfg = make_cfg(f"strategy={strategy}", "trainer.epochs=1", "trainer.device=cpu",
+                   *(["strategy.stage_2_epochs=2"] if strategy == "bic" else []))
+    summary = run(cfg, tmp_path / "run")
+    steps = 1 if strategy == "joint" else 5
+    acc = np.array(summary["acc_matrix"], dtype=float)
+    assert acc.shape == (steps, 5)
+    assert summary["status"] == "complete" and summary["steps_done"] == steps
+    # Only seen experiences are evaluated: the upper triangle stays empty (joint has seen all).
+    if strategy != "joint":
+        assert np.isnan(acc[np.triu_indices(5, k=1)]).all()
+        assert not np.isnan(acc[np.tril_indices(5)]).any()
+    assert 0 <= summary["metrics"]["last_acc"] <= 100
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert on_disk["acc_matrix"] == summary["acc_matrix"]
+    assert (tmp_path / "run" / "accuracy_matrix.csv").read_text().startswith("after_exp,exp0")
+
+
+def test_finished_run_is_reused_and_different_config_refused(make_cfg, tmp_path):
+    run_dir = tmp_path / "run"
+    first = run(make_cfg("strategy=naive", "trainer.epochs=1"), run_dir)
+    again = run(make_cfg("strategy=naive", "trainer.epochs=1", "logging.progress=on"), run_dir)
+    assert again == first
+    with pytest.raises(FileExistsError, match="different config.*tag="):
+        run(make_cfg("strategy=naive", "trainer.epochs=2"), run_dir)
+
+
+def test_classes_not_divisible_by_tasks_is_refused_before_training(make_cfg, tmp_path):
+    with pytest.raises(ValueError, match="n_experiences=3 does not divide the 10 classes"):
+        run(make_cfg("benchmark.n_experiences=3"), tmp_path / "run")
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_seed_reproduces_and_changes_class_order(make_cfg, tmp_path):
+    a = run(make_cfg("strategy=naive", "trainer.epochs=1", "seed=1"), tmp_path / "a")
+    b = run(make_cfg("strategy=naive", "trainer.epochs=1", "seed=1"), tmp_path / "b")
+    c = run(make_cfg("strategy=naive", "trainer.epochs=1", "seed=2"), tmp_path / "c")
+    assert a["acc_matrix"] == b["acc_matrix"] and a["class_order"] == b["class_order"]
+    assert a["class_order"] != c["class_order"]

@@ -1,0 +1,55 @@
+import math
+
+import pytest
+
+from hdqt_cil.results.io import write_json
+from hdqt_cil.results.tables import aggregate, collect_runs, display_table, make_tables
+
+
+def _summary(strategy, quant, seed, last, status="complete", tag=""):
+    return {"status": status, "error": None,
+            "run": {"benchmark": "hapt", "model": "mlp", "strategy": strategy, "quant": quant, "tag": tag,
+                    "seed": seed},
+            "n_experiences": 2, "classes_per_exp": 2, "steps_done": 2,
+            "metrics": {"avg_acc": last + 10, "last_acc": last, "forgetting": 5.0, "bwt": -5.0},
+            "seen_acc": [last + 20, last], "acc_matrix": [], "class_acc": [], "wall_time_s": 1.0}
+
+
+def _write(root, *summaries):
+    for i, s in enumerate(summaries):
+        write_json(root / f"run{i}" / "summary.json", s)
+
+
+def test_mean_std_over_seeds_and_flags(tmp_path):
+    _write(tmp_path,
+           _summary("icarl", "fp32", 0, 80.0), _summary("icarl", "fp32", 1, 84.0),
+           _summary("icarl", "fp32", 2, 10.0, status="running"),          # killed: not averaged in
+           _summary("bic", "hdqt", 0, 70.0), _summary("bic", "hdqt", 1, math.nan, status="diverged"),
+           _summary("lwf", "hdqt", 0, math.nan, status="diverged"),
+           _summary("icarl", "fp32", 0, 50.0, tag="acc4"))
+    agg = aggregate(collect_runs(tmp_path)).set_index(["strategy", "quant"])
+    icarl = agg.loc[("icarl", "fp32")]
+    assert icarl.last_acc_mean == pytest.approx(82.0)
+    assert icarl.last_acc_std == pytest.approx(2.8284271)
+    assert icarl.seeds == 2 and icarl.incomplete == 1
+    assert icarl.last_acc_text == "82.0 ± 2.8"
+    assert agg.loc[("bic", "hdqt")].last_acc_text == "70.0 ± 0.0 (1 diverged)"
+    assert agg.loc[("lwf", "hdqt")].last_acc_text == "diverged"
+    assert agg.loc[("icarl", "fp32[acc4]")].last_acc_mean == 50.0
+    assert "incomplete" in display_table(aggregate(collect_runs(tmp_path))).columns
+
+
+def test_make_tables_writes_every_format(tmp_path):
+    _write(tmp_path / "runs", _summary("icarl", "fp32", 0, 80.0), _summary("icarl", "hdqt", 0, 78.0))
+    table = make_tables([tmp_path / "runs"], tmp_path / "out")
+    assert list(table.strategy) == ["icarl", "icarl"]
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert "| hapt | mlp | icarl | hdqt | 88.0 ± 0.0 | 78.0 ± 0.0 |" in md
+    assert "last_acc_mean" in (tmp_path / "out" / "table.csv").read_text()
+    assert "\\begin{tabular}" in (tmp_path / "out" / "table.tex").read_text()
+    assert (tmp_path / "out" / "accuracy.png").stat().st_size > 1000
+
+
+def test_no_runs_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no run folders"):
+        collect_runs(tmp_path)
