@@ -17,8 +17,9 @@ warnings.filterwarnings("ignore", category=DeprecationWarning, module="avalanche
 def main(cfg):
     from hdqt_cil.experiment import run, run_table
 
-    run_dir = HydraConfig.get().runtime.output_dir
-    summary = run(cfg, run_dir)
+    hydra_cfg = HydraConfig.get()
+    run_dir = hydra_cfg.runtime.output_dir
+    summary = run(cfg, run_dir, job_num=hydra_cfg.job.get("num") or 0)
     print(run_table(run_dir))
     return summary["metrics"]["last_acc"]
 

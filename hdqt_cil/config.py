@@ -8,9 +8,17 @@ def run_path(benchmark, model, strategy, quant, tag, seed) -> str:
     return f"{benchmark}-{model}/{strategy}/{quant_dir}/seed{seed}"
 
 
+def gpu_count() -> int:
+    """GPUs visible to this process, at least 1 (a sweep's default parallelism)."""
+    import torch
+
+    return max(torch.cuda.device_count(), 1)
+
+
 def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("run_path"):
-        OmegaConf.register_new_resolver("run_path", run_path)
+    for name, fn in (("run_path", run_path), ("gpu_count", gpu_count)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
 
 
 def _positive_int(value, name):

@@ -27,9 +27,12 @@ log = logging.getLogger(__name__)
 _RUN_INDEPENDENT = ("overwrite", "logging", "results_root", "data_root")
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, job_num: int = 0) -> torch.device:
+    """`auto`: CUDA when present; in a sweep, job k takes GPU k mod (GPU count)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        return torch.device("cuda", job_num % torch.cuda.device_count())
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"trainer.device={name!r} but CUDA is not available here; use auto or cpu")
@@ -97,8 +100,8 @@ def _write_results(run_dir: Path, summary: dict) -> None:
     write_atomic(run_dir / "accuracy_matrix.csv", "\n".join(lines) + "\n")
 
 
-def run(cfg, run_dir) -> dict:
-    """Run one experiment into `run_dir`; return its summary."""
+def run(cfg, run_dir, job_num: int = 0) -> dict:
+    """Run one experiment into `run_dir` (job `job_num` of a sweep); return its summary."""
     run_dir = Path(run_dir)
     validate(cfg)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
@@ -107,7 +110,7 @@ def run(cfg, run_dir) -> dict:
         return read_json(run_dir / "summary.json")
 
     RNGManager.set_random_seeds(cfg.seed)
-    device = resolve_device(cfg.trainer.device)
+    device = resolve_device(cfg.trainer.device, job_num)
     bench = build_benchmark(cfg.benchmark, cfg.seed)
     validate_against_benchmark(cfg, bench.num_classes)
     model = build_model(cfg.model.name, bench.input_shape, bench.num_classes, cfg.model.get("hidden"))
