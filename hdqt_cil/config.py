@@ -40,6 +40,8 @@ def validate(cfg) -> None:
     if any(not isinstance(m, int) or m <= 0 for m in t.milestones):
         raise ValueError(f"trainer.milestones={list(t.milestones)} must be positive epoch numbers")
     _positive_int(cfg.benchmark.n_experiences, "benchmark.n_experiences")
+    if cfg.on_divergence not in ("stop", "continue"):
+        raise ValueError(f"on_divergence={cfg.on_divergence!r}; choose stop or continue")
     if cfg.logging.progress not in ("auto", "on", "off"):
         raise ValueError(f"logging.progress={cfg.logging.progress!r}; choose auto, on or off")
 

@@ -8,10 +8,12 @@ import torch
 from avalanche.evaluation.metrics import accuracy_metrics, loss_metrics
 from avalanche.logging import CSVLogger, InteractiveLogger, TensorboardLogger
 from avalanche.training.determinism.rng_manager import RNGManager
-from avalanche.training.plugins import EvaluationPlugin, LRSchedulerPlugin
+from avalanche.training.plugins import EvaluationPlugin
 from omegaconf import OmegaConf
-from torch.optim.lr_scheduler import MultiStepLR
 
+from .cl.checkpoint import ExperienceCheckpoints
+from .cl.divergence import Diverged, DivergenceGuard
+from .cl.optim import PerExperienceSGD
 from .cl.recorder import PredictionRecorder
 from .cl.strategies import build_strategy
 from .config import validate, validate_against_benchmark
@@ -24,7 +26,7 @@ from .results.tables import display_table, aggregate, collect_runs, to_markdown
 log = logging.getLogger(__name__)
 
 # Keys that may differ between two runs writing the same folder: they change how, not what, is computed.
-_RUN_INDEPENDENT = ("overwrite", "logging", "results_root", "data_root")
+_RUN_INDEPENDENT = ("overwrite", "resume", "on_divergence", "logging", "results_root", "data_root")
 
 
 def resolve_device(name: str, job_num: int = 0) -> torch.device:
@@ -45,9 +47,11 @@ def _comparable(cfg_dict: dict) -> dict:
     return out
 
 
-def claim_run_dir(run_dir: Path, cfg_dict: dict, overwrite: bool) -> bool:
-    """Make `run_dir` ours; False when it already holds this exact run, complete (nothing to do)."""
+def claim_run_dir(run_dir: Path, cfg_dict: dict, overwrite: bool) -> str:
+    """Make `run_dir` ours. Returns 'done' (this exact run finished there), 'again' (this run started there
+    before) or 'new'. A folder holding a different config is refused."""
     config_file = run_dir / "config.yaml"
+    state = "new"
     if config_file.exists() and not overwrite:
         previous = OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
         if _comparable(previous) != _comparable(cfg_dict):
@@ -55,10 +59,11 @@ def claim_run_dir(run_dir: Path, cfg_dict: dict, overwrite: bool) -> bool:
                 f"{run_dir} holds a run with a different config; set tag=<name> to write this one elsewhere, "
                 f"or overwrite=true to replace it")
         summary = run_dir / "summary.json"
-        if summary.exists() and read_json(summary)["status"] == "complete":
-            return False
+        if summary.exists() and read_json(summary)["status"] in ("complete", "diverged"):
+            return "done"
+        state = "again"
     write_atomic(config_file, OmegaConf.to_yaml(OmegaConf.create(cfg_dict)))
-    return True
+    return state
 
 
 def _evaluator(cfg, run_dir: Path) -> EvaluationPlugin:
@@ -72,7 +77,7 @@ def _evaluator(cfg, run_dir: Path) -> EvaluationPlugin:
     return EvaluationPlugin(*metrics, loggers=loggers)
 
 
-def _summary(cfg, bench, history, status, started, device, error=None) -> dict:
+def _summary(cfg, bench, history, status, elapsed, device, error=None) -> dict:
     return {
         "status": status,
         "error": error,
@@ -87,7 +92,7 @@ def _summary(cfg, bench, history, status, started, device, error=None) -> dict:
         "class_acc": history.class_acc,
         "class_order": bench.class_order,
         "class_names": [bench.class_names[c] for c in bench.class_order],
-        "wall_time_s": time.time() - started,
+        "wall_time_s": elapsed,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "command": " ".join(sys.argv),
     }
@@ -101,12 +106,17 @@ def _write_results(run_dir: Path, summary: dict) -> None:
 
 
 def run(cfg, run_dir, job_num: int = 0) -> dict:
-    """Run one experiment into `run_dir` (job `job_num` of a sweep); return its summary."""
+    """Run one experiment into `run_dir` (job `job_num` of a sweep); return its summary.
+
+    Re-running the same config in the same folder resumes from the last experience-boundary checkpoint
+    (unless resume=false); a finished folder is reused as it is (unless overwrite=true).
+    """
     run_dir = Path(run_dir)
     validate(cfg)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
-    if not claim_run_dir(run_dir, cfg_dict, cfg.overwrite):
-        log.info("%s already holds this run, complete; overwrite=true reruns it", run_dir)
+    state = claim_run_dir(run_dir, cfg_dict, cfg.overwrite)
+    if state == "done":
+        log.info("%s already holds this run, finished; overwrite=true reruns it", run_dir)
         return read_json(run_dir / "summary.json")
 
     RNGManager.set_random_seeds(cfg.seed)
@@ -114,43 +124,61 @@ def run(cfg, run_dir, job_num: int = 0) -> dict:
     bench = build_benchmark(cfg.benchmark, cfg.seed)
     validate_against_benchmark(cfg, bench.num_classes)
     model = build_model(cfg.model.name, bench.input_shape, bench.num_classes, cfg.model.get("hidden"))
+    strategy = _build_strategy(cfg, bench, model, device, run_dir)
 
+    joint = cfg.strategy.name == "joint"
+    steps = [bench.n_experiences - 1] if joint else list(range(bench.n_experiences))
+    history = AccuracyHistory(bench.n_experiences, bench.num_classes)
+    checkpoints = ExperienceCheckpoints(run_dir)
+    first, elapsed_before = 0, 0.0
+    if state == "again" and cfg.resume and checkpoints.exists():
+        strategy, first, history = checkpoints.load(strategy, device)
+        elapsed_before = read_json(run_dir / "summary.json")["wall_time_s"]
+        log.info("resuming %s after experience %d", run_dir, first)
+    else:
+        checkpoints.clear()
+    recorder = next(p for p in strategy.plugins if isinstance(p, PredictionRecorder))
+
+    started = time.time()
+    scenario = bench.scenario
+    loader_args = {"num_workers": cfg.trainer.num_workers}
+    log.info("%s: %d classes in %d experiences on %s → %s", cfg.benchmark.name, bench.num_classes,
+             bench.n_experiences, device, run_dir)
+
+    def write(status, error=None):
+        elapsed = elapsed_before + time.time() - started
+        _write_results(run_dir, _summary(cfg, bench, history, status, elapsed, device, error))
+
+    try:
+        for k in steps[first:]:
+            strategy.train(scenario.train_stream if joint else scenario.train_stream[k], **loader_args)
+            strategy.eval(scenario.test_stream[: k + 1], **loader_args)
+            history.add_step(recorder.results)
+            if k != steps[-1]:
+                checkpoints.save(strategy, steps.index(k) + 1, history)
+            write("complete" if k == steps[-1] else "running")
+            log.info("after experience %d/%d: accuracy on seen classes %.2f%% (%.0f s)", k + 1,
+                     bench.n_experiences, history.seen_acc[-1], time.time() - started)
+    except Diverged as exc:
+        write("diverged", error={"message": str(exc), **exc.details})
+        log.error("%s", exc)
+        if cfg.on_divergence == "stop":
+            raise
+    except BaseException as exc:
+        write("interrupted", error=repr(exc))
+        raise
+    checkpoints.clear()
+    return read_json(run_dir / "summary.json")
+
+
+def _build_strategy(cfg, bench, model, device, run_dir):
     t = cfg.trainer
     optimizer = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
-    recorder = PredictionRecorder()
-    plugins = [recorder]
-    if t.milestones:
-        plugins.append(LRSchedulerPlugin(MultiStepLR(optimizer, list(t.milestones), t.gamma)))
+    plugins = [PredictionRecorder(), DivergenceGuard(), PerExperienceSGD(t.lr, list(t.milestones), t.gamma)]
     common = dict(optimizer=optimizer, criterion=torch.nn.CrossEntropyLoss(), train_mb_size=t.batch_size,
                   train_epochs=t.epochs, eval_mb_size=t.eval_batch_size, device=device, plugins=plugins,
                   evaluator=_evaluator(cfg, run_dir))
-    strategy = build_strategy(cfg.strategy, t, model, common, image_inputs=len(bench.input_shape) == 3)
-
-    history = AccuracyHistory(bench.n_experiences, bench.num_classes)
-    started = time.time()
-    scenario = bench.scenario
-    loader_args = {"num_workers": t.num_workers}
-    log.info("%s: %d classes in %d experiences on %s → %s", cfg.benchmark.name, bench.num_classes,
-             bench.n_experiences, device, run_dir)
-    try:
-        if cfg.strategy.name == "joint":
-            strategy.train(scenario.train_stream, **loader_args)
-            steps = [len(scenario.test_stream) - 1]
-        else:
-            steps = range(bench.n_experiences)
-        for k in steps:
-            if cfg.strategy.name != "joint":
-                strategy.train(scenario.train_stream[k], **loader_args)
-            strategy.eval(scenario.test_stream[: k + 1], **loader_args)
-            history.add_step(recorder.results)
-            status = "complete" if k == steps[-1] else "running"
-            _write_results(run_dir, _summary(cfg, bench, history, status, started, device))
-            log.info("after experience %d/%d: accuracy on seen classes %.2f%% (%.0f s)", k + 1,
-                     bench.n_experiences, history.seen_acc[-1], time.time() - started)
-    except BaseException as exc:
-        _write_results(run_dir, _summary(cfg, bench, history, "interrupted", started, device, error=repr(exc)))
-        raise
-    return read_json(run_dir / "summary.json")
+    return build_strategy(cfg.strategy, t, model, common, image_inputs=len(bench.input_shape) == 3)
 
 
 def run_table(run_dir) -> str:

@@ -1,0 +1,33 @@
+"""The optimizer protocol of every experience: fresh SGD state and a step lr schedule restarted at its start.
+
+The HDQT authors' code (on PyCIL) builds a new SGD optimizer for every task; avalanche keeps momentum buffers
+across experiences unless told otherwise. This plugin clears them at each experience start and applies the
+MultiStepLR rule (lr = base · gamma^(milestones passed)) from avalanche's clock. Keeping it as plain numbers,
+not a scheduler object, also keeps the optimizer out of checkpoints: torch's optimizer classes cannot be
+pickled by dill, which avalanche checkpoints with.
+"""
+from bisect import bisect_right
+
+from avalanche.core import SupervisedPlugin
+
+
+class PerExperienceSGD(SupervisedPlugin):
+    def __init__(self, base_lr: float, milestones=(), gamma: float = 0.1):
+        super().__init__()
+        self.base_lr = base_lr
+        self.milestones = sorted(milestones)
+        self.gamma = gamma
+
+    def lr_after(self, epochs_done: int) -> float:
+        return self.base_lr * self.gamma ** bisect_right(self.milestones, epochs_done)
+
+    def _set_lr(self, strategy, lr):
+        for group in strategy.optimizer.param_groups:
+            group["lr"] = lr
+
+    def before_training_exp(self, strategy, **kwargs):
+        strategy.optimizer.state.clear()
+        self._set_lr(strategy, self.base_lr)
+
+    def after_training_epoch(self, strategy, **kwargs):
+        self._set_lr(strategy, self.lr_after(strategy.clock.train_exp_epochs))
