@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs ON the lent GPU machine, from the repository root (after scripts/prepare_device.sh here, with .whl and
+# .device_data carried): installs the wheels, makes the HAR feature files from the carried raw archives,
+# runs one Hydra sweep with JOBS processes at once, and leaves the run folders (runs.tgz), the tables and
+# the log under $OUT.   Usage: JOBS=12 bash scripts/device_sweep.sh <run.py overrides...>
+set -euo pipefail
+out=${OUT:-device_out}
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HDQT_DATA=$PWD/data HDQT_RESULTS=/tmp/runs
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/device.txt"
+if [ -f .device_data/hapt_raw.tar.xz ]; then
+  python3 -m data_prep.hapt --archive .device_data/hapt_raw.tar.xz --out data/hapt_features.npz
+fi
+start=$(date +%s)
+status=0
+python3 run.py -m hydra/launcher=gpus hydra.launcher.n_jobs="${JOBS:-1}" on_divergence=continue "$@" \
+  >"$out/sweep.log" 2>&1 || status=$?
+echo "sweep exit $status after $(( $(date +%s) - start )) s" | tee -a "$out/device.txt"
+tail -5 "$out/sweep.log"
+python3 scripts/make_tables.py /tmp/runs --out "$out" || true
+tar czf "$out/runs.tgz" -C /tmp runs
+exit $status

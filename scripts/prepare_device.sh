@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Stage what the lent GPU machine lacks into ignored folders of this checkout, to name in the device call's
+# `carry`: the Python wheels (avalanche, hydra, launchers; ../shared/tools/device_wheels.sh) in .whl/ and the
+# raw data archives in .device_data/. Usage: scripts/prepare_device.sh [hapt] [cifar10]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+shared=${SHARED_DATA:-../shared/data}
+[ -d .whl ] && [ -n "$(ls .whl)" ] || bash ../shared/tools/device_wheels.sh .whl
+mkdir -p .device_data
+for name in "$@"; do
+  case $name in
+    hapt) cp -u "$shared/hapt/hapt_raw.tar.xz" .device_data/ ;;
+    cifar10) cp -u "$shared/cifar10/cifar10_jpg.tar.xz" .device_data/ ;;
+    *) echo "unknown dataset '$name'; choose hapt or cifar10" >&2; exit 2 ;;
+  esac
+done
+du -sh .whl .device_data
