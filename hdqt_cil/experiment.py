@@ -1,5 +1,6 @@
 """cfg → benchmark, model, quantization, strategy → train/evaluate each experience → results in the run folder."""
 import logging
+from functools import partial
 import sys
 import time
 from pathlib import Path
@@ -11,12 +12,14 @@ from avalanche.training.determinism.rng_manager import RNGManager
 from avalanche.training.plugins import EvaluationPlugin
 from omegaconf import OmegaConf
 
+from .cl.batch_augment import BatchAugment
 from .cl.checkpoint import ExperienceCheckpoints
 from .cl.divergence import Diverged, DivergenceGuard
 from .cl.optim import PerExperienceSGD
 from .cl.recorder import PredictionRecorder
 from .cl.strategies import build_strategy
 from .config import validate, validate_against_benchmark
+from .data.augment import augment_batch
 from .data.benchmarks import build_benchmark
 from .models import build_model
 from .results.io import read_json, write_atomic, write_json
@@ -123,7 +126,8 @@ def run(cfg, run_dir, job_num: int = 0) -> dict:
     device = resolve_device(cfg.trainer.device, job_num)
     bench = build_benchmark(cfg.benchmark, cfg.seed)
     validate_against_benchmark(cfg, bench.num_classes)
-    model = build_model(cfg.model.name, bench.input_shape, bench.num_classes, cfg.model.get("hidden"))
+    model = build_model(cfg.model.name, bench.input_shape, bench.num_classes, cfg.model.get("hidden"),
+                        bench.input_norm)
     strategy = _build_strategy(cfg, bench, model, device, run_dir)
 
     joint = cfg.strategy.name == "joint"
@@ -175,6 +179,8 @@ def _build_strategy(cfg, bench, model, device, run_dir):
     t = cfg.trainer
     optimizer = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
     plugins = [PredictionRecorder(), DivergenceGuard(), PerExperienceSGD(t.lr, list(t.milestones), t.gamma)]
+    if cfg.benchmark.get("augment") and cfg.benchmark.augment_on == "gpu":
+        plugins.append(BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)))
     common = dict(optimizer=optimizer, criterion=torch.nn.CrossEntropyLoss(), train_mb_size=t.batch_size,
                   train_epochs=t.epochs, eval_mb_size=t.eval_batch_size, device=device, plugins=plugins,
                   evaluator=_evaluator(cfg, run_dir))

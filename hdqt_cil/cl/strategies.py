@@ -49,8 +49,7 @@ def _lwf(cfg, trainer, model, common, image_inputs):
 
 @register("icarl")
 def _icarl(cfg, trainer, model, common, image_inputs):
-    # Exemplars are stored after the eval transform (normalised tensors); only geometric augmentation is
-    # replayed on them, since a colour jitter would clamp normalised values to [0, 1].
+    # Exemplars are raw uint8 images (the model normalises); replay gets the geometric augmentation.
     replay_tf = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()]) if image_inputs else None
     kwargs = {k: v for k, v in common.items() if k != "criterion"}  # iCaRL brings its own loss
     return ICaRL(feature_extractor=model.features, classifier=model.classifier,

@@ -22,6 +22,7 @@ class Benchmark:
     num_classes: int
     class_order: list  # original class index of relabelled class i
     class_names: list
+    input_norm: tuple | None = None  # (mean, std) per channel for uint8 images, applied by the model
 
     @property
     def n_experiences(self) -> int:
@@ -29,13 +30,14 @@ class Benchmark:
 
 
 def _load(cfg, seed: int):
-    """(train set, test set, class names, train transform, eval transform) for benchmark `cfg.name`."""
+    """(train set, test set, class names, per-sample train transform, input normalisation) of `cfg.name`."""
     name = cfg.name
     if name == "digits":
         return (*digits.load(), None, None)
     if name in ("cifar10", "cifar100"):
         train, test, names = cifar.load(name, cfg.root, download=cfg.download, verify=cfg.verify)
-        return (train, test, names, *cifar.transforms(name, cfg.augment, cfg.color_jitter))
+        per_sample = cfg.augment and cfg.augment_on == "cpu"
+        return train, test, names, cifar.train_transform(cfg.color_jitter) if per_sample else None, cifar.MEAN_STD[name]
     if name in ("hapt", "dsads", "pamap2", "features"):
         return (*har.load(cfg, seed), None, None)
     raise ValueError(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}")
@@ -43,7 +45,7 @@ def _load(cfg, seed: int):
 
 def build_benchmark(cfg, seed: int) -> Benchmark:
     """Split benchmark `cfg.name` into `cfg.n_experiences` experiences; the class order is shuffled by `seed`."""
-    train, test, names, train_tf, eval_tf = _load(cfg, seed)
+    train, test, names, train_tf, input_norm = _load(cfg, seed)
     classes = sorted(set(train.targets))
     n_exp = cfg.n_experiences
     if n_exp < 1 or len(classes) % n_exp:
@@ -57,6 +59,6 @@ def build_benchmark(cfg, seed: int) -> Benchmark:
     scenario = nc_benchmark(
         train, test, n_experiences=n_exp, task_labels=False, shuffle=False,
         fixed_class_order=order, class_ids_from_zero_from_first_exp=True,
-        train_transform=train_tf, eval_transform=eval_tf,
+        train_transform=train_tf, eval_transform=None,
     )
-    return Benchmark(scenario, tuple(train.inputs.shape[1:]), len(classes), order, list(names))
+    return Benchmark(scenario, tuple(train.inputs.shape[1:]), len(classes), order, list(names), input_norm)

@@ -1,6 +1,8 @@
 """CIFAR-10/100 from torchvision's pickle format, and CIFAR-style images stored as JPEG folders.
 
-Both end as uint8 (N, 3, 32, 32) tensors held in memory; augmentation runs on tensors (torchvision v2).
+Both end as uint8 (N, 3, 32, 32) tensors held in memory. Augmentation keeps uint8 (torchvision v2 per sample,
+or data/augment.py per batch on the GPU); the model's first layer scales and normalises (models/__init__.py),
+so exemplar memories, evaluation and every strategy see the same raw images.
 """
 import io
 import pickle
@@ -18,7 +20,7 @@ from tqdm.auto import tqdm
 from .arrays import ArrayDataset
 
 _TORCHVISION = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100}
-_MEAN_STD = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+MEAN_STD = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
              "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))}
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -49,14 +51,12 @@ def load(name: str, root: str, download: bool = False, verify: bool = True):
     return ArrayDataset(torch.from_numpy(x_tr), y_tr), ArrayDataset(torch.from_numpy(x_te), y_te), names
 
 
-def transforms(name: str, augment: bool, color_jitter: float):
-    """Train/eval transforms on uint8 CHW tensors: crop+flip(+brightness jitter) for training, then normalise."""
-    mean, std = _MEAN_STD.get(name, _MEAN_STD["cifar10"])
-    finish = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
-    train = [v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()] if augment else []
-    if augment and color_jitter > 0:
-        train.append(v2.ColorJitter(brightness=color_jitter))
-    return v2.Compose(train + finish), v2.Compose(finish)
+def train_transform(color_jitter: float):
+    """Per-sample training augmentation on uint8 CHW tensors: crop (pad 4) + flip (+ brightness jitter)."""
+    ops = [v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()]
+    if color_jitter > 0:
+        ops.append(v2.ColorJitter(brightness=color_jitter))
+    return v2.Compose(ops)
 
 
 def _read_pickles(tv, folder: Path, verify: bool):
