@@ -1,0 +1,63 @@
+"""The command line every dataset module shares: pick the raw source, reuse or write the feature file."""
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+
+def progress(iterable=None, **kwargs):
+    """A tqdm bar on an interactive terminal; silent in logs, CI and pipes."""
+    return tqdm(iterable, disable=not sys.stderr.isatty(), leave=False, **kwargs)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """What the shared command needs to know about one dataset release."""
+
+    name: str
+    url: str  # the official archive
+    archive_name: str  # file name to store the download under
+    archive_sha256: str
+    archive_bytes: int
+    marker: str  # a file that identifies the release root inside a folder or archive
+    extractor: str  # recorded in the feature file; bump it when the features change
+    n_features: int
+
+
+def parser(dataset: Dataset, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m data_prep.{dataset.name}", description=description)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--raw-dir", type=Path, help="an unpacked copy of the official release")
+    source.add_argument("--archive", type=Path, help="the official .zip (or a .tar.* of the same files)")
+    source.add_argument("--download", action="store_true", help=f"fetch {dataset.url} (sha256 checked)")
+    p.add_argument("--out", type=Path, required=True, help="the feature file to write (.npz)")
+    p.add_argument("--download-dir", type=Path, help="where --download stores the archive [beside --out]")
+    p.add_argument("--force", action="store_true", help="recompute even if --out is present and valid")
+    return p
+
+
+def run(dataset: Dataset, args, build) -> int:
+    """Reuse `args.out` if valid, else build it from the chosen source; `build(root)` returns `save`'s arguments."""
+    from . import feature_file, sources
+
+    if not args.force and feature_file.reusable(args.out, dataset.extractor, dataset.n_features):
+        print(f"{args.out} is present and valid; reusing it (--force recomputes)")
+        return 0
+    started = time.perf_counter()
+    try:
+        archive = args.archive
+        if args.download:
+            target = (args.download_dir or args.out.parent / "downloads") / dataset.archive_name
+            archive = sources.download(dataset.url, target, dataset.archive_sha256, dataset.archive_bytes)
+        with sources.release_root(dataset.marker, raw_dir=args.raw_dir, archive=archive) as root:
+            arrays = build(root)
+    except (sources.RawDataError, sources.DownloadError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    feature_file.save(args.out, extractor=dataset.extractor, **arrays)
+    n, d = arrays["X"].shape
+    print(f"wrote {args.out}: {n:,} windows × {d} features in {time.perf_counter() - started:.1f} s")
+    return 0

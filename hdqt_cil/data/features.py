@@ -1,0 +1,222 @@
+"""Feature tables (one row per window): load, filter, split by subject or at random, scale to [-1, 1].
+
+The HAR benchmarks read the NPZ files that `data_prep/` writes; `benchmark=features` reads any NPZ, CSV or Parquet
+table a researcher brings: feature columns plus a `label` column and, optionally, a `subject` column (NPZ keys
+X, y, subject). Plain numpy (pandas only for CSV/Parquet), so data preparation can use it without torch.
+"""
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+LABEL, SUBJECT = "label", "subject"
+MAKE_HINT = ("make one with `python -m data_prep.hapt|dsads|pamap2 --raw-dir RAW --out {path}` (docs/data.md), or "
+             "bring a CSV/Parquet/NPZ with numeric feature columns and a `label` column (optionally `subject`)")
+# The HDQT paper's filtering: classes and subjects that too few subjects/classes cover.
+PAPER_FILTERS = {
+    "hapt": dict(drop_classes=(8,), drop_subjects=(7, 28)),
+    "pamap2": dict(drop_classes=(24,), drop_subjects=(3, 4, 9)),
+    "dsads": dict(drop_classes=(), drop_subjects=()),
+}
+
+
+@dataclass(frozen=True)
+class FeatureTable:
+    X: np.ndarray  # (N, d) float32
+    y: np.ndarray  # (N,) int64 class ids as in the source
+    subject: np.ndarray | None  # (N,) int64, or None when the table has no subject column
+    feature_names: list
+    class_names: dict | None = None  # class id → name, when the source names its classes
+
+    def __len__(self):
+        return len(self.y)
+
+    def take(self, rows) -> "FeatureTable":
+        return replace(self, X=self.X[rows], y=self.y[rows],
+                       subject=None if self.subject is None else self.subject[rows])
+
+
+def load_feature_table(path) -> FeatureTable:
+    """Read an NPZ (keys X, y, optional subject), CSV or Parquet feature table and check it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"feature table {path} not found; {MAKE_HINT.format(path=path)}")
+    suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
+    if suffix == ".npz":
+        table = _from_npz(path)
+    elif suffix in (".csv", ".csv.gz", ".parquet", ".pq"):
+        table = _from_frame(_read_frame(path, suffix), path)
+    else:
+        raise ValueError(f"{path}: unknown feature table format {suffix!r}; use .npz, .csv or .parquet")
+    _check(table, path)
+    return table
+
+
+def _read_frame(path: Path, suffix: str):
+    import pandas as pd
+
+    if suffix.startswith(".csv"):
+        return pd.read_csv(path)
+    try:
+        return pd.read_parquet(path)
+    except ImportError as err:
+        raise ImportError(f"reading {path} needs a Parquet engine: pip install pyarrow (or save it as CSV)") from err
+
+
+def _from_npz(path: Path) -> FeatureTable:
+    with np.load(path, allow_pickle=False) as npz:
+        missing = [k for k in ("X", "y") if k not in npz.files]
+        if missing:
+            raise ValueError(f"{path} lacks the key(s) {missing} (it has {sorted(npz.files)}); a feature NPZ holds "
+                             "X (N, d), y (N,) and optionally subject (N,) and feature_names (d,)")
+        X, y = npz["X"], npz["y"]
+        if X.dtype.kind not in "iuf":
+            raise ValueError(f"{path}: X must be numeric, found dtype {X.dtype}")
+        subject = npz["subject"] if "subject" in npz.files else None
+        names = [str(n) for n in npz["feature_names"]] if "feature_names" in npz.files else None
+        classes = None
+        if "class_ids" in npz.files and "class_names" in npz.files:
+            classes = {int(i): str(n) for i, n in zip(npz["class_ids"], npz["class_names"])}
+    if X.ndim != 2:
+        raise ValueError(f"{path}: X must be 2-D (windows × features), found shape {X.shape}")
+    y = _integer_labels(y, path, "y")
+    subject = None if subject is None else _integer_labels(subject, path, "subject")
+    return FeatureTable(X.astype(np.float32), y, subject, names or [f"f{i}" for i in range(X.shape[1])], classes)
+
+
+def _integer_labels(values, path, what):
+    values = np.asarray(values)
+    if values.ndim != 1:
+        raise ValueError(f"{path}: {what} must be 1-D, found shape {values.shape}")
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64)
+    if values.dtype.kind == "f" and np.isfinite(values).all() and (values == np.round(values)).all():
+        return values.astype(np.int64)
+    raise ValueError(f"{path}: {what} must hold whole numbers, found dtype {values.dtype} (e.g. {values[:3]})")
+
+
+def _from_frame(frame, path: Path) -> FeatureTable:
+    import pandas as pd
+
+    if LABEL not in frame.columns:
+        raise ValueError(f"{path} has no `{LABEL}` column (columns: {list(frame.columns)[:10]}...); name the class "
+                         f"column `{LABEL}` (and the subject column, if any, `{SUBJECT}`)")
+    features = frame.drop(columns=[c for c in (LABEL, SUBJECT) if c in frame.columns])
+    bad = [c for c in features.columns if not pd.api.types.is_numeric_dtype(features[c])]
+    if bad:
+        column = features[bad[0]]
+        rows = np.flatnonzero(pd.to_numeric(column, errors="coerce").isna().to_numpy())
+        row = int(rows[0]) if len(rows) else 0
+        raise ValueError(f"{path}: feature column(s) {bad[:5]} are not numeric; e.g. column {bad[0]!r} row "
+                         f"{row + 1} holds {column.iloc[row]!r}")
+    labels, class_names = frame[LABEL].to_numpy(), None
+    if labels.dtype.kind in "OSU":  # class names: number them in sorted order
+        names, labels = np.unique(labels.astype(str), return_inverse=True)
+        class_names = dict(enumerate(names.tolist()))
+    y = _integer_labels(labels, path, LABEL)
+    subject = _integer_labels(frame[SUBJECT].to_numpy(), path, SUBJECT) if SUBJECT in frame.columns else None
+    return FeatureTable(features.to_numpy(np.float32), y, subject, [str(c) for c in features.columns], class_names)
+
+
+def _check(table: FeatureTable, path: Path):
+    n, d = table.X.shape
+    if n == 0 or d == 0:
+        raise ValueError(f"{path}: empty feature table ({n} rows × {d} features)")
+    for what, values in (("labels", table.y), ("subjects", table.subject)):
+        if values is not None and len(values) != n:
+            raise ValueError(f"{path}: {n} feature rows but {len(values)} {what}")
+    if len(table.feature_names) != d:
+        raise ValueError(f"{path}: {d} feature columns but {len(table.feature_names)} feature names")
+    finite = np.isfinite(table.X)
+    if not finite.all():
+        row, col = np.argwhere(~finite)[0]
+        raise ValueError(f"{path}: feature {table.feature_names[col]!r} is {table.X[row, col]} in row {row + 1}; "
+                         "features must be finite")
+
+
+def filter_table(table: FeatureTable, drop_classes=(), drop_subjects=()) -> FeatureTable:
+    """Drop rows of the given classes and subjects (each must occur in the table: a typo is an error)."""
+    absent = sorted(set(drop_classes) - set(table.y.tolist()))
+    if absent:
+        raise ValueError(f"cannot drop classes {absent}: not in the table (classes {sorted(set(table.y.tolist()))})")
+    keep = ~np.isin(table.y, list(drop_classes))
+    if drop_subjects:
+        if table.subject is None:
+            raise ValueError("cannot drop subjects: the table has no subject column")
+        absent = sorted(set(drop_subjects) - set(table.subject.tolist()))
+        if absent:
+            raise ValueError(f"cannot drop subjects {absent}: not in the table")
+        keep &= ~np.isin(table.subject, list(drop_subjects))
+    return table.take(keep)
+
+
+def paper_filter(table: FeatureTable, dataset: str) -> FeatureTable:
+    """The HDQT paper's filtering of `dataset` (hapt: class 8, subjects 7 and 28; pamap2: class 24, subjects 3, 4, 9)."""
+    return filter_table(table, **PAPER_FILTERS[dataset])
+
+
+def _check_split(train: FeatureTable, test: FeatureTable, how: str):
+    """Every class must be learnable and testable: a class missing on either side is an error, not a silent gap."""
+    classes = set(train.y.tolist()) | set(test.y.tolist())
+    for side, part in (("training", train), ("test", test)):
+        missing = sorted(classes - set(part.y.tolist()))
+        if missing:
+            raise ValueError(f"class(es) {missing} have no {side} samples with {how}; drop them "
+                             "(benchmark.drop_classes) or choose another seed or split")
+
+
+def subject_split(table: FeatureTable, train_fraction: float = 0.8, seed: int = 0):
+    """ceil(train_fraction × #subjects) subjects, drawn by `seed`, train; the others test (HDQT's HAR protocol)."""
+    if table.subject is None:
+        raise ValueError("a subject-wise split needs a subject column; use random_split (benchmark.split=random)")
+    subjects = np.unique(table.subject)
+    n_train = math.ceil(round(train_fraction * len(subjects), 9))
+    if not 0 < n_train < len(subjects):
+        raise ValueError(f"train_fraction={train_fraction} of {len(subjects)} subjects leaves no training or no test "
+                         "subject")
+    train_subjects = np.random.default_rng(seed).permutation(subjects)[:n_train]
+    in_train = np.isin(table.subject, train_subjects)
+    train, test = table.take(in_train), table.take(~in_train)
+    _check_split(train, test, f"the subject split of seed {seed} (test subjects "
+                              f"{sorted(set(subjects.tolist()) - set(train_subjects.tolist()))})")
+    return train, test
+
+
+def random_split(table: FeatureTable, train_fraction: float = 0.8, seed: int = 0):
+    """A split stratified by class: round(train_fraction × n) rows of each class train (at least one each side)."""
+    rng = np.random.default_rng(seed)
+    in_train = np.zeros(len(table), bool)
+    for c in np.unique(table.y):
+        rows = rng.permutation(np.flatnonzero(table.y == c))
+        n_train = min(max(round(train_fraction * len(rows)), 1), len(rows) - 1)
+        in_train[rows[:n_train]] = True
+    train, test = table.take(in_train), table.take(~in_train)
+    _check_split(train, test, f"the random split of seed {seed}")
+    return train, test
+
+
+@dataclass(frozen=True)
+class MinMaxScaler:
+    """Per-feature affine map of the fitted range onto [-1, 1]; a constant feature maps to 0.
+
+    Fitted on the training split only, so test values may fall outside [-1, 1] (they are not clipped).
+    """
+
+    low: np.ndarray
+    high: np.ndarray
+
+    def apply(self, table: FeatureTable) -> FeatureTable:
+        span = self.high - self.low
+        scaled = np.divide(2.0 * (table.X - self.low), span, out=np.zeros_like(table.X), where=span > 0)
+        return replace(table, X=np.where(span > 0, scaled - 1.0, 0.0).astype(np.float32))
+
+
+def fit_minmax(train: FeatureTable) -> MinMaxScaler:
+    return MinMaxScaler(train.X.min(0), train.X.max(0))
+
+
+def minmax_normalise(train: FeatureTable, test: FeatureTable):
+    """Both splits scaled with the training split's per-feature range."""
+    scaler = fit_minmax(train)
+    return scaler.apply(train), scaler.apply(test)

@@ -1,0 +1,143 @@
+"""The feature-table loader: formats, refusals of bad input, filtering, splits and [-1, 1] scaling."""
+import importlib.util
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from hdqt_cil.data import features, har
+
+
+def _frame(n_subjects=10, per_class=4, classes=(1, 2, 3), seed=0):
+    """Every subject has `per_class` rows of every class; features are noisy functions of the class."""
+    rng = np.random.default_rng(seed)
+    rows = [(s, c) for s in range(1, n_subjects + 1) for c in classes for _ in range(per_class)]
+    subject, label = np.array(rows).T
+    return pd.DataFrame({"acc_mean": label + rng.normal(size=len(rows)), "gyro_std": rng.normal(size=len(rows)),
+                         "label": label, "subject": subject})
+
+
+def test_csv_and_npz_load_alike(tmp_path):
+    frame = _frame()
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    np.savez(tmp_path / "t.npz", X=frame[["acc_mean", "gyro_std"]].to_numpy(), y=frame.label.to_numpy(),
+             subject=frame.subject.to_numpy(), feature_names=np.array(["acc_mean", "gyro_std"]))
+    csv, npz = (features.load_feature_table(tmp_path / name) for name in ("t.csv", "t.npz"))
+    for table in (csv, npz):
+        assert table.X.dtype == np.float32 and table.X.shape == (120, 2)
+        assert table.y.dtype == np.int64 and table.subject.dtype == np.int64
+        assert table.feature_names == ["acc_mean", "gyro_std"]
+    np.testing.assert_allclose(csv.X, npz.X, rtol=1e-6)
+    assert (csv.y == npz.y).all() and (csv.subject == npz.subject).all()
+
+
+def test_class_names_and_no_subject(tmp_path):
+    frame = _frame().drop(columns="subject")
+    frame["label"] = frame.label.map({1: "walk", 2: "sit", 3: "run"})
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    table = features.load_feature_table(tmp_path / "t.csv")
+    assert table.subject is None and table.class_names == {0: "run", 1: "sit", 2: "walk"}
+    with pytest.raises(ValueError, match="needs a subject column; use random_split"):
+        features.subject_split(table)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda f: f.drop(columns="label"), "has no `label` column"),
+    (lambda f: f.assign(gyro_std=f.gyro_std.astype(object).where(f.index != 5, "high")),
+     r"\['gyro_std'\] are not numeric; e.g. column 'gyro_std' row 6 holds 'high'"),
+    (lambda f: f.assign(acc_mean=f.acc_mean.where(f.index != 7, np.inf)), "'acc_mean' is inf in row 8"),
+    (lambda f: f.assign(label=f.label + 0.5), "label must hold whole numbers"),
+])
+def test_bad_csv_is_refused(tmp_path, edit, message):
+    edit(_frame()).to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(ValueError, match=message):
+        features.load_feature_table(tmp_path / "bad.csv")
+
+
+def test_bad_npz_and_missing_file_are_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"absent.npz not found; make one with `python -m data_prep"):
+        features.load_feature_table(tmp_path / "absent.npz")
+    np.savez(tmp_path / "a.npz", X=np.zeros(5), y=np.zeros(5, int))
+    with pytest.raises(ValueError, match=r"X must be 2-D"):
+        features.load_feature_table(tmp_path / "a.npz")
+    np.savez(tmp_path / "b.npz", X=np.zeros((5, 2)), y=np.zeros(4, int))
+    with pytest.raises(ValueError, match="5 feature rows but 4 labels"):
+        features.load_feature_table(tmp_path / "b.npz")
+    np.savez(tmp_path / "c.npz", features=np.zeros((5, 2)))
+    with pytest.raises(ValueError, match=r"lacks the key\(s\) \['X', 'y'\]"):
+        features.load_feature_table(tmp_path / "c.npz")
+    (tmp_path / "d.xlsx").write_text("")
+    with pytest.raises(ValueError, match="unknown feature table format"):
+        features.load_feature_table(tmp_path / "d.xlsx")
+
+
+def test_parquet_without_engine_says_what_to_install(tmp_path):
+    if importlib.util.find_spec("pyarrow") or importlib.util.find_spec("fastparquet"):
+        pytest.skip("a Parquet engine is installed; nothing to refuse")
+    (tmp_path / "t.parquet").write_bytes(b"PAR1")
+    with pytest.raises(ImportError, match="pip install pyarrow"):
+        features.load_feature_table(tmp_path / "t.parquet")
+
+
+def test_filter_table_and_paper_filter():
+    table = features.FeatureTable(np.zeros((6, 1), np.float32), np.array([1, 8, 2, 8, 1, 2]),
+                                  np.array([7, 1, 28, 2, 3, 4]), ["f"])
+    kept = features.paper_filter(table, "hapt")
+    assert kept.y.tolist() == [1, 2] and kept.subject.tolist() == [3, 4]
+    with pytest.raises(ValueError, match=r"cannot drop classes \[5\]"):
+        features.filter_table(table, drop_classes=(5,))
+    with pytest.raises(ValueError, match="no subject column"):
+        features.filter_table(features.FeatureTable(table.X, table.y, None, ["f"]), drop_subjects=(1,))
+
+
+def test_subject_split_takes_ceil_80_percent_of_subjects_by_seed(tmp_path):
+    table = features.load_feature_table(_save(_frame(n_subjects=28), tmp_path))
+    train, test = features.subject_split(table, 0.8, seed=1)
+    assert len(set(train.subject.tolist())) == 23 and len(set(test.subject.tolist())) == 5
+    assert not set(train.subject.tolist()) & set(test.subject.tolist())
+    again, _ = features.subject_split(table, 0.8, seed=1)
+    other, _ = features.subject_split(table, 0.8, seed=2)
+    assert (again.subject == train.subject).all() and set(other.subject.tolist()) != set(train.subject.tolist())
+    assert len(set(features.subject_split(features.load_feature_table(_save(_frame(n_subjects=10), tmp_path)),
+                                          0.7, seed=0)[0].subject.tolist())) == 7  # 0.7 × 10 is 7, not 8
+
+
+def test_a_class_without_test_samples_is_refused(tmp_path):
+    frame = _frame(n_subjects=5)
+    frame = frame[(frame.label != 3) | (frame.subject == 1)]  # class 3 only from subject 1
+    table = features.load_feature_table(_save(frame, tmp_path))
+    seed = next(s for s in range(100) if 1 in features.subject_split(
+        features.filter_table(table, drop_classes=(3,)), 0.8, s)[0].subject)
+    with pytest.raises(ValueError, match=r"class\(es\) \[3\] have no test samples with the subject split of seed"):
+        features.subject_split(table, 0.8, seed)
+    lonely = features.FeatureTable(np.zeros((5, 1), np.float32), np.array([1, 1, 1, 1, 2]), None, ["f"])
+    with pytest.raises(ValueError, match=r"\[2\] have no (training|test) samples with the random split"):
+        features.random_split(lonely)
+
+
+def test_random_split_is_stratified(tmp_path):
+    table = features.load_feature_table(_save(_frame(), tmp_path))
+    train, test = features.random_split(table, 0.75, seed=0)
+    assert np.bincount(train.y).tolist() == [0, 30, 30, 30] and np.bincount(test.y).tolist() == [0, 10, 10, 10]
+
+
+def test_minmax_is_fitted_on_train_only():
+    X = np.array([[0, 5, 1], [10, 5, 2], [5, 5, 3]], np.float32)
+    train = features.FeatureTable(X[:2], np.array([0, 1]), None, ["a", "b", "c"])
+    test = features.FeatureTable(X[2:], np.array([0]), None, ["a", "b", "c"])
+    scaled_train, scaled_test = features.minmax_normalise(train, test)
+    np.testing.assert_allclose(scaled_train.X, [[-1, 0, -1], [1, 0, 1]])
+    np.testing.assert_allclose(scaled_test.X, [[0, 0, 3]])  # outside the training range: not clipped
+
+
+def test_features_benchmark_reads_a_csv(make_cfg, tmp_path):
+    path = _save(_frame(n_subjects=10, classes=(1, 2, 3, 4)), tmp_path, "mine.csv")
+    cfg = make_cfg("benchmark=features", f"benchmark.path={path}")
+    train, test, names = har.load(cfg.benchmark, seed=0)
+    assert names == ["1", "2", "3", "4"] and len(train) == 8 * 16 and len(test) == 2 * 16
+    assert float(train.inputs.min()) == -1.0 and float(train.inputs.max()) == 1.0
+
+
+def _save(frame, tmp_path, name="t.csv"):
+    frame.to_csv(tmp_path / name, index=False)
+    return tmp_path / name
