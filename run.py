@@ -1,8 +1,10 @@
 """Entry point: `python run.py strategy=icarl quant=hdqt benchmark=hapt` (see README.md)."""
+import logging
 import warnings
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 
 from hdqt_cil.config import register_resolvers
 
@@ -16,12 +18,21 @@ warnings.filterwarnings("ignore", category=DeprecationWarning, module="avalanche
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg):
     from hdqt_cil.experiment import run, run_table
+    from hdqt_cil.sweep import record_job
 
     hydra_cfg = HydraConfig.get()
     run_dir = hydra_cfg.runtime.output_dir
-    summary = run(cfg, run_dir, job_num=hydra_cfg.job.get("num") or 0)
-    print(run_table(run_dir))
-    return summary["metrics"]["last_acc"]
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        run(cfg, run_dir)
+        print(run_table(run_dir))
+        return
+    try:  # in a sweep, one failed job must not stop the others (hdqt_cil/sweep.py)
+        run(cfg, run_dir, job_num=hydra_cfg.job.num)
+        print(run_table(run_dir))
+        record_job(run_dir, hydra_cfg.overrides.task, None)
+    except Exception as error:  # noqa: BLE001  (recorded, logged and reported at the sweep's end)
+        logging.getLogger("run").exception("job failed")
+        record_job(run_dir, hydra_cfg.overrides.task, error)
 
 
 if __name__ == "__main__":

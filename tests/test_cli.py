@@ -37,3 +37,19 @@ def test_bad_value_fails_before_writing_anything(tmp_path):
     out = run_cli("trainer.epochs=0", tmp_path=tmp_path)
     assert out.returncode != 0 and "trainer.epochs=0 must be a positive integer" in out.stderr
     assert not list(tmp_path.rglob("summary.json"))
+
+
+def test_failed_job_does_not_stop_the_sweep_and_is_reported(tmp_path):
+    out = run_cli("-m", "hydra/launcher=gpus", "strategy=icarl,naive", "trainer.memory_size=5", "trainer.epochs=1",
+                  tmp_path=tmp_path)
+    assert out.returncode != 0
+    assert (tmp_path / "digits-mlp/naive/fp32/seed0/summary.json").exists()
+    report = (tmp_path / "sweep_summary.md").read_text()
+    assert "1 of 2 jobs completed" in report
+    assert "| digits-mlp/icarl/fp32/seed0 |" in report and "iCaRL needs at least one exemplar per class" in report
+
+
+def test_submitit_local_launcher_runs_the_sweep(tmp_path):
+    out = run_cli("-m", "hydra/launcher=submitit_local", "strategy=naive,lwf", "trainer.epochs=1", tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "2 of 2 jobs completed" in (tmp_path / "sweep_summary.md").read_text()
