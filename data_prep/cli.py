@@ -20,8 +20,8 @@ class Dataset:
     name: str
     url: str  # the official archive
     archive_name: str  # file name to store the download under
-    archive_sha256: str
-    archive_bytes: int
+    archive_sha256: str | None  # None where no published digest could be checked
+    archive_bytes: int | None
     marker: str  # a file that identifies the release root inside a folder or archive
     extractor: str  # recorded in the feature file; bump it when the features change
     n_features: int
@@ -32,7 +32,8 @@ def parser(dataset: Dataset, description: str) -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--raw-dir", type=Path, help="an unpacked copy of the official release")
     source.add_argument("--archive", type=Path, help="the official .zip (or a .tar.* of the same files)")
-    source.add_argument("--download", action="store_true", help=f"fetch {dataset.url} (sha256 checked)")
+    source.add_argument("--download", action="store_true", help=f"fetch {dataset.url}"
+                        + (" (size and sha256 checked)" if dataset.archive_sha256 else ""))
     p.add_argument("--out", type=Path, required=True, help="the feature file to write (.npz)")
     p.add_argument("--download-dir", type=Path, help="where --download stores the archive [beside --out]")
     p.add_argument("--force", action="store_true", help="recompute even if --out is present and valid")

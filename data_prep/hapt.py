@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from scipy import ndimage, signal
 
-from . import cli, uci_features
+from . import cli, uci_features, windowing
 from .sources import RawDataError, read_integers, read_table
 
 HAPT = cli.Dataset(
@@ -86,11 +86,7 @@ def read_release(root: Path) -> Release:
 
 def window_starts(segments: np.ndarray):
     """0-based first rows of every window and the index of its segment, in labels.txt order."""
-    length = segments[:, 4] - segments[:, 3] + 1
-    count = np.where(length >= WINDOW, (length - WINDOW) // STEP + 1, 0)
-    segment = np.repeat(np.arange(len(segments)), count)
-    within = np.arange(len(segment)) - np.repeat(np.cumsum(count) - count, count)
-    return segments[segment, 3] - 1 + within * STEP, segment
+    return windowing.sliding_windows(segments[:, 3] - 1, segments[:, 4] - segments[:, 3] + 1, WINDOW, STEP)
 
 
 def recording_signals(acc: np.ndarray, gyro: np.ndarray) -> dict:

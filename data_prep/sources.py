@@ -74,11 +74,15 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def download(url: str, target: Path, sha256: str, size: int) -> Path:
-    """Fetch `url` to `target` (reused when already there and intact) and verify its size and sha256."""
+def download(url: str, target: Path, sha256, size) -> Path:
+    """Fetch `url` to `target` (reused when already there and intact) and verify its size and sha256.
+
+    With no pinned digest (`sha256` None) the archive's own CRC-32s, checked while unpacking, are the only check;
+    its sha256 is printed so it can be pinned.
+    """
     target = Path(target)
-    if target.is_file() and target.stat().st_size == size and sha256_of(target) == sha256:
-        print(f"using {target} (sha256 verified)")
+    if target.is_file() and (sha256 is None or sha256_of(target) == sha256):
+        print(f"using {target}" + (" (sha256 verified)" if sha256 else " (downloaded before)"))
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".part")
@@ -94,7 +98,9 @@ def download(url: str, target: Path, sha256: str, size: int) -> Path:
         partial.unlink(missing_ok=True)
         raise DownloadError(f"could not download {url} ({err}); {hint}") from err
     got_size, got_sha = partial.stat().st_size, sha256_of(partial)
-    if (got_size, got_sha) != (size, sha256):
+    if sha256 is None:
+        print(f"{target.name}: {got_size:,} bytes, sha256 {got_sha} (no pinned digest to compare with)")
+    elif (got_size, got_sha) != (size, sha256):
         raise DownloadError(f"{url} gave {got_size:,} bytes with sha256 {got_sha}, expected {size:,} bytes with "
                             f"sha256 {sha256}; the file is kept as {partial} for inspection; {hint}")
     partial.replace(target)
@@ -147,7 +153,7 @@ def read_table(root: Path, name: str, n_columns: int, delimiter=None, allow_nan=
     return table
 
 
-def _line_number(data: bytes, row: int) -> int:
+def line_number(data: bytes, row: int) -> int:
     """1-based line number of data row `row` (0-based, blank lines not counted)."""
     return [i for i, line in enumerate(data.splitlines(), 1) if line.strip()][row]
 
@@ -157,6 +163,6 @@ def read_integers(root: Path, name: str, n_columns: int) -> np.ndarray:
     table = read_table(root, name, n_columns)
     bad = np.flatnonzero((table != np.round(table)).any(1))
     if len(bad):
-        line = _line_number((Path(root) / name).read_bytes(), bad[0])
+        line = line_number((Path(root) / name).read_bytes(), bad[0])
         raise RawDataError(f"{name} line {line}: expected whole numbers, found {table[bad[0]].tolist()}")
     return table.astype(np.int64)
