@@ -39,7 +39,12 @@ def validate(cfg) -> None:
         raise ValueError(f"trainer.lr={t.lr!r} must be positive")
     if any(not isinstance(m, int) or m <= 0 for m in t.milestones):
         raise ValueError(f"trainer.milestones={list(t.milestones)} must be positive epoch numbers")
-    _positive_int(cfg.benchmark.n_experiences, "benchmark.n_experiences")
+    split = {k: cfg.benchmark.get(k) for k in ("n_experiences", "classes_per_exp")}
+    if sum(v is not None for v in split.values()) != 1:
+        raise ValueError(f"set exactly one of benchmark.n_experiences and benchmark.classes_per_exp (got {split})")
+    for key, value in split.items():
+        if value is not None:
+            _positive_int(value, f"benchmark.{key}")
     if cfg.on_divergence not in ("stop", "continue"):
         raise ValueError(f"on_divergence={cfg.on_divergence!r}; choose stop or continue")
     if cfg.logging.progress not in ("auto", "on", "off"):

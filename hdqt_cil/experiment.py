@@ -87,7 +87,7 @@ def _summary(cfg, bench, history, status, elapsed, device, error=None) -> dict:
         "run": {"benchmark": cfg.benchmark.name, "model": cfg.model.name, "strategy": cfg.strategy.name,
                 "quant": cfg.quant.name, "tag": cfg.tag, "seed": cfg.seed},
         "n_experiences": bench.n_experiences,
-        "classes_per_exp": bench.num_classes // bench.n_experiences,
+        "classes_per_exp": bench.classes_per_exp,
         "steps_done": history.steps,
         "metrics": summarize(history),
         "seen_acc": history.seen_acc,
@@ -116,12 +116,6 @@ def run(cfg, run_dir, job_num: int = 0) -> dict:
     """
     run_dir = Path(run_dir)
     validate(cfg)
-    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
-    state = claim_run_dir(run_dir, cfg_dict, cfg.overwrite)
-    if state == "done":
-        log.info("%s already holds this run, finished; overwrite=true reruns it", run_dir)
-        return read_json(run_dir / "summary.json")
-
     RNGManager.set_random_seeds(cfg.seed)
     device = resolve_device(cfg.trainer.device, job_num)
     bench = build_benchmark(cfg.benchmark, cfg.seed)
@@ -129,6 +123,12 @@ def run(cfg, run_dir, job_num: int = 0) -> dict:
     model = build_model(cfg.model.name, bench.input_shape, bench.num_classes, cfg.model.get("hidden"),
                         bench.input_norm)
     strategy = _build_strategy(cfg, bench, model, device, run_dir)
+
+    # Only a run that could be built claims its folder: bad input leaves nothing behind.
+    state = claim_run_dir(run_dir, OmegaConf.to_container(cfg, resolve=True), cfg.overwrite)
+    if state == "done":
+        log.info("%s already holds this run, finished; overwrite=true reruns it", run_dir)
+        return read_json(run_dir / "summary.json")
 
     joint = cfg.strategy.name == "joint"
     steps = [bench.n_experiences - 1] if joint else list(range(bench.n_experiences))

@@ -10,7 +10,7 @@ def _summary(strategy, quant, seed, last, status="complete", tag=""):
     return {"status": status, "error": None,
             "run": {"benchmark": "hapt", "model": "mlp", "strategy": strategy, "quant": quant, "tag": tag,
                     "seed": seed},
-            "n_experiences": 2, "classes_per_exp": 2, "steps_done": 2,
+            "n_experiences": 2, "classes_per_exp": [2, 2], "steps_done": 2,
             "metrics": {"avg_acc": last + 10, "last_acc": last, "forgetting": 5.0, "bwt": -5.0},
             "seen_acc": [last + 20, last], "acc_matrix": [], "class_acc": [], "wall_time_s": 1.0}
 

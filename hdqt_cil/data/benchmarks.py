@@ -23,6 +23,7 @@ class Benchmark:
     class_order: list  # original class index of relabelled class i
     class_names: list
     input_norm: tuple | None = None  # (mean, std) per channel for uint8 images, applied by the model
+    classes_per_exp: list | None = None
 
     @property
     def n_experiences(self) -> int:
@@ -43,22 +44,34 @@ def _load(cfg, seed: int):
     raise ValueError(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}")
 
 
+def experience_sizes(n_classes: int, n_experiences, classes_per_exp, name: str) -> list[int]:
+    """Classes per experience: `n_experiences` equal parts (must divide), or `classes_per_exp` each with the
+    remainder in the last experience (the paper's HAPT: 11 classes → 2,2,2,2,2,1)."""
+    if classes_per_exp:
+        if not 1 <= classes_per_exp <= n_classes:
+            raise ValueError(f"benchmark.classes_per_exp={classes_per_exp} must be in 1..{n_classes} for {name}")
+        full, rest = divmod(n_classes, classes_per_exp)
+        return [classes_per_exp] * full + ([rest] if rest else [])
+    if not n_experiences or n_experiences < 1 or n_classes % n_experiences:
+        raise ValueError(f"benchmark.n_experiences={n_experiences} does not divide the {n_classes} classes of "
+                         f"{name}; choose a divisor of {n_classes}, or set benchmark.classes_per_exp")
+    return [n_classes // n_experiences] * n_experiences
+
+
 def build_benchmark(cfg, seed: int) -> Benchmark:
-    """Split benchmark `cfg.name` into `cfg.n_experiences` experiences; the class order is shuffled by `seed`."""
+    """Split benchmark `cfg.name` into experiences (see `experience_sizes`); the class order is shuffled by `seed`."""
     train, test, names, train_tf, input_norm = _load(cfg, seed)
     classes = sorted(set(train.targets))
-    n_exp = cfg.n_experiences
-    if n_exp < 1 or len(classes) % n_exp:
-        raise ValueError(f"benchmark.n_experiences={n_exp} does not divide the {len(classes)} classes of "
-                         f"{cfg.name}; choose a divisor of {len(classes)}")
+    sizes = experience_sizes(len(classes), cfg.get("n_experiences"), cfg.get("classes_per_exp"), cfg.name)
     missing = sorted(set(classes) - set(test.targets))
     if missing:
         raise ValueError(f"classes {[names[c] for c in missing]} of {cfg.name} have no test samples")
     order = list(np.random.RandomState(seed).permutation(classes)) if cfg.shuffle_classes else classes
     order = [int(c) for c in order]
     scenario = nc_benchmark(
-        train, test, n_experiences=n_exp, task_labels=False, shuffle=False,
+        train, test, n_experiences=len(sizes), task_labels=False, shuffle=False,
+        per_exp_classes={len(sizes) - 1: sizes[-1]} if sizes[-1] != sizes[0] else None,
         fixed_class_order=order, class_ids_from_zero_from_first_exp=True,
         train_transform=train_tf, eval_transform=None,
     )
-    return Benchmark(scenario, tuple(train.inputs.shape[1:]), len(classes), order, list(names), input_norm)
+    return Benchmark(scenario, tuple(train.inputs.shape[1:]), len(classes), order, list(names), input_norm, sizes)

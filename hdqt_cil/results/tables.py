@@ -87,7 +87,7 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
     for ax, bench in zip(axes[0], benchmarks):
         for (strategy, quant), group in done[done.benchmark == bench].groupby(["strategy", "quant"]):
             curves = np.array([c for c in group.seen_acc if len(c) == len(group.seen_acc.iloc[0])])
-            classes = group.classes_per_exp.iloc[0] * np.arange(1, curves.shape[1] + 1)
+            classes = np.cumsum(group.classes_per_exp.iloc[0])[: curves.shape[1]]
             ax.errorbar(classes, curves.mean(0), yerr=curves.std(0), marker="o", capsize=2,
                         label=f"{strategy} / {quant}")
         ax.set(title=bench, xlabel="classes seen", ylabel="accuracy on seen classes (%)")
