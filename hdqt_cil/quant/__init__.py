@@ -1,0 +1,14 @@
+"""The numerics of quantized training, pure torch (CPU and GPU): the reference definition of every scheme."""
+from .hadamard import block_hadamard, hadamard_block_size, sequency_order
+from .intmm import tiled_int_matmul
+from .layers import NonFiniteError, QuantConv2d, QuantLinear, quant_stats, quantize_model, reset_quant_stats
+from .quantizers import QuantSpec, compute_scale, dequantize, quantize
+from .rounding import Counter, counter_uniform, round_nearest, round_stochastic
+from .schemes import Product, Scheme, preset, scheme_from_config
+
+__all__ = [
+    "block_hadamard", "hadamard_block_size", "sequency_order", "tiled_int_matmul", "NonFiniteError",
+    "QuantConv2d", "QuantLinear", "quant_stats", "quantize_model", "reset_quant_stats", "QuantSpec",
+    "compute_scale", "dequantize", "quantize", "Counter", "counter_uniform", "round_nearest",
+    "round_stochastic", "Product", "Scheme", "preset", "scheme_from_config",
+]

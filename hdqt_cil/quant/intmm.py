@@ -1,0 +1,79 @@
+"""Integer matrix products with a narrow, saturating accumulator (docs/numerics.md "Tiled integer accumulation").
+
+The contraction dimension K is cut into tiles; each tile's exact integer sum is saturated to ±(2^(acc_bits-1) - 1)
+before the tiles are added exactly. Operands are float tensors holding integers; the float products are exact
+because the dtype is chosen from a bound on the sums (float32 below 2^24, float64 below 2^53).
+"""
+import torch
+
+_FLOAT32_EXACT = 2**24
+_FLOAT64_EXACT = 2**53
+_TF32_EXACT = 2**11  # TF32 keeps 10 mantissa bits: integer operands up to 2^11 survive its input rounding
+_MAX_PARTIAL_ELEMENTS = 2**25  # bounds the (tiles, M, N) partial sums held at once
+
+
+def accumulator_limit(acc_bits: int) -> int:
+    return 2 ** (acc_bits - 1) - 1
+
+
+def _exact_dtype(a_bound: float, b_bound: float, terms: int, device: torch.device) -> torch.dtype:
+    """float32 when every partial sum of `terms` products is an integer below 2^24 (and TF32, if enabled, cannot
+    round the operands), float64 when below 2^53."""
+    bound = a_bound * b_bound * terms
+    tf32 = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
+    if bound < _FLOAT32_EXACT and not (tf32 and max(a_bound, b_bound) >= _TF32_EXACT):
+        return torch.float32
+    if bound < _FLOAT64_EXACT:
+        return torch.float64
+    raise ValueError(f"integer product too wide to compute exactly: {terms} terms of up to {a_bound} x {b_bound}")
+
+
+def tiled_int_matmul(a: torch.Tensor, b: torch.Tensor, tile: int | None = 32, acc_bits: int | None = 8,
+                     bounds: tuple[float, float] | None = None, count_saturated: bool = False):
+    """Σ_tiles clamp(Σ_{k in tile} a[..., m, k] b[..., k, n], ±L), L = 2^(acc_bits-1) - 1.
+
+    a (..., M, K) and b (..., K, N) hold integers (leading dims broadcast). Tiles are consecutive runs of `tile`
+    elements of K from 0, the last possibly narrower; tile=None saturates the whole-K sum once; acc_bits=None
+    never saturates. `bounds` = (max|a|, max|b|) when the caller knows them (skips two reductions and a device
+    sync). Returns the exact result in float32, or in float64 where the bound K·max|a|·max|b| reaches 2^24; with
+    count_saturated=True also the number of saturated tile sums (0-dim tensor; the number of tile sums is
+    out.numel() * number of tiles).
+    """
+    if tile is not None and tile < 1:
+        raise ValueError(f"tile={tile} must be a positive number of K elements (or None for the whole K)")
+    if acc_bits is not None and acc_bits < 1:
+        raise ValueError(f"acc_bits={acc_bits} must be >= 1 (or None for no saturation)")
+    k = a.shape[-1]
+    if b.shape[-2] != k:
+        raise ValueError(f"contraction sizes differ: a has K={k}, b has K={b.shape[-2]}")
+    if bounds is None:
+        bounds = tuple(torch.stack([a.abs().amax(), b.abs().amax()]).tolist()) if a.numel() and b.numel() else (0, 0)
+    tile = k if tile is None or tile >= k or acc_bits is None else tile
+    tiles = -(-k // tile) if k else 1
+    limit = None if acc_bits is None else accumulator_limit(acc_bits)
+    dtype = _exact_dtype(*bounds, terms=max(k, 1), device=a.device)
+
+    if tiles == 1:
+        out = torch.matmul(a.to(dtype), b.to(dtype))
+        saturated = None if limit is None else (out.abs() > limit).sum()
+        out = out if limit is None else out.clamp(-limit, limit)
+        return _result(out, saturated, count_saturated)
+
+    pad = tiles * tile - k
+    a_tiles = torch.nn.functional.pad(a.to(dtype), (0, pad)).unflatten(-1, (tiles, tile)).movedim(-2, -3)
+    b_tiles = torch.nn.functional.pad(b.to(dtype), (0, 0, 0, pad)).unflatten(-2, (tiles, tile))
+    rows, cols = a.shape[-2], b.shape[-1]
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]).numel()
+    chunk = max(1, _MAX_PARTIAL_ELEMENTS // max(1, batch * rows * cols))
+    out, saturated = 0, 0
+    for start in range(0, tiles, chunk):
+        partial = torch.matmul(a_tiles[..., start:start + chunk, :, :], b_tiles[..., start:start + chunk, :, :])
+        saturated = saturated + (partial.abs() > limit).sum()
+        out = out + partial.clamp(-limit, limit).sum(dim=-3)
+    return _result(out, saturated, count_saturated)
+
+
+def _result(out: torch.Tensor, saturated, count_saturated: bool):
+    if not count_saturated:
+        return out
+    return out, saturated if saturated is not None else torch.zeros((), dtype=torch.int64, device=out.device)

@@ -1,0 +1,344 @@
+"""QuantLinear / QuantConv2d: every product of the layer an integer product defined by a Scheme (docs/quant.md).
+
+A convolution is im2col (`unfold`, K in (channel, kh, kw) order) followed by the products of a linear layer;
+the input gradient goes back through `fold` (col2im) in float. Operands are laid out as (batch, rows, K) with
+the contraction over the last dimension: the conv's backward products run per sample (batch = the samples,
+as the authors vmap), a linear layer's as one batch entry. FP32 master weights stay the parameters; bias, the
+sum of per-sample weight gradients and everything outside these layers stay float.
+"""
+import math
+import warnings
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .backend import resolve_ops
+from .hadamard import hadamard_block_size
+from .quantizers import QuantSpec, level_range
+from .rounding import Counter
+from .schemes import Product, Scheme
+
+# role id = layer index * ROLE_STRIDE + code: every quantized tensor of a step draws its own random bits.
+ROLE_STRIDE = 8
+ROLE_CODES = {"input": 0, "weight": 1, "grad_input.grad_output": 2, "grad_input.weight": 3,
+              "grad_weight.grad_output": 4, "grad_weight.input": 5}
+# Counted per layer as (hits, total): saturated tile sums of each product, clipped values of each forward operand.
+STATS = ("forward_saturated", "grad_input_saturated", "grad_weight_saturated", "input_clipped", "weight_clipped")
+_STAT_ROW = {name: i for i, name in enumerate(STATS)}
+
+
+class NonFiniteError(FloatingPointError):
+    """A NaN or Inf reached a quantizer; the message names the layer, the tensor role and the value."""
+
+
+class _Operand(NamedTuple):
+    """One side of a product: integer levels with their scale (broadcastable), or a float tensor (scale None)."""
+    values: torch.Tensor
+    scale: torch.Tensor | None
+    bound: float = 0.0  # the largest |level| it can hold (integer operands)
+
+    @property
+    def is_integer(self) -> bool:
+        return self.scale is not None
+
+    def transposed(self) -> "_Operand":
+        scale = None if self.scale is None else _swap_last(self.scale)
+        return _Operand(self.values.transpose(-1, -2), scale, self.bound)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.values if self.scale is None else self.values * self.scale
+
+
+def _swap_last(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(-1, -2) if t.dim() >= 2 else t
+
+
+def _product(ops, a: _Operand, bt: _Operand, block: int, product: Product):
+    """a (..., M, K) times btᵀ (K along bt's last dim too), scaled back by s_a · s_b / block.
+
+    Returns (result float32, saturated tile sums or None, number of tile sums).
+    """
+    if not (a.is_integer and bt.is_integer):
+        out = torch.matmul(a.dequantized(), bt.dequantized().transpose(-1, -2))
+        return (out / block if block > 1 else out), None, 0
+    acc, saturated = ops.tiled_int_matmul(a.values, bt.values.transpose(-1, -2), product.tile, product.acc_bits,
+                                          bounds=(a.bound, bt.bound), count_saturated=True)
+    k = a.values.shape[-1]
+    tiles = 1 if product.tile is None or product.acc_bits is None else max(1, math.ceil(k / product.tile))
+    scale = (a.scale * _swap_last(bt.scale)) / block
+    return acc.to(torch.float32) * scale, saturated, acc.numel() * tiles
+
+
+class _QuantLayer:
+    """What QuantLinear and QuantConv2d share: scheme, identity (name, index), step counter, statistics."""
+
+    def _setup_quant(self, scheme: Scheme, name: str = "", index: int = 0, step: int = 0) -> None:
+        self.scheme, self.quant_name, self.quant_index, self.step = scheme, name, index, step
+        if "quant_counts" not in self._buffers:
+            counts = torch.zeros(len(STATS), 2, dtype=torch.int64, device=self.weight.device)
+            self.register_buffer("quant_counts", counts, persistent=False)
+
+    def forward(self, x):
+        if not self.scheme.quantizes:
+            return super().forward(x)
+        training = self.training and torch.is_grad_enabled()
+        step = self.step
+        if training:
+            self.step += 1
+        y = _QuantProduct.apply(x, self.weight, self, step, training)
+        return y if self.bias is None else y + self._bias_for(y)
+
+    def _counter(self, role: str, step: int) -> Counter:
+        return Counter(self.scheme.seed, step, self.quant_index * ROLE_STRIDE + ROLE_CODES[role])
+
+    def _count(self, stat: str, hits, total: int) -> None:
+        """Accumulate on the device (no sync): `hits` is a 0-dim tensor, None where nothing was counted."""
+        if hits is not None:
+            self.quant_counts[_STAT_ROW[stat], 0] += hits
+            self.quant_counts[_STAT_ROW[stat], 1] += total
+
+    def _check_finite(self, checks: list) -> None:
+        """One device sync per call for all its quantizers: raise naming the layer, the role and the value."""
+        if not checks or bool(torch.stack([scale.amax() for _, _, scale in checks]).isfinite().all()):
+            return
+        for role, tensor, scale in checks:
+            if not torch.isfinite(scale).all():
+                bad = tensor[~torch.isfinite(tensor)]
+                value = bad[0].item() if bad.numel() else float("nan")
+                raise NonFiniteError(f"layer '{self.quant_name}': non-finite value {value} in the {role} "
+                                     f"reaching its quantizer (scheme {self.scheme.name})")
+
+
+def _forward_operand(layer, t, spec: QuantSpec | None, role: str, step: int, training: bool, ops, checks):
+    """Quantize a forward operand per tensor; with training, count clipped values and build the STE mask."""
+    if spec is None:
+        return _Operand(t, None), None
+    levels, scale = ops.quantize(t, spec, layer._counter(role, step))
+    checks.append((role, t, scale))
+    keep = None
+    if training:
+        low, high = level_range(t, spec)
+        v = t.to(torch.float32) / scale
+        inside = (v >= low) & (v <= high)
+        layer._count(f"{role}_clipped", (~inside).sum(), t.numel())
+        ste = layer.scheme.ste
+        keep = inside if ste == "clip" else t.abs() <= 2 ** (spec.bits - 1) - 1 if ste == "authors" else None
+    return _Operand(levels, scale.reshape(()), spec.level_bound), keep
+
+
+def _backward_operand(layer, t, spec: QuantSpec | None, source: _Operand | None, block: int, role: str,
+                      step: int, ops, checks) -> _Operand:
+    """A backward operand after its (optional) transform: re-quantized, or the forward's levels / floats as they are.
+
+    Re-quantized forward levels carry the product of both scales (s_requant · s_forward, float32)."""
+    if spec is None:
+        if source is None or not source.is_integer:
+            return _Operand(t, None)
+        return _Operand(t, source.scale, source.bound * block)
+    levels, scale = ops.quantize(t, spec, layer._counter(role, step))
+    checks.append((role, t, scale))
+    if source is not None and source.is_integer:
+        scale = scale * source.scale
+    return _Operand(levels, scale, spec.level_bound)
+
+
+def _transformed(ops, product: Product, cap, a, bt):
+    """Both operands Hadamard-transformed along K (the last dim) when the product asks for it, and the block."""
+    if not product.hadamard:
+        return a, bt, 1
+    block = hadamard_block_size(a.shape[-1], cap)
+    return ops.block_hadamard(a, -1, block), ops.block_hadamard(bt, -1, block), block
+
+
+class _QuantProduct(torch.autograd.Function):
+    """y = x · Wᵀ as the scheme's forward product; its backward computes grad_input and grad_weight the same way."""
+
+    @staticmethod
+    def forward(ctx, x, weight, layer, step, training):
+        scheme = layer.scheme
+        ops = resolve_ops(scheme.backend, x.device)
+        checks = []
+        x_op, x_keep = _forward_operand(layer, x, scheme.forward.left, "input", step, training, ops, checks)
+        w_op, w_keep = _forward_operand(layer, weight.reshape(weight.shape[0], -1), scheme.forward.right,
+                                        "weight", step, training, ops, checks)
+        layer._check_finite(checks)
+        rows = _Operand(layer._forward_rows(x_op.values), x_op.scale, x_op.bound)
+        y_rows, saturated, sums = _product(ops, rows, w_op, 1, scheme.forward)
+        if training:
+            layer._count("forward_saturated", saturated, sums)
+        w_keep = None if w_keep is None else w_keep.reshape(weight.shape)
+        ctx.save_for_backward(x_op.values, w_op.values, x_keep, w_keep)
+        ctx.layer, ctx.scheme, ctx.step, ctx.x_shape, ctx.w_shape = layer, scheme, step, x.shape, weight.shape
+        ctx.x_meta, ctx.w_meta = (x_op.scale, x_op.bound), (w_op.scale, w_op.bound)
+        return layer._forward_output(y_rows, x.shape)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        layer, scheme, step = ctx.layer, ctx.scheme, ctx.step
+        x_values, w_values, x_keep, w_keep = ctx.saved_tensors
+        x_op, w_op = _Operand(x_values, *ctx.x_meta), _Operand(w_values, *ctx.w_meta)
+        ops = resolve_ops(scheme.backend, grad_y.device)
+        g_rows, g_cols = layer._grad_output_layouts(grad_y.to(torch.float32))
+        checks, grad_x, grad_w, shared_g = [], None, None, None
+
+        def grad_output_operand(product: Product, g, block: int, role: str) -> _Operand:
+            nonlocal shared_g
+            if not scheme.shares_grad_output:
+                return _backward_operand(layer, g, product.left, None, block, role, step, ops, checks)
+            if shared_g is None:  # quantized once, in the grad_input layout (S, M, out)
+                shared_g = _backward_operand(layer, g_rows, product.left, None, 1, "grad_input.grad_output",
+                                             step, ops, checks)
+            return shared_g if g is g_rows else shared_g.transposed()
+
+        if ctx.needs_input_grad[0]:
+            product = scheme.grad_input
+            a, bt, block = _transformed(ops, product, scheme.hadamard_cap, g_rows, w_values.transpose(0, 1))
+            qa = grad_output_operand(product, a, block, "grad_input.grad_output")
+            qb = _backward_operand(layer, bt, product.right, w_op, block, "grad_input.weight", step, ops, checks)
+            rows, saturated, sums = _product(ops, qa, qb, block, product)
+            layer._count("grad_input_saturated", saturated, sums)
+            grad_x = layer._grad_input(rows, ctx.x_shape)
+            grad_x = grad_x if x_keep is None else grad_x * x_keep
+        if ctx.needs_input_grad[1]:
+            product = scheme.grad_weight
+            a, bt, block = _transformed(ops, product, scheme.hadamard_cap, g_cols, layer._input_columns(x_values))
+            qa = grad_output_operand(product, a, block, "grad_weight.grad_output")
+            qb = _backward_operand(layer, bt, product.right, x_op, block, "grad_weight.input", step, ops, checks)
+            per_batch, saturated, sums = _product(ops, qa, qb, block, product)
+            layer._count("grad_weight_saturated", saturated, sums)
+            grad_w = per_batch.sum(dim=0).reshape(ctx.w_shape)
+            grad_w = grad_w if w_keep is None else grad_w * w_keep
+        layer._check_finite(checks)
+        return grad_x, grad_w, None, None, None
+
+
+class QuantLinear(_QuantLayer, nn.Linear):
+    """nn.Linear whose products follow `scheme`; same parameters and state-dict keys as nn.Linear."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, scheme: Scheme, name: str = "",
+                 device=None, dtype=None):
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self._setup_quant(scheme, name)
+
+    def _bias_for(self, y):
+        return self.bias
+
+    def _forward_rows(self, x):
+        return x.reshape(-1, self.in_features)
+
+    def _forward_output(self, y_rows, x_shape):
+        return y_rows.reshape(*x_shape[:-1], self.out_features)
+
+    def _grad_output_layouts(self, g):
+        """(1, M, out) for grad_input, (1, out, M) for grad_weight."""
+        rows = g.reshape(1, -1, self.out_features)
+        return rows, rows.transpose(1, 2)
+
+    def _input_columns(self, x):
+        return x.reshape(1, -1, self.in_features).transpose(1, 2)
+
+    def _grad_input(self, rows, x_shape):
+        return rows.reshape(x_shape)
+
+
+class QuantConv2d(_QuantLayer, nn.Conv2d):
+    """nn.Conv2d (groups=1, zero padding) as im2col + the products of a linear layer; same state-dict keys."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 bias: bool = True, *, scheme: Scheme, name: str = "", device=None, dtype=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, bias=bias,
+                         device=device, dtype=dtype)
+        self._setup_quant(scheme, name)
+
+    def forward(self, x):
+        if x.dim() == 3:
+            return super().forward(x.unsqueeze(0)).squeeze(0)
+        return super().forward(x)
+
+    def _bias_for(self, y):
+        return self.bias.view(1, -1, 1, 1)
+
+    def _unfold(self, x):
+        return F.unfold(x, self.kernel_size, self.dilation, self.padding, self.stride)
+
+    def _output_size(self, x_shape):
+        return tuple((size + 2 * p - d * (k - 1) - 1) // s + 1 for size, p, d, k, s in
+                     zip(x_shape[-2:], self.padding, self.dilation, self.kernel_size, self.stride))
+
+    def _forward_rows(self, x):
+        """(B·L, K) im2col rows; K in unfold's (channel, kh, kw) order, as the weight's (out, K) view."""
+        return self._unfold(x).transpose(1, 2).reshape(-1, self.weight[0].numel())
+
+    def _forward_output(self, y_rows, x_shape):
+        batch, (height, width) = x_shape[0], self._output_size(x_shape)
+        return y_rows.reshape(batch, height * width, self.out_channels).transpose(1, 2).reshape(
+            batch, self.out_channels, height, width)
+
+    def _grad_output_layouts(self, g):
+        """(B, L, out) for grad_input, (B, out, L) for grad_weight: one product per sample."""
+        cols = g.reshape(g.shape[0], self.out_channels, -1)
+        return cols.transpose(1, 2), cols
+
+    def _input_columns(self, x):
+        return self._unfold(x)
+
+    def _grad_input(self, rows, x_shape):
+        return F.fold(rows.transpose(1, 2), x_shape[-2:], self.kernel_size, self.dilation, self.padding, self.stride)
+
+
+def _quant_class(module: nn.Module, name: str):
+    """The quantized class for a layer, or None to leave it in float (with a warning where that may surprise)."""
+    if type(module) is nn.Linear:
+        return QuantLinear
+    if type(module) is nn.Conv2d:
+        if module.groups != 1:
+            return None  # grouped / depthwise convs stay float (HDQT and HOT quantize groups=1 only)
+        if module.padding_mode == "zeros" and not isinstance(module.padding, str):
+            return QuantConv2d
+        warnings.warn(f"{name}: Conv2d with padding={module.padding!r}, padding_mode={module.padding_mode!r} "
+                      "is left in float")
+    elif isinstance(module, (nn.Linear, nn.Conv2d)) and not isinstance(module, _QuantLayer):
+        warnings.warn(f"{name}: {type(module).__name__} subclasses a Linear/Conv2d and is left in float")
+    return None
+
+
+def quantize_model(model: nn.Module, scheme: Scheme) -> nn.Module:
+    """Make every nn.Linear and nn.Conv2d (groups=1) of `model` quantized by `scheme`, in place; return `model`.
+
+    Layers change class in place (QuantLinear subclasses nn.Linear), so parameters, their identity in the
+    optimizer, hooks and state-dict keys stay as they were. Idempotent and cheap: call it again whenever layers
+    may have appeared (avalanche's IncrementalClassifier replaces its Linear as classes arrive) or to switch
+    schemes. Layer indices (for the random bits) follow module order; a new layer starts at the model's step.
+    """
+    step = max((m.step for m in model.modules() if isinstance(m, _QuantLayer)), default=0)
+    index = 0
+    for name, module in model.named_modules():
+        if isinstance(module, _QuantLayer):
+            module.scheme, module.quant_name, module.quant_index = scheme, name, index
+        elif (cls := _quant_class(module, name)) is not None:
+            module.__class__ = cls
+            module._setup_quant(scheme, name, index, step)
+        else:
+            continue
+        index += 1
+    return model
+
+
+def quant_stats(model: nn.Module) -> dict[str, dict[str, float]]:
+    """Per quantized layer, since the last reset: shares of saturated tile sums (per product) and of clipped
+    forward values. One device transfer for the whole model."""
+    layers = [(name, m) for name, m in model.named_modules() if isinstance(m, _QuantLayer)]
+    if not layers:
+        return {}
+    device = layers[0][1].quant_counts.device
+    counts = torch.stack([m.quant_counts.to(device) for _, m in layers]).tolist()
+    return {name: {stat: hits / total if total else 0.0 for stat, (hits, total) in zip(STATS, rows)}
+            for (name, _), rows in zip(layers, counts)}
+
+
+def reset_quant_stats(model: nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, _QuantLayer):
+            module.quant_counts.zero_()

@@ -1,0 +1,151 @@
+"""Dynamic quantizers: a float32 tensor becomes float32 integer levels and a float32 scale (docs/numerics.md).
+
+One formula for every scheme: v = t / s (true float32 division), then rounding, then clamp to the level range.
+What varies is described by a `QuantSpec`; a granularity is only a choice of the dimensions a scale is taken over.
+"""
+from dataclasses import dataclass
+import torch
+
+from .rounding import Counter, round_nearest, round_stochastic, round_stochastic_log2
+
+SIGNEDNESS = ("signed", "unsigned", "auto")
+SCALE_RULES = ("max", "sawb")
+GRANULARITIES = ("tensor", "sample", "row")
+ROUNDINGS = ("nearest", "stochastic")
+GRIDS = ("uniform", "log2")
+BITS_RANGE = (2, 16)
+LOG2_BITS_RANGE = (2, 5)
+
+# SAWB's fitted constants for 4-bit grids (Choi et al. 2018), as LUQ uses them: alpha = C1 * rms(t) - C2 * mean|t|.
+SAWB_C1, SAWB_C2 = 12.1, 12.2
+
+
+def _choice(field: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{field}={value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How one tensor is quantized.
+
+    bits: 2..16 for the uniform grid. signedness: signed (levels ±(2^(b-1)-1)), unsigned (0..2^b-1), or auto
+    (unsigned when the whole tensor has no negative value, as the HDQT authors do after a ReLU).
+    scale: max (clip · max|t|) or sawb (SAWB's alpha; an unsigned grid spans [0, 2·alpha], as in the LUQ code).
+    clip: the fraction of max|t| kept by the max rule (0.975 in the HDQT forward).
+    granularity: tensor (one scale), sample (one per index of dim 0), row (one per row: the last dim reduced).
+    grid: uniform integers, or log2 (sign + (bits-1) exponent bits: 0, ±1, ±2, ..., ±2^(2^(bits-1)-2); LUQ's FP4).
+    """
+    bits: int = 4
+    signedness: str = "signed"
+    scale: str = "max"
+    clip: float = 1.0
+    granularity: str = "tensor"
+    rounding: str = "nearest"
+    grid: str = "uniform"
+
+    def __post_init__(self):
+        _choice("signedness", self.signedness, SIGNEDNESS)
+        _choice("scale", self.scale, SCALE_RULES)
+        _choice("granularity", self.granularity, GRANULARITIES)
+        _choice("rounding", self.rounding, ROUNDINGS)
+        _choice("grid", self.grid, GRIDS)
+        low, high = LOG2_BITS_RANGE if self.grid == "log2" else BITS_RANGE
+        if not isinstance(self.bits, int) or not low <= self.bits <= high:
+            raise ValueError(f"bits={self.bits!r} is out of range; a {self.grid} grid allows {low}..{high} bits")
+        if not 0.0 < self.clip <= 1.0:
+            raise ValueError(f"clip={self.clip!r} must be a fraction of max|t| in (0, 1]")
+        if self.grid == "log2" and (self.signedness != "signed" or self.rounding != "stochastic"):
+            raise ValueError("the log2 grid is defined for signed tensors with stochastic rounding only")
+
+    @property
+    def signed_max(self) -> int:
+        """Largest level of the signed grid."""
+        if self.grid == "log2":
+            return 2 ** (2 ** (self.bits - 1) - 2)
+        return 2 ** (self.bits - 1) - 1
+
+    @property
+    def unsigned_max(self) -> int:
+        return 2**self.bits - 1
+
+    @property
+    def level_bound(self) -> int:
+        """The largest level magnitude this spec can produce (a bound for exact integer products)."""
+        return self.signed_max if self.signedness == "signed" else self.unsigned_max
+
+
+def reduction_dims(t: torch.Tensor, granularity: str) -> tuple[int, ...]:
+    """The dimensions one scale spans: all (tensor), all but dim 0 (sample), the last (row)."""
+    if granularity == "tensor":
+        return tuple(range(t.dim()))
+    if granularity == "sample":
+        return tuple(range(1, t.dim()))
+    return (t.dim() - 1,)
+
+
+def is_signed(t: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """0-dim bool: whether the signed grid applies. 'auto' looks at the whole tensor, whatever the granularity."""
+    if spec.signedness == "auto":
+        return (t < 0).any()
+    return torch.tensor(spec.signedness == "signed", device=t.device)
+
+
+def _level_range(signed: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lowest, highest) level as 0-dim float32 tensors for the resolved signedness."""
+    f32 = dict(dtype=torch.float32, device=signed.device)
+    high = torch.where(signed, torch.tensor(float(spec.signed_max), **f32), torch.tensor(float(spec.unsigned_max), **f32))
+    low = torch.where(signed, -high, torch.zeros((), **f32))
+    return low, high
+
+
+def _scale(t: torch.Tensor, spec: QuantSpec, signed: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    dims = reduction_dims(t, spec.granularity)
+    peak = t.abs().amax(dim=dims, keepdim=True) if dims else t.abs()
+    if spec.scale == "max":
+        clip_value = peak * torch.tensor(spec.clip, dtype=torch.float32)
+    else:
+        rms = t.square().mean(dim=dims, keepdim=True).sqrt() if dims else t.abs()
+        mean_abs = t.abs().mean(dim=dims, keepdim=True) if dims else t.abs()
+        alpha = torch.tensor(SAWB_C1, dtype=torch.float32) * rms - torch.tensor(SAWB_C2, dtype=torch.float32) * mean_abs
+        alpha = alpha * torch.where(signed, 1.0, 2.0)
+        clip_value = torch.where(alpha > 0, torch.minimum(alpha, peak), peak)
+    scale = clip_value / high
+    return torch.where(scale == 0, torch.ones_like(scale), scale)
+
+
+def level_range(t: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lowest, highest) level the quantization of t uses (0-dim float32 tensors)."""
+    return _level_range(is_signed(t, spec), spec)
+
+
+def compute_scale(t: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """float32 scale, broadcastable to t: (clip value of the group) / (largest level); 1 for an all-zero group."""
+    t = t.to(torch.float32)
+    signed = is_signed(t, spec)
+    return _scale(t, spec, signed, _level_range(signed, spec)[1])
+
+
+def quantize(t: torch.Tensor, spec: QuantSpec, counter: Counter | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(levels, scale): float32 integer levels of t and the float32 scale with t ≈ levels * scale.
+
+    v = t / s in float32 (true division: ties on .5 are common after a Hadamard transform of integers, and
+    t * (1/s) would move them), rounded, then clamped to the level range.
+    """
+    t = t.to(torch.float32)
+    signed = is_signed(t, spec)
+    low, high = _level_range(signed, spec)
+    scale = _scale(t, spec, signed, high)
+    v = t / scale
+    if spec.rounding == "nearest":
+        rounded = round_nearest(v)
+    else:
+        if counter is None:
+            raise ValueError("stochastic rounding needs a Counter (seed, step, role) for its random bits")
+        u = counter.uniform(v.shape, v.device)
+        rounded = round_stochastic_log2(v, u) if spec.grid == "log2" else round_stochastic(v, u)
+    return torch.clamp(rounded, low, high), scale
+
+
+def dequantize(levels: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return levels * scale
