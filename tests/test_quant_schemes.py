@@ -1,0 +1,65 @@
+import pytest
+from omegaconf import OmegaConf
+
+from hdqt_cil.quant.schemes import PRESET_CONFIGS, preset, scheme_from_config
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_CONFIGS))
+def test_config_files_equal_the_presets(make_cfg, name):
+    cfg = make_cfg(f"quant={name}", "seed=0")
+    assert OmegaConf.to_container(cfg.quant, resolve=True) == PRESET_CONFIGS[name]
+    assert scheme_from_config(cfg.quant) == preset(name)
+
+
+def test_hdqt_preset_is_the_paper():
+    s = preset("hdqt")
+    x, w = s.forward.left, s.forward.right
+    assert (x.bits, x.signedness, x.scale, x.clip, x.rounding) == (4, "auto", "max", 0.975, "nearest")
+    assert (w.signedness, w.clip) == ("signed", 0.975)
+    assert (s.forward.tile, s.forward.acc_bits) == (32, 8)
+    for product in (s.grad_input, s.grad_weight):
+        assert product.hadamard and product.tile is None and product.acc_bits == 8
+        assert product.left.rounding == "stochastic" and product.left.clip == 1.0
+    assert s.grad_input.right.rounding == "nearest" and s.grad_weight.right.rounding == "stochastic"
+    assert s.ste == "authors" and s.hadamard_cap is None
+    assert not preset("int4").grad_input.hadamard
+    assert not preset("fp32").quantizes and preset("luq").shares_grad_output
+
+
+def test_hydra_overrides_reach_the_scheme(make_cfg):
+    cfg = make_cfg("quant=hdqt", "quant.bits=3", "quant.acc_bits=12", "quant.tile=64", "quant.backward_tiling=true",
+                   "quant.rounding.bwd_weight=stochastic", "quant.hadamard_cap=16", "seed=5")
+    s = scheme_from_config(cfg.quant)
+    assert s.forward.left.bits == 3 and s.forward.acc_bits == 12 and s.forward.tile == 64
+    assert s.grad_input.tile == 64 and s.grad_weight.acc_bits == 12
+    assert s.grad_input.right.rounding == "stochastic" and s.hadamard_cap == 16 and s.seed == 5
+
+
+@pytest.mark.parametrize("cfg,message", [
+    ({"name": "hdqt", "bits": 1}, r"quant.bits=1 is out of range; allowed: integers 2..16"),
+    ({"name": "hdqt", "bits": 17}, "quant.bits=17"),
+    ({"name": "hdqt", "acc_bits": 3}, r"quant.acc_bits=3 is out of range.*quant.bits=4.*to 32"),
+    ({"name": "hdqt", "acc_bits": 33}, "quant.acc_bits=33"),
+    ({"name": "hdqt", "tile": 0}, "quant.tile=0 must be a positive integer"),
+    ({"name": "hdqt", "tile": -32}, "quant.tile=-32"),
+    ({"name": "hadamard"}, "unknown quantization scheme quant.name='hadamard'; choose one of fp32, hdqt"),
+    ({"name": "hdqt", "bitz": 4}, "quant.bitz is not a setting of quant=hdqt; its settings are name, bits"),
+    ({"name": "fp32", "bits": 4}, "quant.bits is not a setting of quant=fp32"),
+    ({"name": "hdqt", "rounding": {"activations": "nearest"}}, "quant.rounding.activations: unknown role"),
+    ({"name": "hdqt", "rounding": {"input": "up"}}, "quant.rounding.input='up' is not allowed"),
+    ({"name": "hdqt", "granularity": {"bwd_weight": "sample"}}, "granularity.bwd_weight='sample'"),
+    ({"name": "hdqt", "hadamard_cap": 24}, "quant.hadamard_cap=24 must be a power of two"),
+    ({"name": "hdqt", "ste": "hard"}, "quant.ste='hard'"),
+    ({"name": "hdqt", "backend": "triton"}, "quant.backend='triton'"),
+    ({"name": "hdqt", "fwd_clip": 1.5}, "quant.fwd_clip=1.5"),
+    ({"name": "luq", "bits": 6}, "bits=6 is out of range; a log2 grid allows 2..5"),
+])
+def test_bad_configs_name_the_value(cfg, message):
+    with pytest.raises(ValueError, match=message):
+        scheme_from_config(cfg)
+
+
+def test_unknown_hydra_key_is_refused(make_cfg):
+    from hydra.errors import ConfigCompositionException
+    with pytest.raises(ConfigCompositionException, match="bitz"):
+        make_cfg("quant=hdqt", "quant.bitz=3")
