@@ -84,21 +84,25 @@ def read_segments(root: Path, names) -> np.ndarray:
     raise RawDataError("the segment files could not be read together although each reads alone")
 
 
+def segment_features(root: Path, names):
+    """(features, feature names) of the given segment files."""
+    raw = read_segments(root, names)  # (files, samples, 45)
+    signals = raw.reshape(len(raw), SAMPLES, len(UNITS), len(SENSORS), 3).transpose(0, 2, 3, 4, 1)
+    return position_features.position_table(signals, UNITS, SENSORS)
+
+
 def build(root: Path) -> dict:
     files = segment_files(root)
     if len(files) != 19 * 8 * 60:
         print(f"note: a partial release, {len(files):,} of the 9,120 segment files")
     activity, subject, segment = (np.array([f[i] for f in files], np.int64) for i in range(3))
-    chunks = []
     names = [f[3] for f in files]
-    for start in cli.progress(range(0, len(names), 1000), desc="DSADS segments"):
-        raw = read_segments(root, names[start: start + 1000])  # (files, samples, 45)
-        signals = raw.reshape(len(raw), SAMPLES, len(UNITS), len(SENSORS), 3).transpose(0, 2, 3, 4, 1)
-        X, feature_names = position_features.position_table(signals, UNITS, SENSORS)
-        chunks.append(X)
+    chunks = cli.parallel_map(segment_features, [(root, names[i: i + 1000]) for i in range(0, len(names), 1000)],
+                              desc="DSADS segments")
+    feature_names = chunks[0][1]
     print(f"{len(files):,} windows: {len(set(activity.tolist()))} activities × {len(set(subject.tolist()))} subjects"
           f" × {len(set(segment.tolist()))} segments")
-    return dict(X=np.concatenate(chunks), y=activity, subject=subject, feature_names=feature_names,
+    return dict(X=np.concatenate([X for X, _ in chunks]), y=activity, subject=subject, feature_names=feature_names,
                 class_names={a: ACTIVITIES[a] for a in sorted(set(activity.tolist()))}, segment=segment)
 
 

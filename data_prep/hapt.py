@@ -139,10 +139,11 @@ def build(root: Path) -> dict:
     starts, segment = window_starts(release.segments)
     experiment, user = release.segments[segment, 0], release.segments[segment, 1]
     X = np.empty((len(starts), HAPT.n_features), np.float32)
-    names = None
-    for e in cli.progress(np.unique(experiment), desc="HAPT experiments"):
-        rows = np.flatnonzero(experiment == e)
-        X[rows], names = recording_features(root, int(e), int(user[rows[0]]), starts[rows])
+    rows = [np.flatnonzero(experiment == e) for e in np.unique(experiment)]
+    results = cli.parallel_map(recording_features, [(root, int(experiment[r[0]]), int(user[r[0]]), starts[r])
+                                                    for r in rows], desc="HAPT experiments")
+    for r, (values, names) in zip(rows, results):
+        X[r] = values
     expected = [uci_features.release_name(n) for n in names]
     if expected != release.feature_names:
         i = next((i for i, (a, b) in enumerate(zip(expected, release.feature_names)) if a != b),

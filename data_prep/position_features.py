@@ -53,4 +53,4 @@ def position_table(signals: np.ndarray, positions, sensors):
     `{position}_{sensor}_{feature}`, position-major as in the reference files."""
     table = sensor_features(stats.magnitude(signals))  # (windows, positions, sensors, 27)
     names = [f"{p}_{s}_{f}" for p in positions for s in sensors for f in NAMES]
-    return table.reshape(len(table), -1), names
+    return table.reshape(len(table), len(names)), names

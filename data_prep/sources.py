@@ -124,7 +124,7 @@ def _first_bad_line(data: bytes, name: str, n_columns: int, delimiter, allow_nan
                 value = float(field)
             except ValueError:
                 return f"{name} line {number}: {field.strip()!r} is not a number"
-            if not (np.isfinite(value) or (allow_nan and np.isnan(value))):
+            if not (np.isfinite(value) or (allow_nan and field.strip() == "NaN")):
                 return f"{name} line {number}: {field.strip()!r} is not a finite number"
     return f"{name}: no data rows"
 
@@ -132,8 +132,9 @@ def _first_bad_line(data: bytes, name: str, n_columns: int, delimiter, allow_nan
 def read_table(root: Path, name: str, n_columns: int, delimiter=None, allow_nan=False) -> np.ndarray:
     """Read `root/name`, a text table of `n_columns` numbers a line (whitespace- or `delimiter`-separated).
 
-    The fast path is pandas' C parser; on anything unexpected the file is scanned line by line so the error can
-    name the first bad line.
+    Missing values, where allowed, must be written `NaN`. The fast path is pandas' C parser; on anything unexpected
+    (including a short line, which pandas would pad with NaN) the file is scanned line by line so the error can name
+    the first bad line.
     """
     import pandas as pd
 
@@ -143,9 +144,10 @@ def read_table(root: Path, name: str, n_columns: int, delimiter=None, allow_nan=
     data = path.read_bytes()
     try:
         table = pd.read_csv(io.BytesIO(data), sep=delimiter or r"\s+", header=None, dtype=np.float64,
-                            engine="c", skip_blank_lines=True).to_numpy()
+                            engine="c", skip_blank_lines=True, keep_default_na=False, na_values=["NaN"]).to_numpy()
         ok = table.ndim == 2 and table.shape[1] == n_columns and len(table) > 0
-        ok = ok and (np.isfinite(table) | (allow_nan & np.isnan(table))).all()
+        nan = np.isnan(table)
+        ok = ok and (np.isfinite(table) | nan).all() and nan.sum() == (data.count(b"NaN") if allow_nan else 0)
     except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError):
         ok = False
     if not ok:

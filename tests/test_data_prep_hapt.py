@@ -134,17 +134,21 @@ def real_features(tmp_path_factory):
     return out, time.perf_counter() - started
 
 
-def _official(name):
+def _official_labels():
+    """{name: values} of the release's Train/ and Test/ label and subject files, read in one pass over the tar."""
+    wanted = {f"HAPT Data Set/{split}/{kind}_{split.lower()}.txt": f"{kind}_{split.lower()}"
+              for split in ("Train", "Test") for kind in ("y", "subject_id")}
     with tarfile.open(REAL_ARCHIVE, "r:xz") as tf:
-        return np.loadtxt(tf.extractfile(f"HAPT Data Set/{name}"), dtype=np.int64, ndmin=1)
+        return {wanted[m.name]: np.loadtxt(tf.extractfile(m), dtype=np.int64, ndmin=1) for m in tf if m.name in wanted}
 
 
 def test_real_release_windows_match_the_official_files(real_features):
     out, seconds = real_features
     assert seconds < 30
     table = load_feature_table(out)
-    y = np.concatenate([_official("Train/y_train.txt"), _official("Test/y_test.txt")])
-    subject = np.concatenate([_official("Train/subject_id_train.txt"), _official("Test/subject_id_test.txt")])
+    official = _official_labels()
+    y = np.concatenate([official["y_train"], official["y_test"]])
+    subject = np.concatenate([official["subject_id_train"], official["subject_id_test"]])
     assert table.X.shape == (10_929, 561) and np.isfinite(table.X).all()
     assert np.bincount(table.y).tolist() == np.bincount(y).tolist()
     assert (table.y == y).all() and (table.subject == subject).all()
