@@ -156,6 +156,7 @@ def run(cfg, run_dir, job_num: int = 0) -> dict:
     try:
         for k in steps[first:]:
             strategy.train(scenario.train_stream if joint else scenario.train_stream[k], **loader_args)
+            recorder.seen_classes = sum(bench.classes_per_exp[: k + 1])
             strategy.eval(scenario.test_stream[: k + 1], **loader_args)
             history.add_step(recorder.results)
             if k != steps[-1]:

@@ -5,11 +5,17 @@ from avalanche.core import SupervisedPlugin
 
 
 class PredictionRecorder(SupervisedPlugin):
-    """After `strategy.eval(stream)`, `results[exp_id] = (labels, predictions)` for each evaluated experience."""
+    """After `strategy.eval(stream)`, `results[exp_id] = (labels, predictions)` for each evaluated experience.
+
+    Predictions are the argmax over the classes seen so far (`seen_classes`, relabelled 0..n-1 in arrival
+    order): the classifier is sized for all classes from the start, and a class-incremental learner must
+    not be scored on logits of classes it has never been trained on (PyCIL's growing head has none).
+    """
 
     def __init__(self):
         super().__init__()
         self.results: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.seen_classes: int | None = None
         self._labels, self._preds = [], []
 
     def before_eval(self, strategy, **kwargs):
@@ -20,7 +26,7 @@ class PredictionRecorder(SupervisedPlugin):
 
     def after_eval_iteration(self, strategy, **kwargs):
         self._labels.append(strategy.mb_y.detach().cpu())
-        self._preds.append(strategy.mb_output.detach().argmax(dim=1).cpu())
+        self._preds.append(strategy.mb_output.detach()[:, : self.seen_classes].argmax(dim=1).cpu())
 
     def after_eval_exp(self, strategy, **kwargs):
         exp_id = strategy.experience.current_experience

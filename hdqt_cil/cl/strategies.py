@@ -5,11 +5,13 @@ plugins, evaluator); a new strategy is one `@register` function here plus one fi
 """
 from typing import Callable
 
-from avalanche.training import ICaRL, JointTraining, LwF, Naive
+from avalanche.training import ICaRL, JointTraining, Naive
+from avalanche.core import SupervisedPlugin
 from avalanche.training.templates import SupervisedTemplate
 from torchvision.transforms import v2
 
 from .bic import BiCPlugin
+from .lwf import LwFPlugin
 
 _BUILDERS: dict[str, Callable] = {}
 
@@ -44,7 +46,16 @@ def _joint(cfg, trainer, model, common, image_inputs):
 
 @register("lwf")
 def _lwf(cfg, trainer, model, common, image_inputs):
-    return LwF(model=model, alpha=cfg.alpha, temperature=cfg.temperature, **common)
+    common = {**common, "plugins": [*common["plugins"], LwFPlugin(cfg.lamb, cfg.temperature)]}
+    return SupervisedTemplate(model=model, **common)
+
+
+class _ScoreWithTrainedHead(SupervisedPlugin):
+    """Evaluate iCaRL by its trained linear head instead of the nearest-mean-of-exemplars classifier."""
+
+    def after_eval_forward(self, strategy, **kwargs):
+        model = strategy.model
+        strategy.mb_output = model.train_classifier(model.feature_extractor(strategy.mb_x))
 
 
 @register("icarl")
@@ -52,6 +63,10 @@ def _icarl(cfg, trainer, model, common, image_inputs):
     # Exemplars are raw uint8 images (the model normalises); replay gets the geometric augmentation.
     replay_tf = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()]) if image_inputs else None
     kwargs = {k: v for k, v in common.items() if k != "criterion"}  # iCaRL brings its own loss
+    if cfg.eval_head == "linear":
+        kwargs["plugins"] = [*kwargs["plugins"], _ScoreWithTrainedHead()]
+    elif cfg.eval_head != "nme":
+        raise ValueError(f"strategy.eval_head={cfg.eval_head!r}; choose linear or nme")
     return ICaRL(feature_extractor=model.features, classifier=model.classifier,
                  memory_size=trainer.memory_size, buffer_transform=replay_tf,
                  fixed_memory=cfg.fixed_memory, **kwargs)

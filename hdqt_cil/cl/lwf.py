@@ -1,0 +1,51 @@
+"""Learning without Forgetting for class-incremental learning, as the HDQT authors' code base (PyCIL) runs it.
+
+avalanche's LwF adds its distillation to a cross-entropy over *all* logits, so the new classes' targets push
+every old logit down and, without exemplars, the model ends up predicting only the newest classes: on HAPT
+its accuracy equals plain fine-tuning. PyCIL's LwF, the baseline the paper reports, restricts the
+cross-entropy to the current experience's classes and distils the old model's old-class logits:
+
+    loss = CE(logits[:, current], y - known) + λ · KD_T(logits[:, old], old_model(x)[:, old])
+
+with KD_T the soft cross-entropy between temperature-T softmaxes (λ = 3, T = 2 in PyCIL). Classes are
+relabelled in arrival order (data/benchmarks.py), so old classes are 0..known-1.
+"""
+import copy
+
+import torch
+import torch.nn.functional as F
+from avalanche.core import SupervisedPlugin
+
+
+def soft_cross_entropy(logits, teacher_logits, temperature: float):
+    """Mean over the batch of −Σ softmax(teacher/T) · log_softmax(logits/T)."""
+    target = F.softmax(teacher_logits / temperature, dim=1)
+    return -(target * F.log_softmax(logits / temperature, dim=1)).sum(dim=1).mean()
+
+
+class LwFPlugin(SupervisedPlugin):
+    def __init__(self, lamb: float = 3.0, temperature: float = 2.0):
+        super().__init__()
+        self.lamb = lamb
+        self.temperature = temperature
+        self.old_model = None
+        self.known = 0
+        self.total = 0
+
+    def before_training_exp(self, strategy, **kwargs):
+        self.total = self.known + len(strategy.experience.classes_in_this_experience)
+
+    def before_backward(self, strategy, **kwargs):
+        logits = strategy.mb_output
+        loss = F.cross_entropy(logits[:, self.known:self.total], strategy.mb_y - self.known)
+        if self.old_model is not None:
+            with torch.no_grad():
+                old_logits = self.old_model(strategy.mb_x)[:, : self.known]
+            loss = loss + self.lamb * soft_cross_entropy(logits[:, : self.known], old_logits, self.temperature)
+        strategy.loss = loss
+
+    def after_training_exp(self, strategy, **kwargs):
+        self.known = self.total
+        self.old_model = copy.deepcopy(strategy.model).eval()
+        for p in self.old_model.parameters():
+            p.requires_grad_(False)
