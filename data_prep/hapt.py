@@ -43,7 +43,6 @@ class Release:
     official_subject: np.ndarray
     n_official_train: int
     class_names: dict
-    feature_names: list  # features.txt, as written
 
 
 def _recording(kind: str, experiment: int, user: int) -> str:
@@ -58,8 +57,8 @@ def _read_lines(root: Path, name: str) -> list:
 
 
 def read_release(root: Path) -> Release:
-    """Read and check the segment list, the official labels, class names and feature names; check every recording
-    that labels.txt needs is present."""
+    """Read and check the segment list, the official labels, class names and feature names, and that every recording
+    labels.txt needs is present."""
     segments = read_integers(root, LABELS, 5)
     for i, (experiment, user, activity, start, end) in enumerate(segments):
         if not 1 <= start <= end:
@@ -79,9 +78,18 @@ def read_release(root: Path) -> Release:
         if not number.isdigit() or not name.strip():
             raise RawDataError(f"activity_labels.txt line {i + 1}: expected 'id NAME', found {line!r}")
         class_names[int(number)] = name.strip()
-    feature_names = _read_lines(root, "features.txt")
+    _check_feature_names(_read_lines(root, "features.txt"))
     return Release(segments, np.concatenate([y_train, y_test]), np.concatenate([s_train, s_test]),
-                   len(y_train), class_names, feature_names)
+                   len(y_train), class_names)
+
+
+def _check_feature_names(listed: list):
+    """features.txt must list our 561 features in our order (spelled the release's way)."""
+    expected = [uci_features.release_name(n) for n in uci_features.feature_names()]
+    for i in range(max(len(expected), len(listed))):
+        ours, theirs = (names[i] if i < len(names) else "nothing" for names in (expected, listed))
+        if ours != theirs:
+            raise RawDataError(f"features.txt line {i + 1}: expected {ours}, found {theirs}")
 
 
 def window_starts(segments: np.ndarray):
@@ -144,13 +152,6 @@ def build(root: Path) -> dict:
                                                     for r in rows], desc="HAPT experiments")
     for r, (values, names) in zip(rows, results):
         X[r] = values
-    expected = [uci_features.release_name(n) for n in names]
-    if expected != release.feature_names:
-        i = next((i for i, (a, b) in enumerate(zip(expected, release.feature_names)) if a != b),
-                 min(len(expected), len(release.feature_names)))
-        found = release.feature_names[i] if i < len(release.feature_names) else "the end of the file"
-        raise RawDataError(f"features.txt line {i + 1}: expected {expected[i] if i < len(expected) else 'no line'}, "
-                           f"found {found}")
     train_subjects = np.unique(release.official_subject[: release.n_official_train])
     official_test = ~np.isin(user, train_subjects)
     order = np.concatenate([np.flatnonzero(~official_test), np.flatnonzero(official_test)])

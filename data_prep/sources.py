@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from .cli import progress
 
@@ -25,8 +26,9 @@ class DownloadError(RuntimeError):
     """The official archive could not be fetched or did not match its checksum."""
 
 
-def find_root(base: Path, marker: str) -> Path:
-    """The shallowest folder under `base` (itself, or up to three levels down) that holds `marker`."""
+def find_root(base: Path, marker: str, shown=None) -> Path:
+    """The shallowest folder under `base` (itself, or up to three levels down) that holds `marker`; `shown` names
+    `base` in messages (an archive rather than its temporary unpacking)."""
     base = Path(base)
     if not base.is_dir():
         raise RawDataError(f"raw folder {base} does not exist")
@@ -34,7 +36,7 @@ def find_root(base: Path, marker: str) -> Path:
         for folder in sorted(base.glob("/".join(["*"] * depth))) if depth else [base]:
             if (folder / marker).is_file():
                 return folder
-    raise RawDataError(f"missing file {marker} under {base} (is this the right folder?)")
+    raise RawDataError(f"missing file {marker} in {shown or base} (is this the right folder or archive?)")
 
 
 def _extract(archive: Path, into: Path):
@@ -63,7 +65,7 @@ def release_root(marker: str, raw_dir=None, archive=None):
         raise RawDataError(f"archive {archive} does not exist")
     with tempfile.TemporaryDirectory(prefix="data_prep_") as tmp:
         _extract(archive, Path(tmp))
-        yield find_root(Path(tmp), marker)
+        yield find_root(Path(tmp), marker, shown=archive)
 
 
 def sha256_of(path: Path) -> str:
@@ -136,8 +138,6 @@ def read_table(root: Path, name: str, n_columns: int, delimiter=None, allow_nan=
     (including a short line, which pandas would pad with NaN) the file is scanned line by line so the error can name
     the first bad line.
     """
-    import pandas as pd
-
     path = Path(root) / name
     if not path.is_file():
         raise RawDataError(f"missing file {name} (looked for {path})")

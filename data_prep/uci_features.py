@@ -110,6 +110,11 @@ def feature_table(signals: dict, fs: float):
     return cols.table(), cols.names
 
 
+def feature_names() -> list:
+    """The 561 names in output order (from one all-zero window: the layout does not depend on the data)."""
+    return feature_table({name: np.zeros((1, 3, 2 * FFT_BINS)) for name in TIME_3AXIS}, fs=50.0)[1]
+
+
 def release_name(name: str) -> str:
     """Our unique name spelled as in the release's features.txt (which writes every entropy as "-ropy-1",
     every skewness and kurtosis as "-1")."""

@@ -39,9 +39,8 @@ def make_release(base: Path) -> Path:
         _write_rows(root / f"{split}/y_{split.lower()}.txt", np.array(labels)[:, None], fmt="%d")
         _write_rows(root / f"{split}/subject_id_{split.lower()}.txt", np.full((len(labels), 1), subject), fmt="%d")
     (root / "activity_labels.txt").write_text("".join(f"{i} {n:<18}\n" for i, n in enumerate(ACTIVITIES, 1)))
-    _, names = uci_features.feature_table({n: np.random.default_rng(0).normal(size=(1, 3, 128))
-                                           for n in uci_features.TIME_3AXIS}, hapt.FS)
-    (root / "features.txt").write_text("".join(f"{uci_features.release_name(n):<32}\n" for n in names))
+    (root / "features.txt").write_text("".join(f"{uci_features.release_name(n):<32}\n"
+                                               for n in uci_features.feature_names()))
     return root
 
 
@@ -113,6 +112,14 @@ def test_labels_disagreeing_with_official_files_are_refused(release, tmp_path, c
     (release / "Test/y_test.txt").write_text("1\n2\n")
     assert _run("--raw-dir", release, "--out", tmp_path / "x.npz") == 2
     assert "label of window 8 is 1 from RawData/labels.txt but 2 at Test/ row 2" in capsys.readouterr().err
+
+
+def test_feature_list_in_another_order_is_refused(release, tmp_path, capsys):
+    lines = (release / "features.txt").read_text().splitlines()
+    lines[3], lines[4] = lines[4], lines[3]
+    (release / "features.txt").write_text("\n".join(lines) + "\n")
+    assert _run("--raw-dir", release, "--out", tmp_path / "x.npz") == 2
+    assert "features.txt line 4: expected tBodyAcc-STD-1, found tBodyAcc-STD-2" in capsys.readouterr().err
 
 
 def test_download_failure_names_url_and_target(tmp_path, capsys):
