@@ -19,7 +19,8 @@ def progress(iterable=None, **kwargs):
 def parallel_map(function, calls, desc: str, max_jobs: int = 8) -> list:
     """[function(*args) for args in calls], spread over the CPU cores (at most `max_jobs` processes, each holding
     one recording in memory). Results keep the order of `calls`; the first failing call, in that order, raises.
-    Fewer than 8 calls run in this process: starting the workers costs about a second."""
+    Fewer than 8 calls run in this process: starting the workers costs about a second. Workers are spawned, so a
+    script that calls this must keep its top level under `if __name__ == "__main__":`."""
     calls = list(calls)
     jobs = min(len(calls), os.cpu_count() or 1, max_jobs)
     if jobs <= 1 or len(calls) < 8:
