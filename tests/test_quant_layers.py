@@ -98,6 +98,27 @@ def test_sixteen_bits_without_saturation_track_float(make):
         assert (quantized - exact).norm() < 1e-3 * exact.norm()
 
 
+@pytest.mark.parametrize("kernel,stride,padding,dilation", [(3, 2, 1, 1), (3, 1, 2, 2), (1, 2, 0, 1), (5, 3, 2, 1)])
+def test_conv_geometry_matches_unfold_fold_and_conv2d(kernel, stride, padding, dilation):
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 5, kernel, stride, padding, dilation)
+    layer = quantize_model(nn.Conv2d(3, 5, kernel, stride, padding, dilation), preset("hdqt"))
+    layer.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 3, 9, 11)
+    geometry = dict(kernel_size=kernel, dilation=dilation, padding=padding, stride=stride)
+    columns = F.unfold(x, **geometry)
+    assert torch.equal(layer._input_columns(x), columns)
+    torch.testing.assert_close(layer._grad_input(columns.transpose(1, 2), x.shape), F.fold(columns, (9, 11), **geometry))
+    wide = quantize_model(layer, scheme_from_config({"name": "hdqt", "bits": 16, "acc_bits": None, "fwd_clip": 1.0}))
+    xi, xf = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y, expected = wide(xi), conv(xf)
+    assert (y - expected).norm() < 1e-3 * expected.norm()
+    y.backward(torch.ones_like(y))
+    expected.backward(torch.ones_like(expected))
+    assert (xi.grad - xf.grad).norm() < 1e-3 * xf.grad.norm()
+    assert (wide.weight.grad - conv.weight.grad).norm() < 1e-3 * conv.weight.grad.norm()
+
+
 def dequantized_reference_grads(layer, x, grad_y):
     """The quantized forward's gradient with a float backward (what unbiased SR should average to)."""
     xl, sx = reference_levels(x, signed=bool((x < 0).any()))

@@ -1,7 +1,7 @@
 """QuantLinear / QuantConv2d: every product of the layer an integer product defined by a Scheme (docs/quant.md).
 
-A convolution is im2col (`unfold`, K in (channel, kh, kw) order) followed by the products of a linear layer;
-the input gradient goes back through `fold` (col2im) in float. Operands are laid out as (batch, rows, K) with
+A convolution is im2col (K in `F.unfold`'s (channel, kh, kw) order) followed by the products of a linear layer;
+the input gradient goes back through col2im (`F.fold`'s sum of overlapping patches) in float. Operands are laid out as (batch, rows, K) with
 the contraction over the last dimension: the conv's backward products run per sample (batch = the samples,
 as the authors vmap), a linear layer's as one batch entry. FP32 master weights stay the parameters; bias, the
 sum of per-sample weight gradients and everything outside these layers stay float.
@@ -260,16 +260,20 @@ class QuantConv2d(_QuantLayer, nn.Conv2d):
     def _bias_for(self, y):
         return self.bias.view(1, -1, 1, 1)
 
-    def _unfold(self, x):
-        return F.unfold(x, self.kernel_size, self.dilation, self.padding, self.stride)
+    def _patches(self, x):
+        """(B, C, Ho, Wo, kh, kw) strided view of the zero-padded input: im2col before its one copy (F.unfold
+        on CUDA launches a kernel per sample)."""
+        (ph, pw), (dh, dw), (kh, kw), (sh, sw) = self.padding, self.dilation, self.kernel_size, self.stride
+        padded = F.pad(x, (pw, pw, ph, ph))
+        return padded.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)[..., ::dh, ::dw]
 
     def _output_size(self, x_shape):
         return tuple((size + 2 * p - d * (k - 1) - 1) // s + 1 for size, p, d, k, s in
                      zip(x_shape[-2:], self.padding, self.dilation, self.kernel_size, self.stride))
 
     def _forward_rows(self, x):
-        """(B·L, K) im2col rows; K in unfold's (channel, kh, kw) order, as the weight's (out, K) view."""
-        return self._unfold(x).transpose(1, 2).reshape(-1, self.weight[0].numel())
+        """(B·L, K) im2col rows; K in (channel, kh, kw) order as the weight's (out, K) view (and F.unfold)."""
+        return self._patches(x).permute(0, 2, 3, 1, 4, 5).reshape(-1, self.weight[0].numel())
 
     def _forward_output(self, y_rows, x_shape):
         batch, (height, width) = x_shape[0], self._output_size(x_shape)
@@ -282,10 +286,22 @@ class QuantConv2d(_QuantLayer, nn.Conv2d):
         return cols.transpose(1, 2), cols
 
     def _input_columns(self, x):
-        return self._unfold(x)
+        """(B, K, L): F.unfold's layout."""
+        patches = self._patches(x)
+        return patches.permute(0, 1, 4, 5, 2, 3).reshape(x.shape[0], self.weight[0].numel(), -1)
 
     def _grad_input(self, rows, x_shape):
-        return F.fold(rows.transpose(1, 2), x_shape[-2:], self.kernel_size, self.dilation, self.padding, self.stride)
+        """col2im of (B, L, K): each kernel offset's columns added into the padded input gradient (float)."""
+        (ph, pw), (dh, dw), (kh, kw), (sh, sw) = self.padding, self.dilation, self.kernel_size, self.stride
+        batch, channels, height, width = x_shape
+        out_h, out_w = self._output_size(x_shape)
+        cols = rows.reshape(batch, out_h, out_w, channels, kh, kw).permute(0, 3, 4, 5, 1, 2)
+        grad = rows.new_zeros(batch, channels, height + 2 * ph, width + 2 * pw)
+        for i in range(kh):
+            for j in range(kw):
+                grad[:, :, i * dh:i * dh + sh * (out_h - 1) + 1:sh, j * dw:j * dw + sw * (out_w - 1) + 1:sw] += \
+                    cols[:, :, i, j]
+        return grad[:, :, ph:ph + height, pw:pw + width]
 
 
 def _quant_class(module: nn.Module, name: str):

@@ -88,14 +88,16 @@ def is_signed(t: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """0-dim bool: whether the signed grid applies. 'auto' looks at the whole tensor, whatever the granularity."""
     if spec.signedness == "auto":
         return (t < 0).any()
-    return torch.tensor(spec.signedness == "signed", device=t.device)
+    return torch.full((), spec.signedness == "signed", device=t.device)  # torch.full: no host-to-device copy
 
 
 def _level_range(signed: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """(lowest, highest) level as 0-dim float32 tensors for the resolved signedness."""
-    f32 = dict(dtype=torch.float32, device=signed.device)
-    high = torch.where(signed, torch.tensor(float(spec.signed_max), **f32), torch.tensor(float(spec.unsigned_max), **f32))
-    low = torch.where(signed, -high, torch.zeros((), **f32))
+    """(lowest, highest) level as 0-dim float32 tensors on the tensor's device.
+
+    Device tensors, not Python numbers: CUDA turns division by a host scalar into multiplication by its
+    reciprocal, and the scale must be a true division c / qmax."""
+    high = torch.where(signed, float(spec.signed_max), float(spec.unsigned_max))
+    low = torch.where(signed, -float(spec.signed_max), 0.0)
     return low, high
 
 
