@@ -146,7 +146,7 @@ def quantize(t: torch.Tensor, spec: QuantSpec, counter: Counter | None = None) -
             raise ValueError("stochastic rounding needs a Counter (seed, step, role) for its random bits")
         u = counter.uniform(v.shape, v.device)
         rounded = round_stochastic_log2(v, u) if spec.grid == "log2" else round_stochastic(v, u)
-    return torch.clamp(rounded, low, high), scale
+    return rounded.clamp_(low, high), scale
 
 
 def dequantize(levels: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -84,29 +84,26 @@ def round_nearest(v: torch.Tensor) -> torch.Tensor:
     return torch.round(v)
 
 
-def _round_up_with_probability(v: torch.Tensor, lower: torch.Tensor, gap: torch.Tensor, u: torch.Tensor):
-    """sign(v) * (lower + gap * [u < (|v| - lower) / gap]) for lower <= |v| < lower + gap: the neighbour above
-    is taken with probability proportional to the distance from the one below, so E[result] = v."""
-    up = (u < (v.abs() - lower) / gap).to(v.dtype)
-    return torch.sign(v) * (lower + gap * up)
-
-
 def round_stochastic(v: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Unbiased stochastic rounding to integers: sign(v) * (floor|v| + [u < |v| - floor|v|])."""
-    lower = v.abs().floor()
-    return _round_up_with_probability(v, lower, torch.ones_like(lower), u)
+    """Unbiased stochastic rounding to integers: sign(v) * (floor|v| + [u < |v| - floor|v|]), E[result] = v."""
+    magnitude = v.abs()
+    lower = magnitude.floor()
+    up = u < magnitude.sub_(lower)  # the fraction |v| - floor|v|, exact in float32
+    return lower.add_(up).copysign_(v)
 
 
 def round_stochastic_log2(v: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Unbiased stochastic rounding to the radix-2 grid {0, ±1, ±2, ±4, ...} (LUQ's FP4 gradient levels).
 
     |v| < 1 goes to 0 or 1 with probability |v| (LUQ's stochastic underflow); 2^k <= |v| < 2^(k+1) goes to 2^k
-    or 2^(k+1) with probability (|v| - 2^k) / 2^k (LUQ's logarithmic unbiased rounding). Both divisions are exact.
+    or 2^(k+1) with probability (|v| - 2^k) / 2^k (LUQ's logarithmic unbiased rounding). Both the subtraction and
+    the division by a power of two are exact.
     """
     magnitude = v.abs()
     _, exponent = torch.frexp(magnitude)
-    power = torch.ldexp(torch.ones_like(magnitude), exponent - 1)
+    power = torch.ldexp(torch.ones_like(magnitude), exponent - 1)  # 2^floor(log2 |v|)
     below_one = magnitude < 1
-    lower = torch.where(below_one, torch.zeros_like(power), power)
-    gap = torch.where(below_one, torch.ones_like(power), power)
-    return _round_up_with_probability(v, lower, gap, u)
+    lower = torch.where(below_one, 0.0, power)
+    gap = torch.where(below_one, 1.0, power)
+    up = u < (magnitude - lower) / gap
+    return lower.add_(gap * up).copysign_(v)
