@@ -1,0 +1,433 @@
+"""CuPy RawKernels for the numerics of `hdqt_cil.quant`, bit-identical to that torch reference (docs/kernels.md).
+
+    available() -> bool               CUDA, CuPy and a kernel compile all work here
+    OPS                               what `hdqt_cil.quant.backend` dispatches to (quant.backend=auto|cupy)
+    quantize(t, spec, counter)        -> (int8 levels, float32 scale): the reference's quantize
+    block_hadamard(x, dim, block)     -> float32: the reference's block_hadamard
+    hadamard_quantize(x, spec, counter, block, dim)
+                                      -> quantize(block_hadamard(x, dim, block), spec, counter) in one kernel pair,
+                                         the transformed tensor never written (dim must be the last)
+    tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated)
+                                      -> the reference's tiled_int_matmul on the int8 tensor cores
+    scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated)
+                                      -> float32(tiled_int_matmul(a, b)) * ((scale_a * scale_b) / block), with the
+                                         scaling fused into the GEMM's epilogue (the layers' product, one pass)
+
+Everything takes and returns torch CUDA tensors on torch's current stream. Levels are int8 (the reference holds
+them as float32; the values are equal). What the kernels do not cover (level ranges beyond int8, tiles that are
+not multiples of 32, Hadamard blocks above 8192, tensors of 2^31 elements or more) runs the reference, the tile
+case with a warning.
+"""
+import math
+import warnings
+from functools import lru_cache
+from types import SimpleNamespace
+
+import torch
+
+from . import _runtime as rt
+
+MAX_HADAMARD_BLOCK = 8192
+_MAX_ELEMENTS = 2**31 - 1
+_INT8_BOUND = 127
+_INT32_EXACT = 2**31
+_FLOAT32_EXACT = 2**24
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# availability
+
+
+@lru_cache(maxsize=1)
+def _probe() -> str:
+    """'' when the kernels can run here, else why not."""
+    try:
+        import cupy  # noqa: F401, PLC0415
+    except Exception as err:  # noqa: BLE001 (any import failure means: not available)
+        return f"CuPy cannot be imported ({err})"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    try:
+        rt.function("quant.cu", "quantize_f32")
+    except Exception as err:  # noqa: BLE001
+        return f"the kernels do not compile or load ({type(err).__name__}: {err})"
+    return ""
+
+
+def available() -> bool:
+    """Whether CUDA, CuPy and the kernels work in this process (checked once)."""
+    return _probe() == ""
+
+
+def unavailable_reason() -> str:
+    return _probe()
+
+
+def _require_cuda(*tensors) -> None:
+    for t in tensors:
+        if not t.is_cuda:
+            raise ValueError(f"hdqt_cil.kernels runs on CUDA tensors; got a tensor on {t.device}")
+    reason = _probe()
+    if reason:
+        raise RuntimeError(f"hdqt_cil.kernels cannot run: {reason}")
+
+
+def _reference():
+    from hdqt_cil import quant  # noqa: PLC0415 (the reference imports its config helpers)
+
+    return quant
+
+
+class _on_device:
+    """Make `t`'s device current for CuPy (a no-op when it already is)."""
+
+    def __init__(self, t: torch.Tensor):
+        self.index = t.device.index
+        self.guard = None
+
+    def __enter__(self):
+        if self.index is not None and self.index != torch.cuda.current_device():
+            self.guard = torch.cuda.device(self.index)
+            self.guard.__enter__()
+
+    def __exit__(self, *exc):
+        if self.guard is not None:
+            self.guard.__exit__(*exc)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# flat kernels: quantize, Hadamard, both
+
+
+def _empty(shape, dtype, device) -> torch.Tensor:
+    """An output buffer; filled with poison (NaN, or 0x7f bytes for integers) when rt.POISON is set (tests): every
+    element a kernel fails to write then shows."""
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if rt.POISON:
+        if dtype.is_floating_point:
+            out.fill_(float("nan"))
+        else:
+            out.view(torch.uint8).fill_(0x7F) if dtype in (torch.int8, torch.uint8) else out.fill_(0x7F7F7F7F)
+    return out
+
+
+def _flat_input(t: torch.Tensor) -> torch.Tensor:
+    """float32 or int8, contiguous, 16-byte aligned (the kernels' inputs)."""
+    if t.dtype not in (torch.float32, torch.int8):
+        t = t.to(torch.float32)
+    t = t.contiguous()
+    if t.data_ptr() % 16:
+        t = t.clone()
+    return t
+
+
+def _suffix(t: torch.Tensor) -> str:
+    return "f32" if t.dtype == torch.float32 else "i8"
+
+
+def _flat_grid(n_el: int, logn: int) -> tuple[int, int, int, int]:
+    """(ctas, threads, range, shared bytes) for a pass over n_el elements with Hadamard blocks of 2^logn."""
+    threads = max(256, (1 << logn) // 8)
+    step = threads * 8
+    steps = -(-n_el // step)
+    ctas = min(steps, rt.sm_count() * (2048 // threads))
+    per_cta = -(-steps // ctas)
+    ctas = -(-steps // per_cta)
+    smem = threads * 8 * 4 if (1 << logn) > 256 else 0
+    return ctas, threads, per_cta * step, smem
+
+
+def _group_size(shape, granularity: str) -> int:
+    numel = math.prod(shape)
+    if granularity == "tensor":
+        return numel
+    if granularity == "sample":
+        return numel // shape[0]
+    return shape[-1]
+
+
+def _scale_shape(shape, granularity: str) -> tuple[int, ...]:
+    if granularity == "tensor":
+        return (1,) * len(shape)
+    if granularity == "sample":
+        return (shape[0],) + (1,) * (len(shape) - 1)
+    return tuple(shape[:-1]) + (1,)
+
+
+def _quantizable(t: torch.Tensor, spec) -> bool:
+    """What the quantize kernels cover: levels that fit int8, 1 <= numel < 2^31, at least one dimension."""
+    return spec.level_bound <= _INT8_BOUND and t.dim() >= 1 and 0 < t.numel() <= _MAX_ELEMENTS
+
+
+def _counter_key(counter) -> int:
+    from hdqt_cil.quant.rounding import counter_key  # noqa: PLC0415 (one definition of the key)
+
+    return counter_key(counter.seed, counter.step, counter.role)
+
+
+def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int):
+    """levels (int8, `shape`) and scale of the flat tensor x (already contiguous), transformed first when logn."""
+    n_el = x.numel()
+    group = _group_size(shape, spec.granularity)
+    groups = n_el // group
+    work = torch.zeros(groups + 1, dtype=torch.int32, device=x.device)  # per-group max bits, then 'negative'
+    peaks, negative = work[:groups], work[groups:]
+    levels = _empty(shape, torch.int8, x.device)
+    ctas, threads, span, smem = _flat_grid(n_el, logn)
+    suffix = ("had_" if logn else "") + _suffix(x)
+    rt.launch(rt.function("quant.cu", f"absmax_{suffix}"), (ctas,), (threads,),
+              (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks), rt.ptr(negative)),
+              smem)
+    if spec.scale == "max":
+        scale, scale_in = _empty(groups, torch.float32, x.device), None
+    else:  # SAWB: the scale from the reference's formula (float sums: torch's order), the levels from the kernel
+        transformed = x if not logn else block_hadamard(x.view(shape), -1, 1 << logn)
+        scale_in = _reference().compute_scale(transformed.view(shape), spec).reshape(-1).contiguous()
+        scale = scale_in
+    rounding = 0 if spec.rounding == "nearest" else (2 if spec.grid == "log2" else 1)
+    if rounding and counter is None:
+        raise ValueError("stochastic rounding needs a Counter (seed, step, role) for its random bits")
+    key = _counter_key(counter) if rounding else 0
+    sign_mode = {"signed": 0, "unsigned": 1, "auto": 2}[spec.signedness]
+    rt.launch(rt.function("quant.cu", f"quantize_{suffix}"), (ctas,), (threads,),
+              (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks),
+               rt.ptr(scale_in), rt.ptr(negative), rt.i32(sign_mode), rt.f32(spec.signed_max),
+               rt.f32(spec.unsigned_max), rt.f32(spec.clip), rt.i32(rounding), rt.u32(key), rt.ptr(levels),
+               rt.ptr(None if scale_in is not None else scale)),
+              smem)
+    return levels, scale.view(_scale_shape(shape, spec.granularity))
+
+
+def quantize(t: torch.Tensor, spec, counter=None):
+    """(levels, scale) as `hdqt_cil.quant.quantize`, levels as int8 (float32 from the reference where the
+    levels do not fit int8)."""
+    _require_cuda(t)
+    if spec.rounding == "stochastic" and counter is None:
+        raise ValueError("stochastic rounding needs a Counter (seed, step, role) for its random bits")
+    if not _quantizable(t, spec):
+        return _reference().quantize(t, spec, counter)
+    with _on_device(t):
+        return _quantize_flat(_flat_input(t), t.shape, spec, counter, 0)
+
+
+def _checked_block(size: int, block: int | None) -> int:
+    from hdqt_cil.quant.hadamard import hadamard_block_size  # noqa: PLC0415
+
+    block = hadamard_block_size(size) if block is None else block
+    if block < 1 or block & (block - 1) or size % block:
+        raise ValueError(f"Hadamard block {block} must be a power of two dividing the dimension {size}")
+    return block
+
+
+def block_hadamard(x: torch.Tensor, dim: int = -1, block: int | None = None) -> torch.Tensor:
+    """x transformed by I ⊗ H_block along `dim`, float32, as `hdqt_cil.quant.block_hadamard`."""
+    _require_cuda(x)
+    block = _checked_block(x.shape[dim], block)
+    if block == 1:
+        return x.to(torch.float32, copy=True)
+    if block > MAX_HADAMARD_BLOCK or x.numel() > _MAX_ELEMENTS:
+        return _reference().block_hadamard(x, dim, block)
+    moved = x.movedim(dim, -1)
+    with _on_device(x):
+        flat = _flat_input(moved)
+        out = _empty(moved.shape, torch.float32, x.device)
+        logn = block.bit_length() - 1
+        ctas, threads, span, smem = _flat_grid(flat.numel(), logn)
+        rt.launch(rt.function("quant.cu", f"hadamard_{_suffix(flat)}"), (ctas,), (threads,),
+                  (rt.ptr(flat), rt.u32(flat.numel()), rt.u32(span), rt.i32(logn), rt.ptr(out)), smem)
+    return out.movedim(-1, dim)
+
+
+def hadamard_quantize(x: torch.Tensor, spec, counter=None, block: int | None = None, dim: int = -1):
+    """quantize(block_hadamard(x, dim, block), spec, counter) without writing the transformed tensor."""
+    _require_cuda(x)
+    if dim not in (-1, x.dim() - 1):
+        return quantize(block_hadamard(x, dim, block), spec, counter)
+    block = _checked_block(x.shape[-1], block)
+    if block == 1 or block > MAX_HADAMARD_BLOCK or not _quantizable(x, spec):
+        return quantize(block_hadamard(x, -1, block), spec, counter)
+    if spec.rounding == "stochastic" and counter is None:
+        raise ValueError("stochastic rounding needs a Counter (seed, step, role) for its random bits")
+    with _on_device(x):
+        return _quantize_flat(_flat_input(x), x.shape, spec, counter, block.bit_length() - 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# integer GEMM
+
+
+def _bounds(a: torch.Tensor, b: torch.Tensor, bounds):
+    if bounds is not None:
+        return float(bounds[0]), float(bounds[1])
+    def peak(t):  # max|t| without abs() (abs of int8 -128 overflows)
+        return torch.maximum(t.amax(), -t.amin()) if t.dtype != torch.int8 else torch.maximum(
+            t.amax().float(), -t.amin().float())
+    return tuple(torch.stack([peak(a).float(), peak(b).float()]).tolist())
+
+
+def _gemm_config(m: int, n: int) -> str:
+    if n <= 16:
+        return "256x16"
+    if n <= 32:
+        return "256x32"
+    if m <= 16:
+        return "16x128"
+    if m <= 32:
+        return "32x128"
+    if m * n < rt.sm_count() * 128 * 128:
+        return "64x64"
+    return "128x128"
+
+
+def _operand(t: torch.Tensor, batch_shape, batch: int, rows: int, k: int, transposed: bool):
+    """int8 (batch?, rows, K) with K contiguous, row stride and batch stride multiples of 16 bytes, base aligned:
+    (tensor, row stride, batch stride). `transposed`: t is (..., K, rows) (the right factor)."""
+    lead = t.shape[:-2]
+    if math.prod(lead) == 1:
+        mat = t.reshape(t.shape[-2:])
+        mat = mat.transpose(0, 1) if transposed else mat
+        view, batch_stride = mat.unsqueeze(0), 0
+    else:
+        full = t.expand(*batch_shape, *t.shape[-2:])
+        full = full.transpose(-1, -2) if transposed else full
+        view = full.reshape(batch, rows, k)
+        batch_stride = view.stride(0)
+    ok = (view.dtype == torch.int8 and view.stride(2) == 1 and view.stride(1) % 16 == 0 and batch_stride % 16 == 0
+          and view.data_ptr() % 16 == 0)
+    if not ok:
+        padded = -(-k // 16) * 16
+        buffer = torch.empty(view.shape[0], rows, padded, dtype=torch.int8, device=t.device)
+        buffer[:, :, :k].copy_(view)  # integer-valued floats convert exactly
+        view, batch_stride = buffer, (padded * rows if view.shape[0] > 1 else 0)
+    return view, view.stride(1), batch_stride
+
+
+def _scale_operand(scale: torch.Tensor, batch_shape, batch: int, length: int, along_last: bool):
+    """A float32 scale broadcastable to (..., length, 1) (along_last=False) or (..., 1, length) (True) as
+    (tensor, batch stride, element stride)."""
+    scale = scale.to(torch.float32)
+    while scale.dim() < 2:
+        scale = scale.unsqueeze(0)
+    vec = scale[..., 0, :] if along_last else scale[..., :, 0]
+    lead = vec.shape[:-1]
+    if math.prod(lead) == 1:
+        vec = vec.reshape(vec.shape[-1])
+        return vec, 0, (vec.stride(0) if vec.shape[0] > 1 else 0)
+    full = vec.expand(*batch_shape, vec.shape[-1]).reshape(batch, vec.shape[-1])
+    return full, full.stride(0), (full.stride(1) if full.shape[1] > 1 else 0)
+
+
+def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales):
+    if tile is not None and tile < 1:
+        raise ValueError(f"tile={tile} must be a positive number of K elements (or None for the whole K)")
+    if acc_bits is not None and acc_bits < 1:
+        raise ValueError(f"acc_bits={acc_bits} must be >= 1 (or None for no saturation)")
+    if a.dim() < 2 or b.dim() < 2:
+        raise ValueError(f"matrix operands need two dimensions; got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    k = a.shape[-1]
+    if b.shape[-2] != k:
+        raise ValueError(f"contraction sizes differ: a has K={k}, b has K={b.shape[-2]}")
+    _require_cuda(a, b)
+    m, n = a.shape[-2], b.shape[-1]
+    batch_shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    batch = math.prod(batch_shape)
+    fallback = None
+    if tile is not None and tile % 32 and tile < k and acc_bits is not None:
+        fallback = f"tile={tile} is not a multiple of 32"
+    elif min(m, n, k, batch) == 0:
+        fallback = "empty operand"
+    bound_a, bound_b = _bounds(a, b, bounds) if fallback is None else (0.0, 0.0)
+    wide = bound_a * bound_b * k
+    if fallback is None and max(bound_a, bound_b) > _INT8_BOUND + 1:
+        fallback = "operands beyond int8"
+    elif fallback is None and wide >= _INT32_EXACT and (acc_bits is None or acc_bits >= 32):
+        fallback = "sums beyond int32"
+    if fallback is not None:
+        if fallback.startswith("tile"):
+            warnings.warn(f"hdqt_cil.kernels: {fallback}; using the torch reference", stacklevel=3)
+        return _reference_product(a, b, tile, acc_bits, bounds, count_saturated, scales)
+
+    saturate = acc_bits is not None and acc_bits < 32  # a 32-bit limit never binds: the sums fit int32
+    limit = 2 ** (acc_bits - 1) - 1 if saturate else 0
+    if not saturate:
+        sat, steps = 0, 1
+    elif tile is None or tile >= k:
+        sat, steps = 1, 1
+    elif tile == 32:
+        sat, steps = 2, 1
+    else:
+        sat, steps = 3, tile // 32
+    float64 = wide >= _FLOAT32_EXACT
+    out_mode = 2 if scales is not None else (0 if float64 else 1)
+    config = _gemm_config(m, n)
+    bm, bn, threads = rt.gemm_tile(config)
+    with _on_device(a):
+        a3, lda, batch_a = _operand(a, batch_shape, batch, m, k, transposed=False)
+        b3, ldb, batch_b = _operand(b, batch_shape, batch, n, k, transposed=True)
+        out = _empty((*batch_shape, m, n), torch.int32 if out_mode == 0 else torch.float32, a.device)
+        count = torch.zeros((), dtype=torch.int64, device=a.device)
+        if scales is not None:
+            sa, sa_batch, sa_row = _scale_operand(scales[0], batch_shape, batch, m, along_last=False)
+            sb, sb_batch, sb_col = _scale_operand(scales[1], batch_shape, batch, n, along_last=True)
+            block_div = float(scales[2])
+        else:
+            sa = sb = None
+            sa_batch = sa_row = sb_batch = sb_col = 0
+            block_div = 1.0
+        smem = (bm + bn) * rt.GEMM_BK * rt.GEMM_STAGES
+        fn = rt.function("intmm.cu", rt.gemm_expression(config, sat, count_saturated and sat > 0, out_mode),
+                         template=True, dynamic_smem=smem)
+        grid_n, grid_m = -(-n // bn), -(-m // bm)
+        for first in range(0, batch, 65535):
+            chunk = min(65535, batch - first)
+            out_chunk = out.view(batch, m, n)[first:first + chunk]
+            rt.launch(fn, (grid_n, grid_m, chunk), (threads,),
+                      (rt.ptr(a3) + rt.u64(first * batch_a), rt.ptr(b3) + rt.u64(first * batch_b),
+                       rt.ptr(out_chunk), rt.i32(m), rt.i32(n), rt.i32(k), rt.i64(lda), rt.i64(ldb),
+                       rt.i64(batch_a), rt.i64(batch_b), rt.i32(limit), rt.i32(steps),
+                       rt.ptr(sa) + rt.u64(first * sa_batch * 4), rt.i64(sa_batch), rt.i64(sa_row),
+                       rt.ptr(sb) + rt.u64(first * sb_batch * 4), rt.i64(sb_batch), rt.i64(sb_col),
+                       rt.f32(block_div), rt.ptr(count)),
+                      smem)
+    if out_mode == 0:
+        out = out.to(torch.float64)
+    return (out, count) if count_saturated else out
+
+
+def _reference_product(a, b, tile, acc_bits, bounds, count_saturated, scales):
+    result = _reference().tiled_int_matmul(a.float() if a.dtype == torch.int8 else a,
+                                           b.float() if b.dtype == torch.int8 else b,
+                                           tile, acc_bits, bounds, count_saturated)
+    if scales is None:
+        return result
+    acc, saturated = result if count_saturated else (result, None)
+    out = acc.to(torch.float32) * ((scales[0] * scales[1]) / scales[2])
+    return (out, saturated) if count_saturated else out
+
+
+def tiled_int_matmul(a: torch.Tensor, b: torch.Tensor, tile: int | None = 32, acc_bits: int | None = 8,
+                     bounds: tuple[float, float] | None = None, count_saturated: bool = False):
+    """Σ_tiles clamp(Σ_{k in tile} a[..., m, k] b[..., k, n], ±L) as `hdqt_cil.quant.tiled_int_matmul` (same dtype:
+    float32, or float64 where K·max|a|·max|b| reaches 2^24; with count_saturated the int64 count of clamped
+    tile sums too). a (..., M, K) and b (..., K, N) hold integers within int8 (int8 or integer-valued floats);
+    K contiguous in both (a.stride(-1) == b.stride(-2) == 1) avoids a repacking copy."""
+    return _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, None)
+
+
+def scaled_int_matmul(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, block: int = 1, tile: int | None = 32,
+                      acc_bits: int | None = 8, bounds: tuple[float, float] | None = None,
+                      count_saturated: bool = False):
+    """float32(tiled_int_matmul(a, b, ...)) * ((scale_a * scale_b) / block), float32, with the scale applied in
+    the GEMM's epilogue: scale_a broadcastable to (..., M, 1), scale_b to (..., 1, N)."""
+    device = a.device
+    scale_a = scale_a if torch.is_tensor(scale_a) else torch.tensor(float(scale_a), device=device)
+    scale_b = scale_b if torch.is_tensor(scale_b) else torch.tensor(float(scale_b), device=device)
+    return _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, (scale_a, scale_b, block))
+
+
+OPS = SimpleNamespace(name="cupy", block_hadamard=block_hadamard, quantize=quantize,
+                      tiled_int_matmul=tiled_int_matmul, hadamard_quantize=hadamard_quantize,
+                      scaled_int_matmul=scaled_int_matmul)
+
+__all__ = ["available", "unavailable_reason", "OPS", "quantize", "block_hadamard", "hadamard_quantize",
+           "tiled_int_matmul", "scaled_int_matmul", "MAX_HADAMARD_BLOCK"]

@@ -1,0 +1,266 @@
+// Integer GEMM on the int8 tensor cores with a saturating tile accumulator (docs/numerics.md, "Tiled integer
+// accumulation" and "Epilogue").
+//
+//   out[b, m, n] = sum over K tiles T of clamp(sum_{k in T} A[b, m, k] * B[b, n, k], -L, L)
+//
+// Both operands are int8 with K contiguous ("TN": A is (M, K) row-major, B is the right factor transposed,
+// (N, K) row-major, i.e. the column-major K x N matrix mma.sync's ".col" operand wants). Row strides lda/ldb and
+// the base addresses must be multiples of 16 bytes (cp.async.cg 16-byte copies); K itself is arbitrary: the copy
+// of the last 16-byte chunk of a row reads only the bytes inside K and zero-fills the rest, and rows past M or
+// N are zero-filled. Batch strides may be 0 (a broadcast operand).
+//
+// CTA tile BM x BN = (WM * MI * 16) x (WN * NI * 8), K step BK = 128 bytes, STAGES-deep cp.async pipeline. Shared
+// memory rows are 128 bytes: 16-byte chunk c of row r is stored at chunk c ^ (r & 7), so the 8 row addresses of
+// an ldmatrix phase hit 8 different chunks (all 32 banks) and the cp.async writes of a warp do too.
+// Each warp computes (MI * 16) x (NI * 8) with mma.sync.m16n8k32.row.col.s32.s8.s8.s32; fragments by ldmatrix.x4.
+//
+// SAT: 0 no saturation (the MMA accumulates in place), 1 one clamp of the whole-K sum at the end (tile=None),
+//      2 tile = 32: every k32 MMA starts from C = 0, its result is clamped and added to the int32 total,
+//      3 tile = 32 * tile_steps: the MMA chain of a tile accumulates in a per-tile register set, clamped at the
+//        tile's end (the last tile may be shorter: K is zero-padded to the 128-byte step, zeros add nothing).
+// COUNT: count the clamped (tile) sums, |sum| > L, into *count.
+// OUT: 0 int32 acc, 1 float32(acc), 2 float32(acc) * ((sa * sb) / block_div) with sa per (batch, row) and sb
+//      per (batch, column) through strides (0 for a per-tensor scale).
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define BK 128
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void mma_s8(int d[4], const u32 a[4], const u32 b[2], const int c[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %11, %12, %13};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(c[0]), "r"(c[1]), "r"(c[2]),
+          "r"(c[3]));
+}
+
+template <bool COUNT>
+__device__ __forceinline__ void clamp_add(int acc[4], const int t[4], int limit, u32& count) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int c = min(max(t[e], -limit), limit);
+        if (COUNT) count += (c != t[e]) ? 1u : 0u;
+        acc[e] += c;
+    }
+}
+
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void load_tile(unsigned char* dst, const signed char* src, int row0, int rows, int k0,
+                                          int K, i64 ld) {
+#pragma unroll
+    for (int id = threadIdx.x; id < ROWS * 8; id += THREADS) {
+        const int r = id >> 3, c = id & 7;
+        const int gr = row0 + r, gk = k0 + 16 * c;
+        const int bytes = (gr < rows) ? max(0, min(16, K - gk)) : 0;
+        const signed char* p = bytes > 0 ? src + (i64)gr * ld + gk : src;
+        cp_async16(smem_addr(dst + r * BK + ((c ^ (r & 7)) << 4)), p, bytes);
+    }
+}
+
+template <int WM, int WN, int MI, int NI, int STAGES, int SAT, bool COUNT, int OUT>
+__global__ void __launch_bounds__(WM * WN * 32)
+    intmm_kernel(const signed char* __restrict__ A, const signed char* __restrict__ B, void* __restrict__ out,
+                 int M, int N, int K, i64 lda, i64 ldb, i64 batch_a, i64 batch_b, int limit, int tile_steps,
+                 const float* __restrict__ sa, i64 sa_batch, i64 sa_row, const float* __restrict__ sb,
+                 i64 sb_batch, i64 sb_col, float block_div, u64* __restrict__ count) {
+    constexpr int THREADS = WM * WN * 32;
+    constexpr int BM = WM * MI * 16;
+    constexpr int BN = WN * NI * 8;
+    constexpr int STAGE_BYTES = (BM + BN) * BK;
+    static_assert(NI % 2 == 0, "B fragments are loaded two n8 blocks at a time");
+    extern __shared__ __align__(128) unsigned char smem[];
+
+    const int batch = blockIdx.z;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const signed char* Ab = A + (i64)batch * batch_a;
+    const signed char* Bb = B + (i64)batch * batch_b;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wm = warp / WN, wn = warp % WN;
+    const int ktiles = (K + BK - 1) / BK;
+
+    int acc[MI][NI][4];
+    int tacc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = tacc[i][j][e] = 0;
+    const int zero[4] = {0, 0, 0, 0};
+    u32 saturated = 0u;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < ktiles) {
+            unsigned char* st = smem + s * STAGE_BYTES;
+            load_tile<BM, THREADS>(st, Ab, m0, M, s * BK, K, lda);
+            load_tile<BN, THREADS>(st + BM * BK, Bb, n0, N, s * BK, K, ldb);
+        }
+        cp_async_commit();
+    }
+
+    // Row (within the CTA tile) and 16-byte chunk offset of this lane's ldmatrix address.
+    const int a_row = wm * MI * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+    const int a_chunk = lane >> 4;
+    const int b_row = wn * NI * 8 + (lane & 7) + (lane >> 4) * 8;
+    const int b_chunk = (lane >> 3) & 1;
+
+    for (int kt = 0; kt < ktiles; ++kt) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        {
+            const int nk = kt + STAGES - 1;
+            if (nk < ktiles) {
+                unsigned char* st = smem + (nk % STAGES) * STAGE_BYTES;
+                load_tile<BM, THREADS>(st, Ab, m0, M, nk * BK, K, lda);
+                load_tile<BN, THREADS>(st + BM * BK, Bb, n0, N, nk * BK, K, ldb);
+            }
+            cp_async_commit();
+        }
+        const unsigned char* sA = smem + (kt % STAGES) * STAGE_BYTES;
+        const unsigned char* sB = sA + BM * BK;
+#pragma unroll
+        for (int ks = 0; ks < BK / 32; ++ks) {
+            u32 af[MI][4], bf[NI][2];
+#pragma unroll
+            for (int i = 0; i < MI; ++i) {
+                const int r = a_row + i * 16;
+                const int c = 2 * ks + a_chunk;
+                ldmatrix_x4(smem_addr(sA + r * BK + ((c ^ (r & 7)) << 4)), af[i][0], af[i][1], af[i][2], af[i][3]);
+            }
+#pragma unroll
+            for (int p = 0; p < NI / 2; ++p) {
+                const int r = b_row + p * 16;
+                const int c = 2 * ks + b_chunk;
+                ldmatrix_x4(smem_addr(sB + r * BK + ((c ^ (r & 7)) << 4)), bf[2 * p][0], bf[2 * p][1],
+                            bf[2 * p + 1][0], bf[2 * p + 1][1]);
+            }
+            if (SAT == 2) {
+#pragma unroll
+                for (int i = 0; i < MI; ++i)
+#pragma unroll
+                    for (int j = 0; j < NI; ++j) {
+                        int t[4];
+                        mma_s8(t, af[i], bf[j], zero);
+                        clamp_add<COUNT>(acc[i][j], t, limit, saturated);
+                    }
+            } else if (SAT == 3) {
+                const int step = kt * (BK / 32) + ks;
+                const bool first = (step % tile_steps) == 0;
+                const bool last = ((step + 1) % tile_steps) == 0;
+#pragma unroll
+                for (int i = 0; i < MI; ++i)
+#pragma unroll
+                    for (int j = 0; j < NI; ++j) {
+                        int c[4];
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) c[e] = first ? 0 : tacc[i][j][e];
+                        mma_s8(tacc[i][j], af[i], bf[j], c);
+                        if (last) {
+                            clamp_add<COUNT>(acc[i][j], tacc[i][j], limit, saturated);
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) tacc[i][j][e] = 0;
+                        }
+                    }
+            } else {
+#pragma unroll
+                for (int i = 0; i < MI; ++i)
+#pragma unroll
+                    for (int j = 0; j < NI; ++j) mma_s8(acc[i][j], af[i], bf[j], acc[i][j]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    if (SAT == 3) {  // a last tile cut short by the end of K (tacc is 0 when the last tile was complete)
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NI; ++j) clamp_add<COUNT>(acc[i][j], tacc[i][j], limit, saturated);
+    }
+    if (SAT == 1) {
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NI; ++j) {
+                int total[4] = {0, 0, 0, 0};
+                clamp_add<COUNT>(total, acc[i][j], limit, saturated);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][j][e] = total[e];
+            }
+    }
+
+    // Elements outside M x N hold 0 (zero-filled operands): they are never saturated, so the count is exact.
+    if (COUNT) {
+        u32 s = saturated;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0 && s != 0u) atomicAdd(count, (u64)s);
+    }
+
+    const bool pairs = (N % 2) == 0;
+#pragma unroll
+    for (int i = 0; i < MI; ++i) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = m0 + wm * MI * 16 + i * 16 + (lane >> 2) + half * 8;
+            if (r >= M) continue;
+            float row_scale = 1.0f;
+            if (OUT == 2) row_scale = sa[(i64)batch * sa_batch + (i64)r * sa_row];
+            const i64 row_off = ((i64)batch * M + r) * N;
+#pragma unroll
+            for (int j = 0; j < NI; ++j) {
+                const int col = n0 + wn * NI * 8 + j * 8 + (lane & 3) * 2;
+                if (col >= N) continue;
+                const int v0 = acc[i][j][2 * half], v1 = acc[i][j][2 * half + 1];
+                if (OUT == 0) {
+                    int* o = reinterpret_cast<int*>(out) + row_off + col;
+                    if (pairs) {
+                        *reinterpret_cast<int2*>(o) = make_int2(v0, v1);
+                    } else {
+                        o[0] = v0;
+                        if (col + 1 < N) o[1] = v1;
+                    }
+                } else {
+                    float f0 = __int2float_rn(v0), f1 = __int2float_rn(v1);
+                    if (OUT == 2) {
+                        const float* sbp = sb + (i64)batch * sb_batch;
+                        const float s0 = __fdiv_rn(__fmul_rn(row_scale, sbp[(i64)col * sb_col]), block_div);
+                        f0 = __fmul_rn(f0, s0);
+                        if (col + 1 < N) {
+                            const float s1 = __fdiv_rn(__fmul_rn(row_scale, sbp[(i64)(col + 1) * sb_col]), block_div);
+                            f1 = __fmul_rn(f1, s1);
+                        }
+                    }
+                    float* o = reinterpret_cast<float*>(out) + row_off + col;
+                    if (pairs) {
+                        *reinterpret_cast<float2*>(o) = make_float2(f0, f1);
+                    } else {
+                        o[0] = f0;
+                        if (col + 1 < N) o[1] = f1;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,72 @@
+// Register-only loops of mma.sync.m16n8k32 s8 (no memory traffic): the int8 tensor-core ceiling that
+// scripts/bench_kernels.py measures the GEMM against. CHAINS independent accumulators per warp hide the MMA
+// latency. mma_peak_plain accumulates in place; mma_peak_clamped starts each MMA from C = 0 and clamps and adds
+// its result to a running total (what the tile-32 GEMM must do per k32 step).
+
+typedef unsigned int u32;
+
+#define CHAINS 8
+
+__device__ __forceinline__ void mma_s8(int d[4], const u32 a[4], const u32 b[2], const int c[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %11, %12, %13};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(c[0]), "r"(c[1]), "r"(c[2]),
+          "r"(c[3]));
+}
+
+extern "C" __global__ void mma_peak_plain(const u32* __restrict__ seed, int iters, int* __restrict__ out) {
+    const int lane = threadIdx.x & 31;
+    u32 a[4], b[2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = seed[(lane + i) & 31] & 0x03030303u;
+    b[0] = seed[(lane + 7) & 31] & 0x03030303u;
+    b[1] = seed[(lane + 11) & 31] & 0x03030303u;
+    int acc[CHAINS][4];
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[c][e] = 0;
+    for (int it = 0; it < iters; ++it) {
+#pragma unroll
+        for (int c = 0; c < CHAINS; ++c) mma_s8(acc[c], a, b, acc[c]);
+    }
+    int s = 0;
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s += acc[c][e];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+
+extern "C" __global__ void mma_peak_clamped(const u32* __restrict__ seed, int iters, int limit,
+                                            int* __restrict__ out) {
+    const int lane = threadIdx.x & 31;
+    u32 a[4], b[2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = seed[(lane + i) & 31] & 0x03030303u;
+    b[0] = seed[(lane + 7) & 31] & 0x03030303u;
+    b[1] = seed[(lane + 11) & 31] & 0x03030303u;
+    const int zero[4] = {0, 0, 0, 0};
+    int acc[CHAINS][4];
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[c][e] = 0;
+    for (int it = 0; it < iters; ++it) {
+#pragma unroll
+        for (int c = 0; c < CHAINS; ++c) {
+            int t[4];
+            mma_s8(t, a, b, zero);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[c][e] += min(max(t[e], -limit), limit);
+        }
+    }
+    int s = 0;
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s += acc[c][e];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}

@@ -1,0 +1,315 @@
+"""Benchmark of the CuPy kernels (hdqt_cil.kernels) on the GPU, against baselines measured in the same run.
+
+    python scripts/bench_kernels.py [--out results/bench] [--quick] [--skip-steps]
+
+Rows (one table at the end, JSON with every number to OUT/bench_kernels_<device>.json):
+  ceilings  device-to-device copy bandwidth (bytes read + written), torch bf16 matmul 4096^3, the int8
+            mma.sync.m16n8k32 register-loop peak (plain, and with a clamp + add after every k32 MMA)
+  gemm      the tiled-accumulation GEMM at M=N=K=4096 (tile 32, 8-bit accumulator): plain, counting saturated
+            tiles (what the layers ask for), and with the fused scaled epilogue; torch._int_mm (cuBLAS int8, no
+            saturation) for comparison
+  layers    the products of ResNet-32 and the HAR MLP at batch 128 (forward, grad_input, grad_weight), against the
+            torch reference backend on the same GPU
+  quantize  quantize / Hadamard+quantize / Hadamard on a 128 MiB float32 tensor, as a fraction of the copy
+            bandwidth (bytes = 4 read + 1 written per element; the two-pass quantizers read the input twice)
+  step      one training step (forward + backward + SGD) of ResNet-32 and of the MLP at batch 128: FP32 (TF32 off),
+            the scheme on the torch reference backend, the scheme on the kernels
+Times are medians of CUDA-event timings after warm-up; GEMM inputs rotate among several buffer sets (beyond L2).
+"""
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hdqt_cil import kernels  # noqa: E402
+from hdqt_cil.kernels import _runtime as rt  # noqa: E402
+
+
+def cuda_time(fn, reps=20, warmup=3) -> float:
+    """Median seconds of fn() over reps, CUDA events around each call."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / 1e3)
+    return statistics.median(times)
+
+
+ROWS = []
+
+
+def row(group, name, seconds, metric, value, unit, baseline=None, ratio=None, target=None, **extra):
+    entry = dict(group=group, name=name, seconds=seconds, metric=metric, value=value, unit=unit, baseline=baseline,
+                 ratio=ratio, target=target, **extra)
+    ROWS.append(entry)
+    ratio_text = "" if ratio is None else f"{ratio:.2f}x"
+    print(f"  {group:8s} {name:44s} {seconds * 1e3:10.4f} ms  {value:10.1f} {unit:8s} {ratio_text:>8s} "
+          f"{baseline or ''} {target or ''}", flush=True)
+    return entry
+
+
+# ------------------------------------------------------------------------------------------------ ceilings
+
+
+def ceilings(quick: bool):
+    n = (1 << 28) if not quick else (1 << 26)  # 1 GiB of float32
+    src = torch.randn(n, device="cuda")
+    dst = torch.empty_like(src)
+    t = cuda_time(lambda: dst.copy_(src), reps=10)
+    copy_bw = 2 * n * 4 / t
+    row("ceiling", "device copy (read + write)", t, "GB/s", copy_bw / 1e9, "GB/s")
+    del src, dst
+
+    size = 4096
+    a = [torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    b = [torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    i = [0]
+
+    def bf16():
+        i[0] = (i[0] + 1) % 3
+        torch.matmul(a[i[0]], b[i[0]])
+
+    t = cuda_time(bf16, reps=30)
+    bf16_rate = 2 * size**3 / t
+    row("ceiling", "torch bf16 matmul 4096^3", t, "TFLOP/s", bf16_rate / 1e12, "TFLOP/s")
+
+    seed = torch.randint(0, 2**31 - 1, (32,), device="cuda", dtype=torch.int32)
+    blocks, threads, iters = rt.sm_count() * 4, 256, 4096
+    out = torch.empty(blocks * threads, dtype=torch.int32, device="cuda")
+    ops = blocks * (threads // 32) * iters * 8 * (16 * 8 * 32 * 2)  # 8 chains, m16n8k32, 2 ops a MAC
+    plain = rt.function("peak.cu", "mma_peak_plain")
+    clamped = rt.function("peak.cu", "mma_peak_clamped")
+    t = cuda_time(lambda: rt.launch(plain, (blocks,), (threads,), (rt.ptr(seed), rt.i32(iters), rt.ptr(out))), 10)
+    peak = ops / t
+    row("ceiling", "int8 mma.sync m16n8k32 peak (registers)", t, "TOP/s", peak / 1e12, "TOP/s")
+    t = cuda_time(lambda: rt.launch(clamped, (blocks,), (threads,),
+                                    (rt.ptr(seed), rt.i32(iters), rt.i32(127), rt.ptr(out))), 10)
+    clamped_peak = ops / t
+    row("ceiling", "  same, clamp + add after each k32 MMA", t, "TOP/s", clamped_peak / 1e12, "TOP/s")
+    return copy_bw, bf16_rate, peak, clamped_peak
+
+
+# ------------------------------------------------------------------------------------------------ GEMM
+
+
+def gemm_4096(bf16_rate, peak, clamped_peak):
+    size = 4096
+    sets = [(torch.randint(-7, 8, (size, size), device="cuda", dtype=torch.int8),
+             torch.randint(0, 16, (size, size), device="cuda", dtype=torch.int8)) for _ in range(3)]
+    i = [0]
+
+    def pick():
+        i[0] = (i[0] + 1) % len(sets)
+        a, bt = sets[i[0]]
+        return a, bt.t()  # b (K, N) with K contiguous
+
+    ops = 2 * size**3
+    scale_a = torch.tensor(0.01, device="cuda")
+    scale_b = torch.tensor(0.02, device="cuda")
+    variants = {
+        "tiled GEMM 4096^3 (tile 32, acc 8)": lambda: kernels.tiled_int_matmul(*pick(), 32, 8, bounds=(7, 15)),
+        "  counting saturated tiles": lambda: kernels.tiled_int_matmul(*pick(), 32, 8, bounds=(7, 15),
+                                                                       count_saturated=True),
+        "  scaled epilogue + count (the layers' product)": lambda: kernels.scaled_int_matmul(
+            *pick(), scale_a, scale_b, 1, 32, 8, bounds=(7, 15), count_saturated=True),
+        "  whole-K saturation (tile None)": lambda: kernels.tiled_int_matmul(*pick(), None, 8, bounds=(7, 15)),
+        "  no saturation (acc_bits None)": lambda: kernels.tiled_int_matmul(*pick(), None, None, bounds=(7, 15)),
+    }
+    results = {}
+    for name, fn in variants.items():
+        t = cuda_time(fn, reps=30)
+        rate = ops / t
+        results[name] = rate
+        row("gemm", name, t, "TOP/s", rate / 1e12, "TOP/s", baseline="vs bf16", ratio=rate / bf16_rate,
+            target=">= 0.5x bf16" if name.startswith("tiled") else None, of_mma_peak=rate / peak,
+            of_clamped_peak=rate / clamped_peak)
+    try:
+        t = cuda_time(lambda: torch._int_mm(sets[0][0], sets[0][1].t()), reps=30)
+        row("gemm", "torch._int_mm 4096^3 (cuBLAS int8, no saturation)", t, "TOP/s", ops / t / 1e12, "TOP/s",
+            baseline="vs bf16", ratio=ops / t / bf16_rate)
+    except Exception as err:  # noqa: BLE001
+        print(f"  torch._int_mm unavailable: {err}")
+    return results
+
+
+def layer_shapes(batch=128):
+    """(label, a shape, b^T shape, tile, acc_bits): the products of ResNet-32 and the MLP as the layers call them."""
+    shapes = []
+    # ResNet-32: (stage, in, out, H·W of the output); the first conv of stages 2 and 3 has stride 2.
+    convs = [("conv1", 3, 16, 1024), ("s1 conv", 16, 16, 1024), ("s2 first", 16, 32, 256), ("s2 conv", 32, 32, 256),
+             ("s3 first", 32, 64, 64), ("s3 conv", 64, 64, 64)]
+    for label, cin, cout, positions in convs:
+        k = cin * 9
+        shapes.append((f"resnet {label} fwd", (batch * positions, k), (cout, k), 32, 8))
+        shapes.append((f"resnet {label} grad_in", (batch, positions, cout), (k, cout), None, 8))
+        shapes.append((f"resnet {label} grad_w", (batch, cout, positions), (batch, k, positions), None, 8))
+    for label, fin, fout in (("mlp hidden", 561, 561), ("mlp classifier", 561, 11)):
+        shapes.append((f"{label} fwd", (batch, fin), (fout, fin), 32, 8))
+        shapes.append((f"{label} grad_in", (1, batch, fout), (fin, fout), None, 8))
+        shapes.append((f"{label} grad_w", (1, fout, batch), (1, fin, batch), None, 8))
+    return shapes
+
+
+def layers(quick: bool):
+    from hdqt_cil.quant import tiled_int_matmul as reference
+
+    total_kernel = total_ref = 0.0
+    for label, a_shape, bt_shape, tile, acc_bits in layer_shapes():
+        a = torch.randint(-7, 8, a_shape, device="cuda", dtype=torch.int8)
+        bt = torch.randint(-7, 8, bt_shape, device="cuda", dtype=torch.int8)
+        b = bt.transpose(-1, -2)
+        af, bf = a.float(), b.float()
+        t = cuda_time(lambda: kernels.tiled_int_matmul(a, b, tile, acc_bits, bounds=(7, 7), count_saturated=True),
+                      reps=10 if quick else 30)
+        t_ref = cuda_time(lambda: reference(af, bf, tile, acc_bits, bounds=(7, 7), count_saturated=True), reps=5)
+        m, k = a_shape[-2], a_shape[-1]
+        n = bt_shape[-2]
+        batch = math.prod(torch.broadcast_shapes(a_shape[:-2], bt_shape[:-2]))
+        ops = 2 * batch * m * n * k
+        total_kernel += t
+        total_ref += t_ref
+        row("layers", f"{label} {batch}x{m}x{n}x{k}", t, "TOP/s", ops / t / 1e12, "TOP/s", baseline="vs reference",
+            ratio=t_ref / t)
+    row("layers", "all products of one step (sum)", total_kernel, "ms ref", total_ref * 1e3, "ms",
+        baseline="vs reference", ratio=total_ref / total_kernel)
+
+
+# ------------------------------------------------------------------------------------------------ quantize
+
+
+def quantizers(copy_bw, quick: bool):
+    from hdqt_cil.quant import QuantSpec
+    from hdqt_cil.quant.rounding import Counter
+
+    n_el = (1 << 25) if not quick else (1 << 24)  # 128 MiB of float32
+    x = torch.randn(n_el // 1024, 1024, device="cuda")
+    counter = Counter(1, 2, 3)
+    cases = [
+        ("quantize per tensor, nearest (HDQT fwd)", lambda: kernels.quantize(x, QuantSpec(4, "auto", "max", 0.975)), 2),
+        ("quantize per sample, stochastic", lambda: kernels.quantize(
+            x, QuantSpec(4, "signed", "max", 1.0, "sample", "stochastic"), counter), 2),
+        ("quantize per row, stochastic", lambda: kernels.quantize(
+            x, QuantSpec(4, "signed", "max", 1.0, "row", "stochastic"), counter), 2),
+        ("Hadamard(1024) + quantize per tensor, SR", lambda: kernels.hadamard_quantize(
+            x, QuantSpec(4, "signed", "max", 1.0, "tensor", "stochastic"), counter), 2),
+        ("Hadamard(1024) + quantize per sample, SR", lambda: kernels.hadamard_quantize(
+            x, QuantSpec(4, "signed", "max", 1.0, "sample", "stochastic"), counter), 2),
+        ("Hadamard(1024) alone (float32 out)", lambda: kernels.block_hadamard(x, -1), 1),
+    ]
+    for name, fn, reads in cases:
+        t = cuda_time(fn, reps=20)
+        write = 4 if "alone" in name else 1
+        useful = n_el * (4 + write)
+        moved = n_el * (4 * reads + write)
+        row("quantize", name, t, "GB/s", useful / t / 1e9, "GB/s", baseline="of copy bw", ratio=useful / t / copy_bw,
+            target=">= 0.6 of copy" if "alone" not in name else None, traffic_fraction=moved / t / copy_bw)
+
+
+# ------------------------------------------------------------------------------------------------ steps
+
+
+def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch=128) -> float:
+    from hdqt_cil.models import build_model
+    from hdqt_cil.quant import preset, quantize_model
+
+    torch.manual_seed(0)
+    shape, classes = ((561,), 11) if model_name == "mlp" else ((3, 32, 32), 10)
+    model = build_model(model_name, shape, classes).cuda()
+    if scheme_name != "fp32":
+        model = quantize_model(model, dataclasses.replace(preset(scheme_name), backend=backend))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(batch, *shape, device="cuda")
+    y = torch.randint(0, classes, (batch,), device="cuda")
+
+    def one():
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    for _ in range(3):
+        one()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        one()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def training_steps(quick: bool):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    for model_name in ("resnet32", "mlp"):
+        steps = 10 if quick else 30
+        fp32 = step_time(model_name, "fp32", "torch", steps)
+        row("step", f"{model_name} fp32 (TF32 off)", fp32, "ms", fp32 * 1e3, "ms")
+        for scheme in ("hdqt", "int4", "luq"):
+            if quick and scheme != "hdqt":
+                continue
+            ref = step_time(model_name, scheme, "torch", max(3, steps // 5))
+            fast = step_time(model_name, scheme, "cupy", steps)
+            row("step", f"{model_name} {scheme} torch reference", ref, "x fp32", ref / fp32, "x fp32")
+            row("step", f"{model_name} {scheme} kernels", fast, "x fp32", fast / fp32, "x fp32",
+                baseline="speedup vs reference", ratio=ref / fast,
+                target="<= 2.0x fp32, >= 10x reference" if scheme == "hdqt" else None)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=str(ROOT / "results" / "bench"))
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
+    parser.add_argument("--skip-steps", action="store_true", help="no training-step timings")
+    args = parser.parse_args()
+    if not kernels.available():
+        sys.exit(f"kernels unavailable: {kernels.unavailable_reason()}")
+    import cupy
+
+    props = torch.cuda.get_device_properties(0)
+    device = torch.cuda.get_device_name(0)
+    header = (f"device {device}, {props.multi_processor_count} SMs, torch {torch.__version__}, "
+              f"cupy {cupy.__version__}, CUDA {torch.version.cuda}")
+    print(header, flush=True)
+    started = time.time()
+    copy_bw, bf16_rate, peak, clamped_peak = ceilings(args.quick)
+    gemm_4096(bf16_rate, peak, clamped_peak)
+    layers(args.quick)
+    quantizers(copy_bw, args.quick)
+    if not args.skip_steps:
+        training_steps(args.quick)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    slug = "".join(c if c.isalnum() else "_" for c in device).strip("_").lower()
+    path = out / f"bench_kernels_{slug}.json"
+    path.write_text(json.dumps({"device": device, "header": header, "command": " ".join(sys.argv),
+                                "seconds": time.time() - started, "rows": ROWS}, indent=1))
+    print(f"\n{header}\n")
+    print("| group | case | time ms | value | unit | ratio | vs | target |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in ROWS:
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        print(f"| {r['group']} | {r['name'].strip()} | {r['seconds'] * 1e3:.4f} | {r['value']:.1f} | {r['unit']} | "
+              f"{ratio} | {r['baseline'] or ''} | {r['target'] or ''} |")
+    print(f"\nJSON: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Build, check and time the CuPy kernels in one call on the GPU machine (the device tool's `run`):
+#   run(command="bash scripts/gpu_check.sh", carry=[".whl"])
+# .whl holds the project's wheels (scripts/prepare_device.sh); only omegaconf and antlr4 are installed from it
+# (hdqt_cil.quant reads its config with omegaconf). Logs and the benchmark JSON go to $OUT (at most 8 files):
+#   check.log    device, kernel resource usage (registers, spills), pytest of tests/test_kernels*.py
+#   bench.log    scripts/bench_kernels.py (its table is printed last)
+#   bench_kernels_<device>.json, junit.xml
+# Environment: CHECK_TESTS=0 skips the tests, CHECK_BENCH=0 the benchmark, BENCH_ARGS passes options to it,
+# PYTEST_ARGS to pytest (e.g. "-k gemm").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+log="$OUT/check.log"
+
+if ls .whl/omegaconf-*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .whl/omegaconf-*.whl .whl/antlr4_python3_runtime-*.whl >>"$log" 2>&1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+
+{
+  echo "== device"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv
+  $PY -c "import torch, cupy; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cupy', cupy.__version__)"
+  echo "== kernel resources (compiled here by NVRTC through CuPy)"
+  $PY - <<'EOF'
+import torch
+from hdqt_cil import kernels
+from hdqt_cil.kernels import _runtime as rt
+print("available:", kernels.available(), kernels.unavailable_reason())
+for name in rt.QUANT_KERNELS:
+    k = rt.raw_kernel("quant.cu", name)
+    print(f"  {name:18s} regs {k.num_regs:3d} local {k.local_size_bytes}")
+for config in rt.GEMM_CONFIGS:
+    for sat, count, out in ((2, False, 1), (2, True, 2), (1, True, 2), (0, False, 1)):
+        expr = rt.gemm_expression(config, sat, count, out)
+        k = rt.raw_kernel("intmm.cu", expr, template=True)
+        print(f"  {expr:60s} regs {k.num_regs:3d} local {k.local_size_bytes}")
+EOF
+} >>"$log" 2>&1
+
+if [ "${CHECK_TESTS:-1}" = 1 ]; then
+  echo "== tests" >>"$log"
+  timeout ${TEST_TIMEOUT:-330} $PY -m pytest --noconftest -p no:cacheprovider -q -rfEs --timeout 150 \
+    --junitxml="$OUT/junit.xml" tests/test_kernels_compile.py tests/test_kernels_gpu.py ${PYTEST_ARGS:-} \
+    >>"$log" 2>&1
+  echo "pytest exit $?" >>"$log"
+  tail -n 60 "$log"
+fi
+
+if [ "${CHECK_BENCH:-1}" = 1 ]; then
+  timeout ${BENCH_TIMEOUT:-240} $PY scripts/bench_kernels.py --out "$OUT" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
+  echo "bench exit $?" >>"$OUT/bench.log"
+  tail -n 70 "$OUT/bench.log"
+fi

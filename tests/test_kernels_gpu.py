@@ -1,0 +1,299 @@
+"""The CuPy kernels against the torch reference of hdqt_cil.quant: the same bits on fresh random inputs.
+
+Every output buffer is poisoned (NaN / 0x7f bytes) before each launch, so an element a kernel fails to write
+shows. Integer results, scales and stochastic rounding (same counter) must be bit-identical; a whole training step
+with either backend must leave bit-identical weights.
+"""
+import copy
+import dataclasses
+import math
+import zlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hdqt_cil import kernels
+from hdqt_cil.kernels import _runtime as rt
+from hdqt_cil.quant import QuantSpec, block_hadamard, compute_scale, preset, quant_stats, quantize, quantize_model
+from hdqt_cil.quant import tiled_int_matmul
+from hdqt_cil.quant.rounding import Counter
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+              pytest.mark.skipif(torch.cuda.is_available() and not kernels.available(),
+                                 reason=f"kernels unavailable: {kernels.unavailable_reason()}")]
+
+
+@pytest.fixture(autouse=True)
+def _poison_outputs():
+    rt.POISON = True
+    yield
+    rt.POISON = False
+
+
+def gen(seed):
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+def assert_same(kernel, reference, what=""):
+    """Equal values (levels: int8 against the reference's float32), shapes and, for floats, the same bits."""
+    assert kernel.shape == reference.shape, what
+    assert not torch.isnan(kernel.float()).any(), f"{what}: unwritten (poisoned) elements"
+    if kernel.dtype == torch.int8:
+        assert torch.equal(kernel.float(), reference.float()), f"{what}: {(kernel.float() != reference).sum()} differ"
+    else:
+        assert kernel.dtype == reference.dtype, what
+        same = torch.equal(kernel, reference)
+        assert same, f"{what}: {(kernel != reference).sum().item()} of {kernel.numel()} differ"
+
+
+# ----------------------------------------------------------------------------------------------------- quantize
+
+SHAPES = [(1,), (7,), (5, 3), (33, 17), (4, 3, 31, 5), (128, 561), (64, 16, 32, 32), (3, 1000003), (2, 4096, 1024)]
+SPECS = [
+    QuantSpec(4, "auto", "max", 0.975),
+    QuantSpec(4, "signed", "max", 0.975, "tensor", "nearest"),
+    QuantSpec(4, "unsigned", "max", 1.0, "tensor", "nearest"),
+    QuantSpec(4, "signed", "max", 1.0, "sample", "stochastic"),
+    QuantSpec(4, "signed", "max", 1.0, "row", "stochastic"),
+    QuantSpec(3, "auto", "max", 0.9, "sample", "nearest"),
+    QuantSpec(8, "signed", "max", 1.0, "row", "nearest"),
+    QuantSpec(7, "auto", "max", 1.0, "tensor", "stochastic"),
+    QuantSpec(2, "signed", "max", 1.0, "tensor", "stochastic"),
+    QuantSpec(4, "signed", "max", 1.0, "tensor", "stochastic", grid="log2"),
+    QuantSpec(3, "signed", "max", 1.0, "sample", "stochastic", grid="log2"),
+    QuantSpec(4, "auto", "sawb"),
+    QuantSpec(4, "signed", "sawb", 1.0, "sample"),
+]
+
+
+def inputs(shape, seed):
+    """Gaussian, non-negative (unsigned under 'auto'), and integer-valued after a transform (ties on .5)."""
+    g = gen(seed)
+    x = torch.randn(shape, generator=g, device="cuda")
+    yield "randn", x
+    yield "relu", torch.relu(x) * 3
+    ints = torch.randint(-7, 8, shape, generator=g, device="cuda").float()
+    yield "hadamard of integers", block_hadamard(ints, -1)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_quantize_bit_identical(shape, spec):
+    for k, (label, t) in enumerate(inputs(shape, zlib.crc32(f'{shape}{spec}'.encode()))):
+        counter = Counter(seed=12345 + k, step=987654321, role=8 * 3 + 2)
+        ref_levels, ref_scale = quantize(t, spec, counter)
+        levels, scale = kernels.quantize(t, spec, counter)
+        assert levels.dtype == torch.int8
+        assert_same(levels, ref_levels, f"levels {label}")
+        assert_same(scale, ref_scale, f"scale {label}")
+
+
+def test_quantize_other_inputs():
+    spec = QuantSpec(4, "signed", "max", 1.0, "sample", "stochastic")
+    counter = Counter(1, 2, 3)
+    g = gen(5)
+    int8 = torch.randint(-100, 101, (16, 40, 24), generator=g, device="cuda", dtype=torch.int8)
+    strided = torch.randn(24, 40, 16, generator=g, device="cuda").transpose(0, 2)  # logical (16, 40, 24)
+    zeros = torch.zeros(6, 10, device="cuda")
+    partly = torch.randn(6, 10, generator=g, device="cuda")
+    partly[2] = 0
+    half = torch.randn(8, 64, generator=g, device="cuda").half()
+    for label, t in (("int8", int8), ("strided", strided), ("zeros", zeros), ("zero sample", partly), ("half", half)):
+        assert_same(kernels.quantize(t, spec, counter)[0], quantize(t, spec, counter)[0], label)
+        assert_same(kernels.quantize(t, spec, counter)[1], quantize(t, spec, counter)[1], label)
+
+
+def test_quantize_propagates_nan_into_the_scale():
+    t = torch.randn(4, 100, device="cuda")
+    t[1, 7] = float("nan")
+    for granularity in ("tensor", "sample"):
+        scale = kernels.quantize(t, QuantSpec(4, "signed", "max", 1.0, granularity), None)[1]
+        assert not torch.isfinite(scale).all()
+        assert torch.isfinite(scale.flatten()[0]) == (granularity == "sample")
+
+
+def test_stochastic_rounding_depends_on_the_counter_only():
+    t = torch.randn(1000, 37, generator=gen(9), device="cuda")
+    spec = QuantSpec(4, "signed", "max", 1.0, "tensor", "stochastic")
+    a = kernels.quantize(t, spec, Counter(1, 2, 3))[0]
+    assert torch.equal(a, kernels.quantize(t.clone(), spec, Counter(1, 2, 3))[0])
+    assert not torch.equal(a, kernels.quantize(t, spec, Counter(1, 2, 4))[0])
+    with pytest.raises(ValueError, match="Counter"):
+        kernels.quantize(t, spec, None)
+
+
+def test_wide_levels_fall_back_to_the_reference():
+    t = torch.randn(10, 10, device="cuda")
+    spec = QuantSpec(12, "signed", "max")
+    levels, scale = kernels.quantize(t, spec)
+    ref = quantize(t, spec)
+    assert torch.equal(levels, ref[0]) and torch.equal(scale, ref[1])
+
+
+# ----------------------------------------------------------------------------------------------------- Hadamard
+
+HADAMARD_CASES = [((8, 16), -1, None), ((3, 5, 4), -1, None), ((7, 100), -1, None), ((2, 561), -1, None),
+                  ((128, 16, 1024), -1, None), ((5, 2048), -1, None), ((3, 8192), -1, None), ((1, 4096), -1, 512),
+                  ((64, 3, 256), -1, 64), ((16, 32, 3), 1, None), ((12, 24, 6), 0, 4), ((9, 1024), -1, 2),
+                  ((33, 8), -1, 8), ((1, 3, 2), -1, None), ((4, 16384), -1, None)]
+
+
+@pytest.mark.parametrize("shape, dim, block", HADAMARD_CASES, ids=str)
+def test_block_hadamard_bit_identical(shape, dim, block):
+    g = gen(len(shape) * 1000 + shape[-1])
+    x = torch.randn(shape, generator=g, device="cuda") * 10
+    assert_same(kernels.block_hadamard(x, dim, block), block_hadamard(x, dim, block), "float input")
+    levels = torch.randint(-8, 16, shape, generator=g, device="cuda", dtype=torch.int8)
+    assert_same(kernels.block_hadamard(levels, dim, block), block_hadamard(levels, dim, block), "int8 input")
+    t = x.transpose(0, -1)
+    assert_same(kernels.block_hadamard(t, dim, None), block_hadamard(t, dim, None), "strided input")
+
+
+def test_block_hadamard_rejects_bad_blocks():
+    with pytest.raises(ValueError, match="power of two"):
+        kernels.block_hadamard(torch.ones(4, 12, device="cuda"), -1, 8)
+
+
+@pytest.mark.parametrize("spec", [SPECS[3], SPECS[4], SPECS[1], SPECS[9], SPECS[12]], ids=str)
+@pytest.mark.parametrize("shape, block", [((128, 16, 1024), None), ((1, 128, 561), None), ((1, 561, 128), None),
+                                          ((32, 1024, 64), None), ((2, 3, 8192), None), ((7, 96), 16),
+                                          ((4, 40), None), ((3, 4096), 1024)], ids=str)
+def test_hadamard_quantize_bit_identical(shape, block, spec):
+    g = gen(shape[-1] + 7)
+    counter = Counter(7, 11, 13)
+    for x in (torch.randn(shape, generator=g, device="cuda"),
+              torch.randint(-7, 8, shape, generator=g, device="cuda", dtype=torch.int8)):
+        levels, scale = kernels.hadamard_quantize(x, spec, counter, block)
+        ref_levels, ref_scale = quantize(block_hadamard(x, -1, block), spec, counter)
+        assert_same(levels, ref_levels, f"levels {x.dtype}")
+        assert_same(scale, ref_scale, f"scale {x.dtype}")
+
+
+# ----------------------------------------------------------------------------------------------------- GEMM
+
+GEMM_SHAPES = [(1, 1, 1), (5, 7, 3), (16, 16, 32), (17, 9, 33), (128, 561, 561), (64, 64, 1000), (100, 130, 4096),
+               (131, 257, 127), (300, 16, 144), (1000, 32, 288), (16, 144, 1024), (33, 200, 27), (8, 8, 5000)]
+ACCUMULATORS = [(32, 8), (64, 8), (96, 10), (None, 8), (None, None), (32, 12), (32, 4), (128, 16), (32, 32)]
+
+
+def int_operands(shape, batch=(), seed=0, low=-8, high=8, b_low=0, b_high=16):
+    m, n, k = shape
+    g = gen(seed)
+    a = torch.randint(low, high, (*batch, m, k), generator=g, device="cuda", dtype=torch.int8)
+    bt = torch.randint(b_low, b_high, (*batch, n, k), generator=g, device="cuda", dtype=torch.int8)
+    return a, bt.transpose(-1, -2)  # b (..., K, N) with K contiguous: the layers' layout
+
+
+def reference_product(a, b, tile, acc_bits, count=True):
+    bound = (max(a.max().item(), -a.min().item()), max(b.max().item(), -b.min().item()))
+    return tiled_int_matmul(a.float(), b.float(), tile, acc_bits, bounds=bound, count_saturated=count)
+
+
+@pytest.mark.parametrize("tile, acc_bits", ACCUMULATORS, ids=str)
+@pytest.mark.parametrize("shape", GEMM_SHAPES, ids=str)
+def test_tiled_int_matmul_bit_identical(shape, tile, acc_bits):
+    for seed, (lo, hi, blo, bhi) in enumerate(((-7, 8, 0, 16), (-7, 8, -7, 8), (-128, 128, -128, 128))):
+        a, b = int_operands(shape, seed=seed, low=lo, high=hi, b_low=blo, b_high=bhi)
+        out, count = kernels.tiled_int_matmul(a, b, tile, acc_bits, count_saturated=True)
+        ref, ref_count = reference_product(a, b, tile, acc_bits)
+        assert_same(out, ref, f"values, operands {lo}..{hi - 1}")
+        assert count.dtype == torch.int64 and count.item() == ref_count.item()
+
+
+@pytest.mark.parametrize("batch_a, batch_b", [((4,), (4,)), ((3,), ()), ((), (5,)), ((2, 3), (2, 3)), ((1,), (6,))])
+def test_batched_and_broadcast(batch_a, batch_b):
+    m, n, k = 37, 50, 300
+    g = gen(3)
+    a = torch.randint(-7, 8, (*batch_a, m, k), generator=g, device="cuda", dtype=torch.int8)
+    bt = torch.randint(-7, 8, (*batch_b, n, k), generator=g, device="cuda", dtype=torch.int8)
+    b = bt.transpose(-1, -2)
+    for tile, acc_bits in ((32, 8), (None, 8)):
+        out, count = kernels.tiled_int_matmul(a, b, tile, acc_bits, count_saturated=True)
+        ref, ref_count = reference_product(a, b, tile, acc_bits)
+        assert_same(out, ref)
+        assert count.item() == ref_count.item()
+
+
+def test_layouts_and_dtypes_that_need_a_copy():
+    g = gen(4)
+    a = torch.randint(-7, 8, (70, 90), generator=g, device="cuda").float()       # float levels
+    b = torch.randint(-7, 8, (90, 45), generator=g, device="cuda").float()       # N contiguous, not K
+    at = torch.randint(-7, 8, (90, 70), generator=g, device="cuda", dtype=torch.int8).t()  # M contiguous
+    for x, y in ((a, b), (at, b), (a[:, 1:], b[1:]), (a.to(torch.int8), b.to(torch.int8))):
+        assert_same(kernels.tiled_int_matmul(x, y, 32, 8), reference_product(x, y, 32, 8, count=False))
+        assert_same(kernels.tiled_int_matmul(x, y, 32, 8, bounds=(7, 7)), reference_product(x, y, 32, 8, False))
+
+
+def test_wide_sums_come_back_as_float64_like_the_reference():
+    a, b = int_operands((20, 30, 2000), low=-128, high=128, b_low=-128, b_high=128)
+    out = kernels.tiled_int_matmul(a, b, None, None)
+    ref = reference_product(a, b, None, None, count=False)
+    assert out.dtype == ref.dtype == torch.float64
+    assert_same(out, ref)
+
+
+def test_odd_tiles_fall_back_with_a_warning():
+    a, b = int_operands((10, 12, 100))
+    with pytest.warns(UserWarning, match="multiple of 32"):
+        out = kernels.tiled_int_matmul(a, b, 20, 8)
+    assert_same(out, reference_product(a, b, 20, 8, count=False))
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "sample", "row"])
+def test_scaled_int_matmul_equals_the_layers_epilogue(granularity):
+    batch, m, n, k = 6, 70, 90, 200
+    a, b = int_operands((m, n, k), batch=(batch,), seed=8)
+    g = gen(8)
+    shapes = {"tensor": ((), ()), "sample": ((batch, 1, 1), (batch, 1, 1)), "row": ((batch, m, 1), (batch, 1, n))}
+    sa = torch.rand(shapes[granularity][0], generator=g, device="cuda") / 7
+    sb = torch.rand(shapes[granularity][1], generator=g, device="cuda") / 3
+    for block in (1, 64):
+        out, count = kernels.scaled_int_matmul(a, b, sa, sb, block, 32, 8, count_saturated=True)
+        acc, ref_count = reference_product(a, b, 32, 8)
+        assert_same(out, acc.to(torch.float32) * ((sa * sb) / block))
+        assert count.item() == ref_count.item()
+
+
+# ----------------------------------------------------------------------------------------------------- training
+
+
+def train_three_steps(model_name, scheme_name, backend, batch=128):
+    from hdqt_cil.models import build_model
+
+    torch.manual_seed(0)
+    shape, classes = ((561,), 11) if model_name == "mlp" else ((3, 32, 32), 10)
+    model = build_model(model_name, shape, classes).cuda()
+    scheme = dataclasses.replace(preset(scheme_name), backend=backend)
+    model = quantize_model(model, scheme)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(batch, *shape, generator=g, device="cuda")
+        y = torch.randint(0, classes, (batch,), generator=g, device="cuda")
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    torch.cuda.synchronize()
+    return model
+
+
+@pytest.mark.parametrize("scheme", ["hdqt", "int4", "luq"])
+@pytest.mark.parametrize("model_name", ["mlp", "resnet32"])
+def test_training_steps_give_the_same_weights(model_name, scheme):
+    reference = train_three_steps(model_name, scheme, "torch")
+    fast = train_three_steps(model_name, scheme, "cupy")
+    ref_state, state = reference.state_dict(), fast.state_dict()
+    differ = [name for name in ref_state if not torch.equal(ref_state[name], state[name])]
+    detail = {name: (state[name].float() - ref_state[name].float()).abs().max().item() for name in differ}
+    assert not differ, f"{len(differ)} tensors differ (max |diff|): {detail}"
+    assert quant_stats(reference) == quant_stats(fast)
+
+
+def test_backend_cupy_resolves_to_the_kernels():
+    from hdqt_cil.quant.backend import resolve_ops
+
+    assert resolve_ops("cupy", torch.device("cuda")).name == "cupy"
+    assert resolve_ops("auto", torch.device("cuda")).name == "cupy"
+    assert resolve_ops("torch", torch.device("cuda")).name == "torch"
