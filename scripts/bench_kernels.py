@@ -36,19 +36,30 @@ from hdqt_cil.kernels import _runtime as rt  # noqa: E402
 
 
 def cuda_time(fn, reps=20, warmup=3) -> float:
-    """Median seconds of fn() over reps, CUDA events around each call."""
+    """Seconds per call of fn(): `reps` calls back to back between two CUDA events, after warm-up. The host
+    enqueues ahead of the device, so this is device time unless the host is the slower side (host_time says)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
         fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) / 1e3)
-    return statistics.median(times)
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / 1e3 / reps
+
+
+def host_time(fn, reps=50) -> float:
+    """Host seconds per call of fn() (no synchronisation inside the loop)."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / reps
 
 
 ROWS = []
@@ -139,6 +150,18 @@ def gemm_4096(bf16_rate, peak, clamped_peak):
         row("gemm", name, t, "TOP/s", rate / 1e12, "TOP/s", baseline="vs bf16", ratio=rate / bf16_rate,
             target=">= 0.5x bf16" if name.startswith("tiled") else None, of_mma_peak=rate / peak,
             of_clamped_peak=rate / clamped_peak)
+    reference = kernels.tiled_int_matmul(*sets[0][:1], sets[0][1].t(), 32, 8, bounds=(7, 15))
+    for config in ("128x128", "128x128x2", "128x128w", "256x128"):
+        for label, tile, acc, count in (("tile 32", 32, 8, False), ("tile 32 + count", 32, 8, True),
+                                        ("no saturation", None, None, False)):
+            def fn(config=config, tile=tile, acc=acc, count=count):
+                return kernels._int_matmul(*pick(), tile, acc, (7, 15), count, None, config=config)
+            if label == "tile 32":  # the same bits whatever the tile shape
+                check = kernels._int_matmul(sets[0][0], sets[0][1].t(), 32, 8, (7, 15), False, None, config=config)
+                assert torch.equal(check, reference), f"config {config} differs"
+            t = cuda_time(fn, reps=20)
+            row("gemm", f"  config {config}, {label}", t, "TOP/s", ops / t / 1e12, "TOP/s", baseline="vs bf16",
+                ratio=ops / t / bf16_rate)
     try:
         t = cuda_time(lambda: torch._int_mm(sets[0][0], sets[0][1].t()), reps=30)
         row("gemm", "torch._int_mm 4096^3 (cuBLAS int8, no saturation)", t, "TOP/s", ops / t / 1e12, "TOP/s",
@@ -175,8 +198,9 @@ def layers(quick: bool):
         bt = torch.randint(-7, 8, bt_shape, device="cuda", dtype=torch.int8)
         b = bt.transpose(-1, -2)
         af, bf = a.float(), b.float()
-        t = cuda_time(lambda: kernels.tiled_int_matmul(a, b, tile, acc_bits, bounds=(7, 7), count_saturated=True),
-                      reps=10 if quick else 30)
+        call = (lambda: kernels.tiled_int_matmul(a, b, tile, acc_bits, bounds=(7, 7), count_saturated=True))
+        t = cuda_time(call, reps=10 if quick else 30)
+        host = host_time(call)
         t_ref = cuda_time(lambda: reference(af, bf, tile, acc_bits, bounds=(7, 7), count_saturated=True), reps=5)
         m, k = a_shape[-2], a_shape[-1]
         n = bt_shape[-2]
@@ -185,7 +209,7 @@ def layers(quick: bool):
         total_kernel += t
         total_ref += t_ref
         row("layers", f"{label} {batch}x{m}x{n}x{k}", t, "TOP/s", ops / t / 1e12, "TOP/s", baseline="vs reference",
-            ratio=t_ref / t)
+            ratio=t_ref / t, host_us=host * 1e6)
     row("layers", "all products of one step (sum)", total_kernel, "ms ref", total_ref * 1e3, "ms",
         baseline="vs reference", ratio=total_ref / total_kernel)
 
@@ -199,17 +223,21 @@ def quantizers(copy_bw, quick: bool):
 
     n_el = (1 << 25) if not quick else (1 << 24)  # 128 MiB of float32
     x = torch.randn(n_el // 1024, 1024, device="cuda")
+    x16k = x.view(-1, 16, 1024)  # samples of 16384 elements (a conv layer's G at batch 128: L x out)
     counter = Counter(1, 2, 3)
+    sr = dict(rounding="stochastic")
     cases = [
         ("quantize per tensor, nearest (HDQT fwd)", lambda: kernels.quantize(x, QuantSpec(4, "auto", "max", 0.975)), 2),
-        ("quantize per sample, stochastic", lambda: kernels.quantize(
-            x, QuantSpec(4, "signed", "max", 1.0, "sample", "stochastic"), counter), 2),
-        ("quantize per row, stochastic", lambda: kernels.quantize(
-            x, QuantSpec(4, "signed", "max", 1.0, "row", "stochastic"), counter), 2),
+        ("quantize per tensor, stochastic", lambda: kernels.quantize(
+            x, QuantSpec(4, "signed", "max", 1.0, "tensor", **sr), counter), 2),
+        ("quantize per sample of 1024, stochastic", lambda: kernels.quantize(
+            x, QuantSpec(4, "signed", "max", 1.0, "sample", **sr), counter), 1),
+        ("quantize per sample of 16384, stochastic", lambda: kernels.quantize(
+            x16k, QuantSpec(4, "signed", "max", 1.0, "sample", **sr), counter), 1),
         ("Hadamard(1024) + quantize per tensor, SR", lambda: kernels.hadamard_quantize(
-            x, QuantSpec(4, "signed", "max", 1.0, "tensor", "stochastic"), counter), 2),
-        ("Hadamard(1024) + quantize per sample, SR", lambda: kernels.hadamard_quantize(
-            x, QuantSpec(4, "signed", "max", 1.0, "sample", "stochastic"), counter), 2),
+            x, QuantSpec(4, "signed", "max", 1.0, "tensor", **sr), counter), 2),
+        ("Hadamard(1024) + quantize per sample 16384, SR", lambda: kernels.hadamard_quantize(
+            x16k, QuantSpec(4, "signed", "max", 1.0, "sample", **sr), counter), 1),
         ("Hadamard(1024) alone (float32 out)", lambda: kernels.block_hadamard(x, -1), 1),
     ]
     for name, fn, reads in cases:
@@ -218,21 +246,45 @@ def quantizers(copy_bw, quick: bool):
         useful = n_el * (4 + write)
         moved = n_el * (4 * reads + write)
         row("quantize", name, t, "GB/s", useful / t / 1e9, "GB/s", baseline="of copy bw", ratio=useful / t / copy_bw,
-            target=">= 0.6 of copy" if "alone" not in name else None, traffic_fraction=moved / t / copy_bw)
+            target=">= 0.6 of copy" if "alone" not in name else None, traffic_fraction=moved / t / copy_bw,
+            passes=reads)
 
 
 # ------------------------------------------------------------------------------------------------ steps
 
 
+class StubOps:
+    """Ops that only allocate their outputs: what a step costs with free numerics (the layer code's floor)."""
+    name = "stub"
+
+    @staticmethod
+    def quantize(t, spec, counter=None):
+        from hdqt_cil.kernels import _scale_shape
+
+        return (torch.empty(t.shape, dtype=torch.int8, device=t.device),
+                torch.ones(_scale_shape(t.shape, spec.granularity), device=t.device))
+
+    @staticmethod
+    def block_hadamard(x, dim=-1, block=None):
+        return torch.empty(x.shape, dtype=torch.float32, device=x.device)
+
+    @staticmethod
+    def tiled_int_matmul(a, b, tile=32, acc_bits=8, bounds=None, count_saturated=False):
+        out = torch.empty(*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1],
+                          device=a.device)
+        return (out, torch.zeros((), dtype=torch.int64, device=a.device)) if count_saturated else out
+
+
 def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch=128) -> float:
     from hdqt_cil.models import build_model
-    from hdqt_cil.quant import preset, quantize_model
+    from hdqt_cil.quant import layers, preset, quantize_model
 
     torch.manual_seed(0)
     shape, classes = ((561,), 11) if model_name == "mlp" else ((3, 32, 32), 10)
     model = build_model(model_name, shape, classes).cuda()
     if scheme_name != "fp32":
-        model = quantize_model(model, dataclasses.replace(preset(scheme_name), backend=backend))
+        model = quantize_model(model, dataclasses.replace(preset(scheme_name),
+                                                          backend="torch" if backend == "stub" else backend))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(batch, *shape, device="cuda")
     y = torch.randint(0, classes, (batch,), device="cuda")
@@ -242,15 +294,21 @@ def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
 
-    for _ in range(3):
-        one()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        one()
+    resolve = layers.resolve_ops
+    if backend == "stub":
+        layers.resolve_ops = lambda backend, device: StubOps
+    try:
+        for _ in range(3):
+            one()
         torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            one()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+    finally:
+        layers.resolve_ops = resolve
     return statistics.median(times)
 
 
@@ -270,6 +328,10 @@ def training_steps(quick: bool):
             row("step", f"{model_name} {scheme} kernels", fast, "x fp32", fast / fp32, "x fp32",
                 baseline="speedup vs reference", ratio=ref / fast,
                 target="<= 2.0x fp32, >= 10x reference" if scheme == "hdqt" else None)
+            if scheme == "hdqt":
+                floor = step_time(model_name, scheme, "stub", steps)
+                row("step", f"{model_name} {scheme} layer code only (ops stubbed)", floor, "x fp32", floor / fp32,
+                    "x fp32")
 
 
 def main():

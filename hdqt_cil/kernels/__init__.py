@@ -137,6 +137,19 @@ def _flat_grid(n_el: int, logn: int) -> tuple[int, int, int, int]:
     return ctas, threads, per_cta * step, smem
 
 
+# Single-pass quantization (one CTA per scale group, the group in registers): groups of GROUP_MIN..GROUP_MAX
+# elements, or a whole tensor up to GROUP_MAX; (threads, rounds) by group size.
+GROUP_MIN, GROUP_MAX = 1024, 32768
+_GROUP_SHAPES = ((2048, 256, 1), (4096, 512, 1), (8192, 1024, 1), (16384, 1024, 2), (32768, 1024, 4))
+
+
+def _group_shape(group: int, logn: int) -> tuple[int, int]:
+    for size, threads, rounds in _GROUP_SHAPES:
+        if group <= size and threads * 8 >= (1 << logn):
+            return threads, rounds
+    raise AssertionError(group)
+
+
 def _group_size(shape, granularity: str) -> int:
     numel = math.prod(shape)
     if granularity == "tensor":
@@ -159,10 +172,19 @@ def _quantizable(t: torch.Tensor, spec) -> bool:
     return spec.level_bound <= _INT8_BOUND and t.dim() >= 1 and 0 < t.numel() <= _MAX_ELEMENTS
 
 
-def _counter_key(counter) -> int:
-    from hdqt_cil.quant.rounding import counter_key  # noqa: PLC0415 (one definition of the key)
+_COUNTER_KEY = None
 
-    return counter_key(counter.seed, counter.step, counter.role)
+
+def _counter_key(counter) -> int:
+    global _COUNTER_KEY
+    if _COUNTER_KEY is None:
+        from hdqt_cil.quant.rounding import counter_key  # noqa: PLC0415 (one definition of the key)
+
+        _COUNTER_KEY = counter_key
+    return _COUNTER_KEY(counter.seed, counter.step, counter.role)
+
+
+_SIGN_MODES = {"signed": 0, "unsigned": 1, "auto": 2}
 
 
 def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int):
@@ -170,32 +192,46 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int):
     n_el = x.numel()
     group = _group_size(shape, spec.granularity)
     groups = n_el // group
-    work = torch.zeros(groups + 1, dtype=torch.int32, device=x.device)  # per-group max bits, then 'negative'
-    peaks, negative = work[:groups], work[groups:]
-    levels = _empty(shape, torch.int8, x.device)
-    ctas, threads, span, smem = _flat_grid(n_el, logn)
-    suffix = ("had_" if logn else "") + _suffix(x)
-    rt.launch(rt.function("quant.cu", f"absmax_{suffix}"), (ctas,), (threads,),
-              (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks), rt.ptr(negative)),
-              smem)
-    if spec.scale == "max":
-        scale, scale_in = _empty(groups, torch.float32, x.device), None
-    else:  # SAWB: the scale from the reference's formula (float sums: torch's order), the levels from the kernel
-        transformed = x if not logn else block_hadamard(x.view(shape), -1, 1 << logn)
-        scale_in = _reference().compute_scale(transformed.view(shape), spec).reshape(-1).contiguous()
-        scale = scale_in
     rounding = 0 if spec.rounding == "nearest" else (2 if spec.grid == "log2" else 1)
     if rounding and counter is None:
         raise ValueError("stochastic rounding needs a Counter (seed, step, role) for its random bits")
     key = _counter_key(counter) if rounding else 0
-    sign_mode = {"signed": 0, "unsigned": 1, "auto": 2}[spec.signedness]
+    sign_mode = _SIGN_MODES[spec.signedness]
+    suffix = ("had_" if logn else "") + _suffix(x)
+    device = x.device
+    levels = _empty(shape, torch.int8, device)
+    scale_shape = _scale_shape(shape, spec.granularity)
+    single_pass = (spec.scale == "max" and group <= GROUP_MAX and (group >= GROUP_MIN or groups == 1)
+                   and (sign_mode != 2 or groups == 1))
+    if single_pass:
+        scale = _empty(groups, torch.float32, device)
+        threads, rounds = _group_shape(group, logn)
+        smem = threads * 8 * 4 if (1 << logn) > 256 else 0
+        rt.launch(rt.function("quant.cu", f"group_{suffix}_r{rounds}"), (groups,), (threads,),
+                  (rt.ptr(x), rt.u32(group), rt.i32(logn), rt.i32(sign_mode), rt.f32(spec.signed_max),
+                   rt.f32(spec.unsigned_max), rt.f32(spec.clip), rt.i32(rounding), rt.u32(key), rt.ptr(levels),
+                   rt.ptr(scale)), smem)
+        return levels, scale.view(scale_shape)
+
+    work = rt.ZEROS_I32.take(groups + 1, device)  # per-group max bits, then 'negative'
+    peaks, negative = work[:groups], work[groups:]
+    ctas, threads, span, smem = _flat_grid(n_el, logn)
+    rt.launch(rt.function("quant.cu", f"absmax_{suffix}"), (ctas,), (threads,),
+              (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks), rt.ptr(negative)),
+              smem)
+    if spec.scale == "max":
+        scale, scale_in = _empty(groups, torch.float32, device), None
+    else:  # SAWB: the scale from the reference's formula (float sums: torch's order), the levels from the kernel
+        transformed = x if not logn else block_hadamard(x.view(shape), -1, 1 << logn)
+        scale_in = _reference().compute_scale(transformed.view(shape), spec).reshape(-1).contiguous()
+        scale = scale_in
     rt.launch(rt.function("quant.cu", f"quantize_{suffix}"), (ctas,), (threads,),
               (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks),
                rt.ptr(scale_in), rt.ptr(negative), rt.i32(sign_mode), rt.f32(spec.signed_max),
                rt.f32(spec.unsigned_max), rt.f32(spec.clip), rt.i32(rounding), rt.u32(key), rt.ptr(levels),
                rt.ptr(None if scale_in is not None else scale)),
               smem)
-    return levels, scale.view(_scale_shape(shape, spec.granularity))
+    return levels, scale.view(scale_shape)
 
 
 def quantize(t: torch.Tensor, spec, counter=None):
@@ -259,13 +295,14 @@ def hadamard_quantize(x: torch.Tensor, spec, counter=None, block: int | None = N
 def _bounds(a: torch.Tensor, b: torch.Tensor, bounds):
     if bounds is not None:
         return float(bounds[0]), float(bounds[1])
+
     def peak(t):  # max|t| without abs() (abs of int8 -128 overflows)
-        return torch.maximum(t.amax(), -t.amin()) if t.dtype != torch.int8 else torch.maximum(
-            t.amax().float(), -t.amin().float())
-    return tuple(torch.stack([peak(a).float(), peak(b).float()]).tolist())
+        return torch.maximum(t.amax().float(), -t.amin().float())
+    return tuple(torch.stack([peak(a), peak(b)]).tolist())
 
 
-def _gemm_config(m: int, n: int) -> str:
+def _gemm_config(m: int, n: int, k: int, sat: int, count: bool) -> str:
+    """The CTA tile for a problem (measured on an H100: docs/kernel_notes.md)."""
     if n <= 16:
         return "256x16"
     if n <= 32:
@@ -274,50 +311,73 @@ def _gemm_config(m: int, n: int) -> str:
         return "16x128"
     if m <= 32:
         return "32x128"
-    if m * n < rt.sm_count() * 128 * 128:
+    ctas = -(-m // 128) * -(-n // 128)
+    if ctas < rt.sm_count():
         return "64x64"
-    return "128x128"
+    return GEMM_LARGE[(sat == 2, count)]
+
+
+# Large problems: (tile-32 saturation, counting) -> config; set from the benchmark's comparison.
+GEMM_LARGE = {(False, False): "128x128x2", (False, True): "128x128x2", (True, False): "128x128w",
+              (True, True): "128x128w"}
+
+
+def _batch_stride(t: torch.Tensor, batch_shape) -> int | None:
+    """Stride between consecutive matrices of t's leading dims flattened (0: one matrix broadcast), None when
+    they are not one uniform stride or do not match the batch."""
+    lead = t.shape[:-2]
+    if math.prod(lead) == 1:
+        return 0
+    if tuple(lead) != tuple(batch_shape[len(batch_shape) - len(lead):]) or math.prod(lead) != math.prod(batch_shape):
+        return None
+    stride = t.stride(len(lead) - 1)
+    expected = stride
+    for dim in range(len(lead) - 1, 0, -1):
+        expected *= lead[dim]
+        if lead[dim - 1] > 1 and t.stride(dim - 1) != expected:
+            return None
+    return stride
 
 
 def _operand(t: torch.Tensor, batch_shape, batch: int, rows: int, k: int, transposed: bool):
-    """int8 (batch?, rows, K) with K contiguous, row stride and batch stride multiples of 16 bytes, base aligned:
-    (tensor, row stride, batch stride). `transposed`: t is (..., K, rows) (the right factor)."""
+    """(int8 tensor, row stride, batch stride) with K contiguous, row and batch strides multiples of 16 bytes and
+    an aligned base, `t` itself when it already is (`transposed`: t is (..., K, rows), the right factor)."""
+    if t.dtype == torch.int8:
+        k_stride, row_stride = (t.stride(-2), t.stride(-1)) if transposed else (t.stride(-1), t.stride(-2))
+        batch_stride = _batch_stride(t, batch_shape)
+        if (k_stride == 1 and batch_stride is not None and row_stride % 16 == 0 and batch_stride % 16 == 0
+                and t.data_ptr() % 16 == 0):
+            return t, row_stride, batch_stride
     lead = t.shape[:-2]
-    if math.prod(lead) == 1:
-        mat = t.reshape(t.shape[-2:])
-        mat = mat.transpose(0, 1) if transposed else mat
-        view, batch_stride = mat.unsqueeze(0), 0
-    else:
-        full = t.expand(*batch_shape, *t.shape[-2:])
-        full = full.transpose(-1, -2) if transposed else full
-        view = full.reshape(batch, rows, k)
-        batch_stride = view.stride(0)
-    ok = (view.dtype == torch.int8 and view.stride(2) == 1 and view.stride(1) % 16 == 0 and batch_stride % 16 == 0
-          and view.data_ptr() % 16 == 0)
-    if not ok:
-        padded = -(-k // 16) * 16
-        buffer = torch.empty(view.shape[0], rows, padded, dtype=torch.int8, device=t.device)
-        buffer[:, :, :k].copy_(view)  # integer-valued floats convert exactly
-        view, batch_stride = buffer, (padded * rows if view.shape[0] > 1 else 0)
-    return view, view.stride(1), batch_stride
+    full = t if math.prod(lead) == 1 else t.expand(*batch_shape, *t.shape[-2:])
+    full = full.transpose(-1, -2) if transposed else full
+    view = full.reshape(-1, rows, k)
+    padded = -(-k // 16) * 16
+    buffer = torch.empty(view.shape[0], rows, padded, dtype=torch.int8, device=t.device)
+    buffer[:, :, :k].copy_(view)  # integer-valued floats convert exactly
+    return buffer, padded, (padded * rows if view.shape[0] > 1 else 0)
 
 
-def _scale_operand(scale: torch.Tensor, batch_shape, batch: int, length: int, along_last: bool):
-    """A float32 scale broadcastable to (..., length, 1) (along_last=False) or (..., 1, length) (True) as
+def _scale_operand(scale: torch.Tensor, batch_shape, batch: int, along_last: bool):
+    """A float32 scale broadcastable to (..., rows, 1) (along_last=False) or (..., 1, cols) (True) as
     (tensor, batch stride, element stride)."""
-    scale = scale.to(torch.float32)
+    if scale.dtype != torch.float32:
+        scale = scale.float()
+    if scale.numel() == 1:
+        return scale, 0, 0
     while scale.dim() < 2:
         scale = scale.unsqueeze(0)
-    vec = scale[..., 0, :] if along_last else scale[..., :, 0]
-    lead = vec.shape[:-1]
-    if math.prod(lead) == 1:
-        vec = vec.reshape(vec.shape[-1])
-        return vec, 0, (vec.stride(0) if vec.shape[0] > 1 else 0)
-    full = vec.expand(*batch_shape, vec.shape[-1]).reshape(batch, vec.shape[-1])
-    return full, full.stride(0), (full.stride(1) if full.shape[1] > 1 else 0)
+    dim = -1 if along_last else -2
+    element = scale.stride(dim) if scale.shape[dim] > 1 else 0
+    batch_stride = _batch_stride(scale, batch_shape)
+    if batch_stride is None:
+        scale = scale.expand(*batch_shape, *scale.shape[-2:]).contiguous()
+        element = scale.stride(dim) if scale.shape[dim] > 1 else 0
+        batch_stride = _batch_stride(scale, batch_shape)
+    return scale, batch_stride, element
 
 
-def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales):
+def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=None):
     if tile is not None and tile < 1:
         raise ValueError(f"tile={tile} must be a positive number of K elements (or None for the whole K)")
     if acc_bits is not None and acc_bits < 1:
@@ -329,7 +389,8 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales):
         raise ValueError(f"contraction sizes differ: a has K={k}, b has K={b.shape[-2]}")
     _require_cuda(a, b)
     m, n = a.shape[-2], b.shape[-1]
-    batch_shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    batch_shape = a.shape[:-2] if a.shape[:-2] == b.shape[:-2] else torch.broadcast_shapes(a.shape[:-2],
+                                                                                              b.shape[:-2])
     batch = math.prod(batch_shape)
     fallback = None
     if tile is not None and tile % 32 and tile < k and acc_bits is not None:
@@ -357,41 +418,44 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales):
         sat, steps = 2, 1
     else:
         sat, steps = 3, tile // 32
-    float64 = wide >= _FLOAT32_EXACT
-    out_mode = 2 if scales is not None else (0 if float64 else 1)
-    config = _gemm_config(m, n)
+    count = count_saturated and sat > 0
+    out_mode = 2 if scales is not None else (0 if wide >= _FLOAT32_EXACT else 1)
+    config = config or _gemm_config(m, n, k, sat, count)
     bm, bn, threads = rt.gemm_tile(config)
+    device = a.device
     with _on_device(a):
         a3, lda, batch_a = _operand(a, batch_shape, batch, m, k, transposed=False)
         b3, ldb, batch_b = _operand(b, batch_shape, batch, n, k, transposed=True)
-        out = _empty((*batch_shape, m, n), torch.int32 if out_mode == 0 else torch.float32, a.device)
-        count = torch.zeros((), dtype=torch.int64, device=a.device)
+        out = _empty((*batch_shape, m, n), torch.int32 if out_mode == 0 else torch.float32, device)
+        counter = rt.ZEROS_I64.take(1, device)
         if scales is not None:
-            sa, sa_batch, sa_row = _scale_operand(scales[0], batch_shape, batch, m, along_last=False)
-            sb, sb_batch, sb_col = _scale_operand(scales[1], batch_shape, batch, n, along_last=True)
+            sa, sa_batch, sa_row = _scale_operand(scales[0], batch_shape, batch, along_last=False)
+            sb, sb_batch, sb_col = _scale_operand(scales[1], batch_shape, batch, along_last=True)
             block_div = float(scales[2])
         else:
             sa = sb = None
             sa_batch = sa_row = sb_batch = sb_col = 0
             block_div = 1.0
         smem = (bm + bn) * rt.GEMM_BK * rt.GEMM_STAGES
-        fn = rt.function("intmm.cu", rt.gemm_expression(config, sat, count_saturated and sat > 0, out_mode),
-                         template=True, dynamic_smem=smem)
+        fn = rt.function("intmm.cu", rt.gemm_expression(config, sat, count, out_mode), template=True,
+                         dynamic_smem=smem)
         grid_n, grid_m = -(-n // bn), -(-m // bm)
+        pa, pb, po = a3.data_ptr(), b3.data_ptr(), out.data_ptr()
+        psa, psb = (0, 0) if sa is None else (sa.data_ptr(), sb.data_ptr())
+        item = 4 if out_mode != 0 else 4
         for first in range(0, batch, 65535):
             chunk = min(65535, batch - first)
-            out_chunk = out.view(batch, m, n)[first:first + chunk]
             rt.launch(fn, (grid_n, grid_m, chunk), (threads,),
-                      (rt.ptr(a3) + rt.u64(first * batch_a), rt.ptr(b3) + rt.u64(first * batch_b),
-                       rt.ptr(out_chunk), rt.i32(m), rt.i32(n), rt.i32(k), rt.i64(lda), rt.i64(ldb),
-                       rt.i64(batch_a), rt.i64(batch_b), rt.i32(limit), rt.i32(steps),
-                       rt.ptr(sa) + rt.u64(first * sa_batch * 4), rt.i64(sa_batch), rt.i64(sa_row),
-                       rt.ptr(sb) + rt.u64(first * sb_batch * 4), rt.i64(sb_batch), rt.i64(sb_col),
-                       rt.f32(block_div), rt.ptr(count)),
+                      (rt.u64(pa + first * batch_a), rt.u64(pb + first * batch_b),
+                       rt.u64(po + first * m * n * item), rt.i32(m), rt.i32(n), rt.i32(k), rt.i64(lda),
+                       rt.i64(ldb), rt.i64(batch_a), rt.i64(batch_b), rt.i32(limit), rt.i32(steps),
+                       rt.u64(psa + first * sa_batch * 4), rt.i64(sa_batch), rt.i64(sa_row),
+                       rt.u64(psb + first * sb_batch * 4), rt.i64(sb_batch), rt.i64(sb_col),
+                       rt.f32(block_div), rt.ptr(counter)),
                       smem)
     if out_mode == 0:
         out = out.to(torch.float64)
-    return (out, count) if count_saturated else out
+    return (out, counter.view(())) if count_saturated else out
 
 
 def _reference_product(a, b, tile, acc_bits, bounds, count_saturated, scales):

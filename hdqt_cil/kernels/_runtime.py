@@ -14,28 +14,33 @@ HERE = Path(__file__).resolve().parent
 # Kernels of each source, as the names (or template instantiations) that a compile must produce.
 QUANT_KERNELS = tuple(f"{kind}_{t}" for kind in ("absmax", "absmax_had", "quantize", "quantize_had")
                       for t in ("f32", "i8")) + ("hadamard_f32", "hadamard_i8")
+QUANT_KERNELS += tuple(f"group_{had}{t}_r{r}" for had in ("", "had_") for t in ("f32", "i8") for r in (1, 2, 4))
 PEAK_KERNELS = ("mma_peak_plain", "mma_peak_clamped")
-# GEMM tile shapes (warps along M, warps along N, m16 blocks per warp, n8 blocks per warp) and pipeline depth.
+# GEMM tile shapes: warps along M, warps along N, m16 blocks per warp, n8 blocks per warp, min CTAs per SM.
 GEMM_CONFIGS = {
-    "128x128": (2, 4, 4, 4),
-    "64x64": (2, 2, 2, 4),
-    "256x16": (4, 1, 4, 2),
-    "256x32": (4, 1, 4, 4),
-    "32x128": (1, 4, 2, 4),
-    "16x128": (1, 4, 1, 4),
+    "256x128": (4, 4, 4, 4, 1),
+    "128x128": (2, 4, 4, 4, 1),
+    "128x128x2": (2, 4, 4, 4, 2),
+    "128x128w": (4, 4, 2, 4, 1),
+    "64x64": (2, 2, 2, 4, 1),
+    "256x16": (4, 1, 4, 2, 1),
+    "256x32": (4, 1, 4, 4, 1),
+    "32x128": (1, 4, 2, 4, 1),
+    "16x128": (1, 4, 1, 4, 1),
 }
 GEMM_STAGES = 3
 GEMM_BK = 128
 
 
 def gemm_expression(config: str, sat: int, count: bool, out: int) -> str:
-    wm, wn, mi, ni = GEMM_CONFIGS[config]
-    return f"intmm_kernel<{wm}, {wn}, {mi}, {ni}, {GEMM_STAGES}, {sat}, {'true' if count else 'false'}, {out}>"
+    wm, wn, mi, ni, minb = GEMM_CONFIGS[config]
+    return (f"intmm_kernel<{wm}, {wn}, {mi}, {ni}, {GEMM_STAGES}, {minb}, {sat}, {'true' if count else 'false'}, "
+            f"{out}>")
 
 
 def gemm_tile(config: str) -> tuple[int, int, int]:
     """(BM, BN, threads) of a GEMM config."""
-    wm, wn, mi, ni = GEMM_CONFIGS[config]
+    wm, wn, mi, ni, _ = GEMM_CONFIGS[config]
     return wm * mi * 16, wn * ni * 8, wm * wn * 32
 
 
@@ -103,14 +108,74 @@ def function(name: str, kernel: str, template: bool = False, dynamic_smem: int =
     return fn[0]
 
 
+def _compile_job(job) -> str:
+    name, expressions = job
+    module = _cupy().RawModule(code=source(name), options=NVRTC_OPTIONS,
+                               name_expressions=list(expressions) if expressions else None)
+    module.get_function(expressions[0] if expressions else SOURCES[name][0])
+    return name
+
+
+def precompile(workers: int = 8) -> int:
+    """Compile every kernel variant into CuPy's on-disk cache with `workers` processes (a fresh machine compiles
+    each GEMM variant on first use otherwise, about a second each). Returns the number compiled."""
+    import concurrent.futures
+    import multiprocessing
+
+    jobs = [("intmm.cu", (e,)) for e in ALL_GEMM_EXPRESSIONS] + [("quant.cu", None), ("peak.cu", None)]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        return len(list(pool.map(_compile_job, jobs)))
+
+
 def raw_kernel(name: str, kernel: str, template: bool = False):
     """The RawKernel object (attributes: num_regs, local_size_bytes, ...), for reports."""
     function(name, kernel, template)
     return _functions[(torch.cuda.current_device(), name, kernel)][2]
 
 
+try:  # the raw handle of torch's current stream without building a Stream object (what torch's inductor uses)
+    from torch._C import _cuda_getCurrentRawStream as _raw_stream
+except ImportError:  # pragma: no cover
+    _raw_stream = None
+_stream_refs: dict = {}
+
+
+def current_stream() -> _StreamRef:
+    handle = (_raw_stream(torch.cuda.current_device()) if _raw_stream is not None
+              else torch.cuda.current_stream().cuda_stream)
+    ref = _stream_refs.get(handle)
+    if ref is None:
+        ref = _stream_refs[handle] = _StreamRef(handle)
+    return ref
+
+
 def launch(fn, grid, block, args, shared_mem: int = 0) -> None:
-    fn(tuple(grid), tuple(block), args, shared_mem, _StreamRef(torch.cuda.current_stream().cuda_stream))
+    fn(grid, block, args, shared_mem, current_stream())
+
+
+class _ZeroPool:
+    """Zero-filled device memory handed out in slices that are never handed out twice: a kernel's atomic
+    accumulators (per-group maxima, saturation counts) start from zero without a memset launch per call. A slice
+    keeps its pool alive while referenced; a used-up pool is replaced by a fresh zero-filled one."""
+
+    def __init__(self, dtype: torch.dtype, size: int):
+        self.dtype, self.size = dtype, size
+        self.pools: dict = {}
+
+    def take(self, n: int, device: torch.device) -> torch.Tensor:
+        if n > self.size // 4:
+            return torch.zeros(n, dtype=self.dtype, device=device)
+        key = (device.index, current_stream().ptr)  # a pool zeroed on another stream could race
+        pool, used = self.pools.get(key, (None, self.size))
+        if used + n > self.size:
+            pool, used = torch.zeros(self.size, dtype=self.dtype, device=device), 0
+        self.pools[key] = (pool, used + n)
+        return pool[used:used + n]
+
+
+ZEROS_I32 = _ZeroPool(torch.int32, 1 << 20)
+ZEROS_I64 = _ZeroPool(torch.int64, 1 << 16)
 
 
 def sm_count() -> int:

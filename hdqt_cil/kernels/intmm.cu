@@ -9,7 +9,8 @@
 // of the last 16-byte chunk of a row reads only the bytes inside K and zero-fills the rest, and rows past M or
 // N are zero-filled. Batch strides may be 0 (a broadcast operand).
 //
-// CTA tile BM x BN = (WM * MI * 16) x (WN * NI * 8), K step BK = 128 bytes, STAGES-deep cp.async pipeline. Shared
+// CTA tile BM x BN = (WM * MI * 16) x (WN * NI * 8), K step BK = 128 bytes, STAGES-deep cp.async pipeline, at
+// least MINB CTAs per multiprocessor (a register cap). Shared
 // memory rows are 128 bytes: 16-byte chunk c of row r is stored at chunk c ^ (r & 7), so the 8 row addresses of
 // an ldmatrix phase hit 8 different chunks (all 32 banks) and the cp.async writes of a warp do too.
 // Each warp computes (MI * 16) x (NI * 8) with mma.sync.m16n8k32.row.col.s32.s8.s8.s32; fragments by ldmatrix.x4.
@@ -67,18 +68,24 @@ __device__ __forceinline__ void clamp_add(int acc[4], const int t[4], int limit,
 template <int ROWS, int THREADS>
 __device__ __forceinline__ void load_tile(unsigned char* dst, const signed char* src, int row0, int rows, int k0,
                                           int K, i64 ld) {
+    constexpr int CHUNKS = ROWS * 8;
+    constexpr int ITERS = (CHUNKS + THREADS - 1) / THREADS;
 #pragma unroll
-    for (int id = threadIdx.x; id < ROWS * 8; id += THREADS) {
-        const int r = id >> 3, c = id & 7;
-        const int gr = row0 + r, gk = k0 + 16 * c;
-        const int bytes = (gr < rows) ? max(0, min(16, K - gk)) : 0;
-        const signed char* p = bytes > 0 ? src + (i64)gr * ld + gk : src;
-        cp_async16(smem_addr(dst + r * BK + ((c ^ (r & 7)) << 4)), p, bytes);
+    for (int u = 0; u < ITERS; ++u) {
+        const int id = threadIdx.x + u * THREADS;
+        if (CHUNKS % THREADS == 0 || id < CHUNKS) {
+            const int r = id >> 3, c = id & 7;
+            const int gr = row0 + r, gk = k0 + 16 * c;
+            int bytes = min(max(K - gk, 0), 16);
+            bytes = gr < rows ? bytes : 0;
+            const signed char* p = src + (bytes > 0 ? (i64)gr * ld + gk : (i64)0);
+            cp_async16(smem_addr(dst + r * BK + ((c ^ (r & 7)) << 4)), p, bytes);
+        }
     }
 }
 
-template <int WM, int WN, int MI, int NI, int STAGES, int SAT, bool COUNT, int OUT>
-__global__ void __launch_bounds__(WM * WN * 32)
+template <int WM, int WN, int MI, int NI, int STAGES, int MINB, int SAT, bool COUNT, int OUT>
+__global__ void __launch_bounds__(WM * WN * 32, MINB)
     intmm_kernel(const signed char* __restrict__ A, const signed char* __restrict__ B, void* __restrict__ out,
                  int M, int N, int K, i64 lda, i64 ldb, i64 batch_a, i64 batch_b, int limit, int tile_steps,
                  const float* __restrict__ sa, i64 sa_batch, i64 sa_row, const float* __restrict__ sb,

@@ -43,11 +43,16 @@ extern "C" __global__ void mma_peak_plain(const u32* __restrict__ seed, int iter
 extern "C" __global__ void mma_peak_clamped(const u32* __restrict__ seed, int iters, int limit,
                                             int* __restrict__ out) {
     const int lane = threadIdx.x & 31;
-    u32 a[4], b[2];
+    // Every chain gets its own B fragment: with identical operands and C = 0 the compiler would issue one MMA for
+    // all chains (seen in the SASS of an earlier version).
+    u32 a[4], b[CHAINS][2];
 #pragma unroll
     for (int i = 0; i < 4; ++i) a[i] = seed[(lane + i) & 31] & 0x03030303u;
-    b[0] = seed[(lane + 7) & 31] & 0x03030303u;
-    b[1] = seed[(lane + 11) & 31] & 0x03030303u;
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c) {
+        b[c][0] = seed[(lane + 7 + c) & 31] & 0x03030303u;
+        b[c][1] = seed[(lane + 11 + 3 * c) & 31] & 0x03030303u;
+    }
     const int zero[4] = {0, 0, 0, 0};
     int acc[CHAINS][4];
 #pragma unroll
@@ -58,7 +63,7 @@ extern "C" __global__ void mma_peak_clamped(const u32* __restrict__ seed, int it
 #pragma unroll
         for (int c = 0; c < CHAINS; ++c) {
             int t[4];
-            mma_s8(t, a, b, zero);
+            mma_s8(t, a, b[c], zero);
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[c][e] += min(max(t[e], -limit), limit);
         }
