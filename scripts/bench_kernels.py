@@ -113,6 +113,11 @@ def ceilings(quick: bool):
                                     (rt.ptr(seed), rt.i32(iters), rt.i32(127), rt.ptr(out))), 10)
     clamped_peak = ops / t
     row("ceiling", "  same, clamp + add after each k32 MMA", t, "TOP/s", clamped_peak / 1e12, "TOP/s")
+    packed = rt.function("peak.cu", "mma_peak_packed")
+    t = cuda_time(lambda: rt.launch(packed, (blocks,), (threads,),
+                                    (rt.ptr(seed), rt.i32(iters), rt.i32(127), rt.ptr(out))), 10)
+    row("ceiling", "  same, packed 16-bit clamp (GEMM mode 4)", t, "TOP/s", ops / t / 1e12, "TOP/s")
+    clamped_peak = max(clamped_peak, ops / t)
     return copy_bw, bf16_rate, peak, clamped_peak
 
 
@@ -152,12 +157,15 @@ def gemm_4096(bf16_rate, peak, clamped_peak):
             of_clamped_peak=rate / clamped_peak)
     reference = kernels.tiled_int_matmul(*sets[0][:1], sets[0][1].t(), 32, 8, bounds=(7, 15))
     for config in ("128x128", "128x128x2", "128x128w", "256x128"):
-        for label, tile, acc, count in (("tile 32", 32, 8, False), ("tile 32 + count", 32, 8, True),
-                                        ("no saturation", None, None, False)):
-            def fn(config=config, tile=tile, acc=acc, count=count):
-                return kernels._int_matmul(*pick(), tile, acc, (7, 15), count, None, config=config)
-            if label == "tile 32":  # the same bits whatever the tile shape
-                check = kernels._int_matmul(sets[0][0], sets[0][1].t(), 32, 8, (7, 15), False, None, config=config)
+        for label, tile, acc, count, packed in (("tile 32 packed", 32, 8, False, True),
+                                                ("tile 32 plain", 32, 8, False, False),
+                                                ("tile 32 + count", 32, 8, True, False),
+                                                ("no saturation", None, None, False, False)):
+            def fn(config=config, tile=tile, acc=acc, count=count, packed=packed):
+                return kernels._int_matmul(*pick(), tile, acc, (7, 15), count, None, config=config, packed=packed)
+            if label.startswith("tile 32 p"):  # the same bits whatever the tile shape and mode
+                check = kernels._int_matmul(sets[0][0], sets[0][1].t(), 32, 8, (7, 15), False, None, config=config,
+                                            packed=packed)
                 assert torch.equal(check, reference), f"config {config} differs"
             t = cuda_time(fn, reps=20)
             row("gemm", f"  config {config}, {label}", t, "TOP/s", ops / t / 1e12, "TOP/s", baseline="vs bf16",
@@ -275,7 +283,8 @@ class StubOps:
         return (out, torch.zeros((), dtype=torch.int64, device=a.device)) if count_saturated else out
 
 
-def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch=128) -> float:
+def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch=128, finite_checks=True,
+              profile=False) -> float:
     from hdqt_cil.models import build_model
     from hdqt_cil.quant import layers, preset, quantize_model
 
@@ -294,9 +303,11 @@ def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
 
-    resolve = layers.resolve_ops
+    resolve, check = layers.resolve_ops, layers._QuantLayer._check_finite
     if backend == "stub":
         layers.resolve_ops = lambda backend, device: StubOps
+    if not finite_checks:
+        layers._QuantLayer._check_finite = lambda self, checks: None
     try:
         for _ in range(3):
             one()
@@ -307,8 +318,19 @@ def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch
             one()
             torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
+        if profile:
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as torch_profile
+
+            with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(3):
+                    one()
+                torch.cuda.synchronize()
+            print(f"\nCPU profile of 3 steps: {model_name} {scheme_name}, backend {backend}, finite checks "
+                  f"{finite_checks}")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     finally:
-        layers.resolve_ops = resolve
+        layers.resolve_ops, layers._QuantLayer._check_finite = resolve, check
     return statistics.median(times)
 
 
@@ -329,9 +351,15 @@ def training_steps(quick: bool):
                 baseline="speedup vs reference", ratio=ref / fast,
                 target="<= 2.0x fp32, >= 10x reference" if scheme == "hdqt" else None)
             if scheme == "hdqt":
-                floor = step_time(model_name, scheme, "stub", steps)
+                floor = step_time(model_name, scheme, "stub", steps, profile=model_name == "resnet32")
                 row("step", f"{model_name} {scheme} layer code only (ops stubbed)", floor, "x fp32", floor / fp32,
                     "x fp32")
+                floor = step_time(model_name, scheme, "stub", steps, finite_checks=False)
+                row("step", f"{model_name} {scheme}   same without the finite-check syncs", floor, "x fp32",
+                    floor / fp32, "x fp32")
+                fast = step_time(model_name, scheme, "cupy", steps, finite_checks=False)
+                row("step", f"{model_name} {scheme} kernels without the finite-check syncs", fast, "x fp32",
+                    fast / fp32, "x fp32", baseline="speedup vs reference", ratio=ref / fast)
 
 
 def main():

@@ -6,38 +6,29 @@ import torch
 from hdqt_cil import kernels
 from hdqt_cil.kernels import _runtime as rt
 
-nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="the CuPy wheel brings NVRTC")
+pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="the CuPy wheel brings NVRTC")
 
-# The GEMM is a template: compile every variant of the largest tile and the variants the layers use of the others.
-GEMM_EXPRESSIONS = [rt.gemm_expression("128x128", sat, count, out) for sat in range(4) for count in (False, True)
-                    for out in range(3)]
-GEMM_EXPRESSIONS += [rt.gemm_expression(config, sat, True, out) for config in rt.GEMM_CONFIGS if config != "128x128"
-                     for sat, out in ((2, 2), (1, 1))]
-
-
-def compile_sm90(name: str, expressions) -> bytes:
-    program = nvrtc.createProgram(rt.source(name), name, [], [])
-    for expression in expressions:
-        if "<" in expression:
-            nvrtc.addNameExpression(program, expression)
-    try:
-        nvrtc.compileProgram(program, ["--gpu-architecture=sm_90", *rt.NVRTC_OPTIONS])
-    except Exception as err:  # noqa: BLE001 (the log says what failed)
-        pytest.fail(f"{name} does not compile for sm_90: {err}\n{nvrtc.getProgramLog(program)}")
-    for expression in expressions:
-        if "<" in expression:
-            assert nvrtc.getLoweredName(program, expression)
-    return nvrtc.getCUBIN(program)
+# The GEMM is a template: compile every mode of the largest tile and the modes the layers use of the others.
+GEMM_EXPRESSIONS = [rt.gemm_expression("128x128", sat, count, out) for sat, count in rt.GEMM_MODES for out in range(3)]
+GEMM_EXPRESSIONS += [rt.gemm_expression(config, sat, count, out) for config in rt.GEMM_CONFIGS if config != "128x128"
+                     for sat, count, out in ((2, True, 1), (1, True, 1), (4, False, 1))]
 
 
 @pytest.mark.parametrize("name", sorted(rt.SOURCES))
-def test_source_compiles_for_sm90(name):
-    expressions = GEMM_EXPRESSIONS if name == "intmm.cu" else rt.SOURCES[name]
-    cubin = compile_sm90(name, expressions)
+def test_source_compiles_for_sm90(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("HDQT_KERNEL_CACHE", str(tmp_path))  # really compile, no cached cubin
+    expressions = tuple(GEMM_EXPRESSIONS) if name == "intmm.cu" else rt.SOURCES[name]
+    cubin, lowered = rt.compile_cubin(name, expressions, "sm_90")
     assert cubin[:4] == b"\x7fELF"
-    if name != "intmm.cu":  # extern "C" kernels keep their names in the binary
-        for kernel in expressions:
-            assert kernel.encode() in cubin
+    assert set(lowered) == set(expressions)
+    for kernel in lowered.values():
+        assert kernel.encode() in cubin
+
+
+def test_ieee_single_precision_options():
+    """Subnormals kept, no FMA contraction, IEEE division: the contract's single roundings (CuPy's RawModule would
+    add -ftz=true, hence the direct NVRTC compile)."""
+    assert {"--ftz=false", "--fmad=false", "--prec-div=true"} <= set(rt.NVRTC_OPTIONS)
 
 
 def test_every_source_in_the_folder_is_listed():

@@ -231,6 +231,8 @@ def test_tiled_int_matmul_bit_identical(shape, tile, acc_bits):
         ref, ref_count = reference_product(a, b, tile, acc_bits)
         assert_same(out, ref, f"values, operands {lo}..{hi - 1}")
         assert count.dtype == torch.int64 and count.item() == ref_count.item()
+        # without the count, tile 32 with 4-bit operands takes the packed (16-bit halves) mode
+        assert_same(kernels.tiled_int_matmul(a, b, tile, acc_bits), ref, f"no count, operands {lo}..{hi - 1}")
 
 
 @pytest.mark.parametrize("batch_a, batch_b", [((4,), (4,)), ((3,), ()), ((), (5,)), ((2, 3), (2, 3)), ((1,), (6,))])
@@ -275,9 +277,9 @@ def test_odd_tiles_fall_back_with_a_warning():
 @pytest.mark.parametrize("config", sorted(rt.GEMM_CONFIGS))
 def test_every_gemm_config(config):
     """Each CTA tile the dispatcher may pick, on shapes with ragged M, N and K, all accumulator modes."""
-    for shape, batch in (((300, 260, 1000), ()), ((70, 45, 129), (3,))):
-        a, b = int_operands(shape, batch=batch, seed=11, low=-128, high=128, b_low=-128, b_high=128)
-        for tile, acc_bits in ((32, 8), (64, 8), (None, 8), (None, None)):
+    for shape, batch, low in (((300, 260, 1000), (), -128), ((70, 45, 129), (3,), -128), ((260, 300, 2000), (), -7)):
+        a, b = int_operands(shape, batch=batch, seed=11, low=low, high=-low, b_low=low, b_high=-low)
+        for tile, acc_bits in ((32, 8), (32, 10), (64, 8), (None, 8), (None, None)):
             for count in (False, True):
                 got = kernels._int_matmul(a, b, tile, acc_bits, None, count, None, config=config)
                 ref = reference_product(a, b, tile, acc_bits, count=count)
@@ -286,6 +288,9 @@ def test_every_gemm_config(config):
                     assert got[1].item() == ref[1].item()
                 else:
                     assert_same(got, ref, f"{config} {tile} {acc_bits}")
+        if low == -7:  # the packed mode must have been eligible here; compare it with the plain one too
+            plain = kernels._int_matmul(a, b, 32, 8, None, False, None, config=config, packed=False)
+            assert_same(kernels._int_matmul(a, b, 32, 8, None, False, None, config=config), plain, "packed")
         sa = torch.rand((*batch, shape[0], 1), device="cuda")
         sb = torch.rand((*batch, 1, shape[1]), device="cuda")
         got = kernels._int_matmul(a, b, 32, 8, None, False, (sa, sb, 16), config=config)

@@ -187,8 +187,9 @@ def _counter_key(counter) -> int:
 _SIGN_MODES = {"signed": 0, "unsigned": 1, "auto": 2}
 
 
-def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int):
-    """levels (int8, `shape`) and scale of the flat tensor x (already contiguous), transformed first when logn."""
+def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: torch.Tensor | None = None):
+    """levels (int8, `shape`) and scale of the flat tensor x (already contiguous), transformed first when logn.
+    `original`: the tensor as the caller gave it (SAWB's float sums then run in the reference's order)."""
     n_el = x.numel()
     group = _group_size(shape, spec.granularity)
     groups = n_el // group
@@ -207,8 +208,9 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int):
         scale = _empty(groups, torch.float32, device)
         threads, rounds = _group_shape(group, logn)
         smem = threads * 8 * 4 if (1 << logn) > 256 else 0
-        rt.launch(rt.function("quant.cu", f"group_{suffix}_r{rounds}"), (groups,), (threads,),
-                  (rt.ptr(x), rt.u32(group), rt.i32(logn), rt.i32(sign_mode), rt.f32(spec.signed_max),
+        ctas = min(groups, rt.sm_count() * max(1, 1536 // threads))  # persistent: about one wave
+        rt.launch(rt.function("quant.cu", f"group_{suffix}_r{rounds}"), (ctas,), (threads,),
+                  (rt.ptr(x), rt.u32(group), rt.u32(groups), rt.i32(logn), rt.i32(sign_mode), rt.f32(spec.signed_max),
                    rt.f32(spec.unsigned_max), rt.f32(spec.clip), rt.i32(rounding), rt.u32(key), rt.ptr(levels),
                    rt.ptr(scale)), smem)
         return levels, scale.view(scale_shape)
@@ -222,8 +224,11 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int):
     if spec.scale == "max":
         scale, scale_in = _empty(groups, torch.float32, device), None
     else:  # SAWB: the scale from the reference's formula (float sums: torch's order), the levels from the kernel
-        transformed = x if not logn else block_hadamard(x.view(shape), -1, 1 << logn)
-        scale_in = _reference().compute_scale(transformed.view(shape), spec).reshape(-1).contiguous()
+        if logn:
+            transformed = block_hadamard(x.view(shape), -1, 1 << logn)
+        else:
+            transformed = original if original is not None else x.view(shape)
+        scale_in = _reference().compute_scale(transformed, spec).reshape(-1).contiguous()
         scale = scale_in
     rt.launch(rt.function("quant.cu", f"quantize_{suffix}"), (ctas,), (threads,),
               (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks),
@@ -243,7 +248,7 @@ def quantize(t: torch.Tensor, spec, counter=None):
     if not _quantizable(t, spec):
         return _reference().quantize(t, spec, counter)
     with _on_device(t):
-        return _quantize_flat(_flat_input(t), t.shape, spec, counter, 0)
+        return _quantize_flat(_flat_input(t), t.shape, spec, counter, 0, original=t)
 
 
 def _checked_block(size: int, block: int | None) -> int:
@@ -314,12 +319,13 @@ def _gemm_config(m: int, n: int, k: int, sat: int, count: bool) -> str:
     ctas = -(-m // 128) * -(-n // 128)
     if ctas < rt.sm_count():
         return "64x64"
-    return GEMM_LARGE[(sat == 2, count)]
+    return GEMM_LARGE[(sat in (2, 4), count)]
 
 
-# Large problems: (tile-32 saturation, counting) -> config; set from the benchmark's comparison.
-GEMM_LARGE = {(False, False): "128x128x2", (False, True): "128x128x2", (True, False): "128x128w",
-              (True, True): "128x128w"}
+# Large problems: (tile-32 saturation, counting) -> config; from the benchmark's comparison (docs/kernel_notes.md).
+GEMM_LARGE = {(False, False): "128x128x2", (False, True): "128x128x2", (True, False): "128x128x2",
+              (True, True): "128x128"}
+_PACKED_LIMIT = 2**15 - 1  # mode 4 keeps |tile sum| + L and the biased lane sums inside 16 bits
 
 
 def _batch_stride(t: torch.Tensor, batch_shape) -> int | None:
@@ -377,7 +383,7 @@ def _scale_operand(scale: torch.Tensor, batch_shape, batch: int, along_last: boo
     return scale, batch_stride, element
 
 
-def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=None):
+def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=None, packed=None):
     if tile is not None and tile < 1:
         raise ValueError(f"tile={tile} must be a positive number of K elements (or None for the whole K)")
     if acc_bits is not None and acc_bits < 1:
@@ -419,6 +425,10 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
     else:
         sat, steps = 3, tile // 32
     count = count_saturated and sat > 0
+    if sat == 2 and not count and packed is not False:
+        steps32 = -(-k // rt.GEMM_BK) * (rt.GEMM_BK // 32)
+        if 32 * bound_a * bound_b + limit <= _PACKED_LIMIT and steps32 * 2 * limit <= 2 * _PACKED_LIMIT + 1:
+            sat = 4
     out_mode = 2 if scales is not None else (0 if wide >= _FLOAT32_EXACT else 1)
     config = config or _gemm_config(m, n, k, sat, count)
     bm, bn, threads = rt.gemm_tile(config)

@@ -3,6 +3,9 @@
 CuPy is used only to compile, load and launch: every buffer is a torch tensor (its allocator, its stream) and
 reaches a kernel as a raw device address, so no CuPy array or memory pool is involved.
 """
+import hashlib
+import os
+import pickle
 import threading
 from pathlib import Path
 
@@ -15,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 QUANT_KERNELS = tuple(f"{kind}_{t}" for kind in ("absmax", "absmax_had", "quantize", "quantize_had")
                       for t in ("f32", "i8")) + ("hadamard_f32", "hadamard_i8")
 QUANT_KERNELS += tuple(f"group_{had}{t}_r{r}" for had in ("", "had_") for t in ("f32", "i8") for r in (1, 2, 4))
-PEAK_KERNELS = ("mma_peak_plain", "mma_peak_clamped")
+PEAK_KERNELS = ("mma_peak_plain", "mma_peak_clamped", "mma_peak_packed")
 # GEMM tile shapes: warps along M, warps along N, m16 blocks per warp, n8 blocks per warp, min CTAs per SM.
 GEMM_CONFIGS = {
     "256x128": (4, 4, 4, 4, 1),
@@ -45,13 +48,15 @@ def gemm_tile(config: str) -> tuple[int, int, int]:
 
 
 # Every expression the CPU compile test instantiates (the runtime compiles what it needs, one variant a module).
-ALL_GEMM_EXPRESSIONS = tuple(gemm_expression(c, sat, count, out) for c in GEMM_CONFIGS for sat in range(4)
-                             for count in (False, True) for out in range(3))
+GEMM_MODES = tuple((sat, count) for sat in range(5) for count in (False, True) if count <= (sat in (1, 2, 3)))
+ALL_GEMM_EXPRESSIONS = tuple(gemm_expression(c, sat, count, out) for c in GEMM_CONFIGS for sat, count in GEMM_MODES
+                             for out in range(3))
 
 SOURCES = {"quant.cu": QUANT_KERNELS, "intmm.cu": ALL_GEMM_EXPRESSIONS, "peak.cu": PEAK_KERNELS}
-# No float contraction: every float operation of the contract is a single rounding (the sources also use the
-# _rn intrinsics where it matters).
-NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")
+# IEEE single precision throughout: no contraction into FMA, no flush of subnormals, correctly rounded division.
+# (CuPy's own RawModule appends -ftz=true to every compile, which flushes subnormal inputs and maxima: these
+# sources are therefore compiled here with NVRTC directly and only loaded through CuPy.)
+NVRTC_OPTIONS = ("--std=c++17", "--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
 
 
 def source(name: str) -> str:
@@ -81,57 +86,110 @@ def _cupy():
     return cupy
 
 
-def _module(name: str, expressions: tuple[str, ...] | None):
-    key = (name, expressions)
+def cache_dir() -> Path:
+    return Path(os.environ.get("HDQT_KERNEL_CACHE", Path.home() / ".cache" / "hdqt_cil" / "kernels"))
+
+
+def compile_cubin(name: str, expressions: tuple[str, ...], arch: str) -> tuple[bytes, dict]:
+    """(cubin, {expression: lowered name}) of source `name` for `arch` (e.g. 'sm_90'), through NVRTC with
+    NVRTC_OPTIONS; cached on disk by a hash of everything that goes in. Needs no GPU."""
+    from cupy_backends.cuda.libs import nvrtc  # noqa: PLC0415
+
+    text = source(name)
+    key = hashlib.sha256("\0".join((text, name, arch, *NVRTC_OPTIONS, *expressions,
+                                     str(nvrtc.getVersion()))).encode()).hexdigest()[:32]
+    path = cache_dir() / f"{key}.pkl"
+    if path.exists():
+        try:
+            return pickle.loads(path.read_bytes())
+        except Exception:  # noqa: BLE001 (a torn or foreign file: compile again)
+            pass
+    program = nvrtc.createProgram(text, name, [], [])
+    try:
+        for expression in expressions:
+            if "<" in expression:
+                nvrtc.addNameExpression(program, expression)
+        try:
+            nvrtc.compileProgram(program, [f"--gpu-architecture={arch}", *NVRTC_OPTIONS])
+        except Exception as err:
+            raise RuntimeError(f"{name} does not compile: {err}\n{nvrtc.getProgramLog(program)}") from err
+        lowered = {e: (nvrtc.getLoweredName(program, e) if "<" in e else e) for e in expressions}
+        result = (nvrtc.getCUBIN(program), lowered)
+    finally:
+        nvrtc.destroyProgram(program)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_bytes(pickle.dumps(result))
+        partial.replace(path)
+    except OSError:
+        pass
+    return result
+
+
+def device_arch() -> str:
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def _module(name: str, expressions: tuple[str, ...]):
+    """(CuPy Module, lowered names) for the current device."""
+    device = torch.cuda.current_device()
+    key = (device, name, expressions)
     with _lock:
-        module = _modules.get(key)
-        if module is None:
-            cupy = _cupy()
-            module = cupy.RawModule(code=source(name), options=NVRTC_OPTIONS,
-                                    name_expressions=list(expressions) if expressions else None)
-            _modules[key] = module
-        return module
+        entry = _modules.get(key)
+        if entry is None:
+            cubin, lowered = compile_cubin(name, expressions, device_arch())
+            from cupy.cuda import function as cupy_function  # noqa: PLC0415
+
+            module = cupy_function.Module()
+            module.load(cubin)
+            entry = _modules[key] = (module, lowered)
+        return entry
 
 
 def function(name: str, kernel: str, template: bool = False, dynamic_smem: int = 0):
-    """CuPy's launchable function for `kernel` of source `name` on the current device (compiled once, cached)."""
+    """CuPy's launchable function for `kernel` of source `name` on the current device (compiled once, cached).
+    Templates get a module of their own; the extern "C" kernels of a source share one."""
     device = torch.cuda.current_device()
     key = (device, name, kernel)
-    fn = _functions.get(key)
-    if fn is None or fn[1] < dynamic_smem:
-        module = _module(name, (kernel,) if template else None)
-        raw = module.get_function(kernel)
+    entry = _functions.get(key)
+    if entry is None or entry[1] < dynamic_smem:
+        module, lowered = _module(name, (kernel,) if template else SOURCES[name])
+        fn = entry[0] if entry is not None else module.get_function(lowered[kernel])
         if dynamic_smem > 48 * 1024:
-            raw.max_dynamic_shared_size_bytes = dynamic_smem
-        fn = (raw.kernel, max(dynamic_smem, fn[1] if fn else 0), raw)
-        _functions[key] = fn
-    return fn[0]
+            from cupy_backends.cuda.api import driver  # noqa: PLC0415
+
+            driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
+        entry = _functions[key] = (fn, max(dynamic_smem, entry[1] if entry else 0))
+    return entry[0]
+
+
+def kernel_resources(name: str, kernel: str, template: bool = False) -> dict:
+    """Registers and local (spill) bytes per thread of a kernel on the current device."""
+    from cupy_backends.cuda.api import driver  # noqa: PLC0415
+
+    fn = function(name, kernel, template)
+    return {"regs": driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_NUM_REGS, fn.ptr),
+            "local": driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn.ptr)}
 
 
 def _compile_job(job) -> str:
-    name, expressions = job
-    module = _cupy().RawModule(code=source(name), options=NVRTC_OPTIONS,
-                               name_expressions=list(expressions) if expressions else None)
-    module.get_function(expressions[0] if expressions else SOURCES[name][0])
+    name, expressions, arch = job
+    compile_cubin(name, expressions, arch)
     return name
 
 
-def precompile(workers: int = 8) -> int:
-    """Compile every kernel variant into CuPy's on-disk cache with `workers` processes (a fresh machine compiles
-    each GEMM variant on first use otherwise, about a second each). Returns the number compiled."""
-    import concurrent.futures
-    import multiprocessing
+def precompile(workers: int = 8, arch: str | None = None) -> int:
+    """Compile every kernel variant into the disk cache with `workers` processes (no GPU needed; a fresh
+    machine otherwise compiles each GEMM variant on first use, about a second each). Returns the count."""
+    import concurrent.futures  # noqa: PLC0415
 
-    jobs = [("intmm.cu", (e,)) for e in ALL_GEMM_EXPRESSIONS] + [("quant.cu", None), ("peak.cu", None)]
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+    arch = arch or device_arch()
+    jobs = [("intmm.cu", (e,), arch) for e in ALL_GEMM_EXPRESSIONS]
+    jobs += [(name, SOURCES[name], arch) for name in ("quant.cu", "peak.cu")]
+    with concurrent.futures.ProcessPoolExecutor(workers) as pool:
         return len(list(pool.map(_compile_job, jobs)))
-
-
-def raw_kernel(name: str, kernel: str, template: bool = False):
-    """The RawKernel object (attributes: num_regs, local_size_bytes, ...), for reports."""
-    function(name, kernel, template)
-    return _functions[(torch.cuda.current_device(), name, kernel)][2]
 
 
 try:  # the raw handle of torch's current stream without building a Stream object (what torch's inductor uses)

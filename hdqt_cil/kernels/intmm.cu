@@ -19,7 +19,11 @@
 //      2 tile = 32: every k32 MMA starts from C = 0, its result is clamped and added to the int32 total,
 //      3 tile = 32 * tile_steps: the MMA chain of a tile accumulates in a per-tile register set, clamped at the
 //        tile's end (the last tile may be shorter: K is zero-padded to the 128-byte step, zeros add nothing).
-// COUNT: count the clamped (tile) sums, |sum| > L, into *count.
+//      4 tile = 32, packed: two k32 sums per 32-bit register (PRMT), clamped with per-halfword DPX ops as
+//        min(max(t + L, 0), 2L) = clamp(t) + L in [0, 2L], and accumulated two at a time with one 32-bit add (the
+//        halves never carry: the caller guarantees |t| + L < 2^15 and k32 steps * 2L < 2^16); the bias L per k32
+//        step (padded steps included) comes off at the end. Half the min/max instructions of mode 2.
+// COUNT: count the clamped (tile) sums, |sum| > L, into *count (modes 1-3).
 // OUT: 0 int32 acc, 1 float32(acc), 2 float32(acc) * ((sa * sb) / block_div) with sa per (batch, row) and sb
 //      per (batch, column) through strides (0 for a per-tensor scale).
 
@@ -107,6 +111,13 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
 
     int acc[MI][NI][4];
     int tacc[MI][NI][4];
+    u32 packed[MI][NI][2];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j) packed[i][j][0] = packed[i][j][1] = 0u;
+    const u32 bias2 = ((u32)limit << 16) | (u32)limit;
+    const u32 span2 = bias2 << 1;
 #pragma unroll
     for (int i = 0; i < MI; ++i)
 #pragma unroll
@@ -171,6 +182,21 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
                         mma_s8(t, af[i], bf[j], zero);
                         clamp_add<COUNT>(acc[i][j], t, limit, saturated);
                     }
+            } else if (SAT == 4) {
+#pragma unroll
+                for (int i = 0; i < MI; ++i)
+#pragma unroll
+                    for (int j = 0; j < NI; ++j) {
+                        int t[4];
+                        mma_s8(t, af[i], bf[j], zero);
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            u32 p = __byte_perm((u32)t[2 * h], (u32)t[2 * h + 1], 0x5410);
+                            p = __viaddmax_s16x2(p, bias2, 0u);  // max(t + L, 0) per halfword
+                            p = __vimin_s16x2_relu(p, span2);    // min(., 2L)
+                            packed[i][j][h] += p;
+                        }
+                    }
             } else if (SAT == 3) {
                 const int step = kt * (BK / 32) + ks;
                 const bool first = (step % tile_steps) == 0;
@@ -204,6 +230,18 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
         for (int i = 0; i < MI; ++i)
 #pragma unroll
             for (int j = 0; j < NI; ++j) clamp_add<COUNT>(acc[i][j], tacc[i][j], limit, saturated);
+    }
+    if (SAT == 4) {
+        const int bias = limit * ktiles * (BK / 32);
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NI; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    acc[i][j][2 * h] = (int)(packed[i][j][h] & 0xffffu) - bias;
+                    acc[i][j][2 * h + 1] = (int)(packed[i][j][h] >> 16) - bias;
+                }
     }
     if (SAT == 1) {
 #pragma unroll

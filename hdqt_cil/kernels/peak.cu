@@ -75,3 +75,38 @@ extern "C" __global__ void mma_peak_clamped(const u32* __restrict__ seed, int it
         for (int e = 0; e < 4; ++e) s += acc[c][e];
     out[blockIdx.x * blockDim.x + threadIdx.x] = s;
 }
+
+// The packed clamp of the GEMM's mode 4: two sums per register, clamp + bias with two DPX halfword ops, one add.
+extern "C" __global__ void mma_peak_packed(const u32* __restrict__ seed, int iters, int limit, int* __restrict__ out) {
+    const int lane = threadIdx.x & 31;
+    u32 a[4], b[CHAINS][2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = seed[(lane + i) & 31] & 0x03030303u;
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c) {
+        b[c][0] = seed[(lane + 7 + c) & 31] & 0x03030303u;
+        b[c][1] = seed[(lane + 11 + 3 * c) & 31] & 0x03030303u;
+    }
+    const int zero[4] = {0, 0, 0, 0};
+    const u32 bias2 = ((u32)limit << 16) | (u32)limit, span2 = bias2 << 1;
+    u32 acc[CHAINS][2];
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c) acc[c][0] = acc[c][1] = 0u;
+    for (int it = 0; it < iters; ++it) {
+#pragma unroll
+        for (int c = 0; c < CHAINS; ++c) {
+            int t[4];
+            mma_s8(t, a, b[c], zero);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                u32 p = __byte_perm((u32)t[2 * h], (u32)t[2 * h + 1], 0x5410);
+                p = __viaddmax_s16x2(p, bias2, 0u);
+                acc[c][h] += __vimin_s16x2_relu(p, span2);
+            }
+        }
+    }
+    int s = 0;
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c) s += (int)(acc[c][0] + acc[c][1]);
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}

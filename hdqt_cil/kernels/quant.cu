@@ -318,64 +318,82 @@ __device__ __forceinline__ u32 block_max(u32 m, u32* s_warp) {
     return s_warp[0];
 }
 
-// One CTA per scale group, the group held in registers (ROUNDS steps of blockDim.x * 8 elements): max, scale and
-// levels in a single pass over the input (no second read, no zeroed work buffer). For groups of up to
-// 8 * 1024 * ROUNDS elements; 'auto' signedness only when the group is the whole tensor.
+// One CTA per scale group at a time, the group held in registers (ROUNDS steps of blockDim.x * 8 elements): max,
+// scale and levels in a single pass over the input (no second read, no zeroed work buffer). Persistent CTAs
+// stride over the groups and load the next group while the current one is reduced and quantized. For groups of up
+// to 8 * 1024 * ROUNDS elements; 'auto' signedness only when the group is the whole tensor.
 template <typename T, bool HAD, int ROUNDS>
-__device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int logn, int sign_mode,
+__device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, u32 groups, int logn, int sign_mode,
                                            float signed_max, float unsigned_max, float clip, int rounding, u32 key,
                                            signed char* __restrict__ out, float* __restrict__ scale_out) {
     extern __shared__ float smem[];
     __shared__ u32 s_warp[32];
-    const u32 g = blockIdx.x;
-    const u32 base = g * G, stop = base + G;
     const u32 E = blockDim.x * 8u;
     const bool vec = (G % 8u) == 0 && (reinterpret_cast<u64>(x) % 16u) == 0 &&
                      (reinterpret_cast<u64>(out) % 8u) == 0;
-    float v[ROUNDS][8];
-    u32 m = 0u;
-    bool negative = false;
+    float v[ROUNDS][8], next[ROUNDS][8];
+    u32 g = blockIdx.x;
+    if (g < groups) {
 #pragma unroll
-    for (int r = 0; r < ROUNDS; ++r) {
-        const u32 i0 = base + r * E + 8u * threadIdx.x;
-        Loader<T>::load8(x, i0, stop, vec, v[r]);  // past the group: 0
-        if (HAD) butterfly(v[r], logn, smem);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            m = max(m, abs_bits(v[r][j]));
-            negative |= v[r][j] < 0.0f;
-        }
+        for (int r = 0; r < ROUNDS; ++r)
+            Loader<T>::load8(x, g * G + r * E + 8u * threadIdx.x, g * G + G, vec, v[r]);  // past the group: 0
     }
-    const float peak = __uint_as_float(block_max(m, s_warp));
-    const bool any_negative = __syncthreads_or(negative);
-    const bool is_signed = sign_mode == 0 || (sign_mode == 2 && any_negative);
-    const float high = is_signed ? signed_max : unsigned_max;
-    const float low = is_signed ? -signed_max : 0.0f;
-    float s = __fdiv_rn(__fmul_rn(peak, clip), high);
-    if (s == 0.0f) s = 1.0f;
-    if (threadIdx.x == 0) scale_out[g] = s;
+    for (; g < groups; g += gridDim.x) {
+        const u32 base = g * G, stop = base + G;
+        const u32 following = g + gridDim.x;
+        if (following < groups) {
 #pragma unroll
-    for (int r = 0; r < ROUNDS; ++r) {
-        const u32 i0 = base + r * E + 8u * threadIdx.x;
-        if (i0 >= stop) continue;
-        signed char q[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const float level = round_level(__fdiv_rn(v[r][j], s), rounding, i0 + j, key);
-            q[j] = (signed char)__float2int_rn(fminf(fmaxf(level, low), high));
+            for (int r = 0; r < ROUNDS; ++r)
+                Loader<T>::load8(x, following * G + r * E + 8u * threadIdx.x, following * G + G, vec, next[r]);
         }
-        if (vec && i0 + 8 <= stop) {
-            uint2 p;
-            p.x = (u32)(unsigned char)q[0] | ((u32)(unsigned char)q[1] << 8) | ((u32)(unsigned char)q[2] << 16) |
-                  ((u32)(unsigned char)q[3] << 24);
-            p.y = (u32)(unsigned char)q[4] | ((u32)(unsigned char)q[5] << 8) | ((u32)(unsigned char)q[6] << 16) |
-                  ((u32)(unsigned char)q[7] << 24);
-            *reinterpret_cast<uint2*>(out + i0) = p;
-        } else {
+        u32 m = 0u;
+        bool negative = false;
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
-                if (i0 + j < stop) out[i0 + j] = q[j];
+        for (int r = 0; r < ROUNDS; ++r) {
+            if (HAD) butterfly(v[r], logn, smem);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                m = max(m, abs_bits(v[r][j]));
+                negative |= v[r][j] < 0.0f;
+            }
         }
+        const float peak = __uint_as_float(block_max(m, s_warp));
+        const bool any_negative = __syncthreads_or(negative);
+        const bool is_signed = sign_mode == 0 || (sign_mode == 2 && any_negative);
+        const float high = is_signed ? signed_max : unsigned_max;
+        const float low = is_signed ? -signed_max : 0.0f;
+        float s = __fdiv_rn(__fmul_rn(peak, clip), high);
+        if (s == 0.0f) s = 1.0f;
+        if (threadIdx.x == 0) scale_out[g] = s;
+#pragma unroll
+        for (int r = 0; r < ROUNDS; ++r) {
+            const u32 i0 = base + r * E + 8u * threadIdx.x;
+            if (i0 < stop) {
+                signed char q[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const float level = round_level(__fdiv_rn(v[r][j], s), rounding, i0 + j, key);
+                    q[j] = (signed char)__float2int_rn(fminf(fmaxf(level, low), high));
+                }
+                if (vec && i0 + 8 <= stop) {
+                    uint2 p;
+                    p.x = (u32)(unsigned char)q[0] | ((u32)(unsigned char)q[1] << 8) |
+                          ((u32)(unsigned char)q[2] << 16) | ((u32)(unsigned char)q[3] << 24);
+                    p.y = (u32)(unsigned char)q[4] | ((u32)(unsigned char)q[5] << 8) |
+                          ((u32)(unsigned char)q[6] << 16) | ((u32)(unsigned char)q[7] << 24);
+                    *reinterpret_cast<uint2*>(out + i0) = p;
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 8; ++j)
+                        if (i0 + j < stop) out[i0 + j] = q[j];
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < ROUNDS; ++r)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[r][j] = next[r][j];
+        __syncthreads();  // s_warp is reused by the next group's reduction
     }
 }
 
@@ -410,11 +428,11 @@ HADAMARD(hadamard_f32, float)
 HADAMARD(hadamard_i8, signed char)
 
 #define GROUP(NAME, T, HAD, ROUNDS)                                                                           \
-    extern "C" __global__ void NAME(const T* x, u32 G, int logn, int sign_mode, float signed_max,            \
+    extern "C" __global__ void __launch_bounds__(1024) NAME(const T* x, u32 G, u32 groups, int logn, int sign_mode, float signed_max,  \
                                     float unsigned_max, float clip, int rounding, u32 key, signed char* out,  \
                                     float* scale_out) {                                                      \
-        group_body<T, HAD, ROUNDS>(x, G, logn, sign_mode, signed_max, unsigned_max, clip, rounding, key, out, \
-                                   scale_out);                                                               \
+        group_body<T, HAD, ROUNDS>(x, G, groups, logn, sign_mode, signed_max, unsigned_max, clip, rounding,   \
+                                   key, out, scale_out);                                                     \
     }
 
 GROUP(group_f32_r1, float, false, 1)
