@@ -156,7 +156,7 @@ def gemm_4096(bf16_rate, peak, clamped_peak):
             target=">= 0.5x bf16" if name.startswith("tiled") else None, of_mma_peak=rate / peak,
             of_clamped_peak=rate / clamped_peak)
     reference = kernels.tiled_int_matmul(*sets[0][:1], sets[0][1].t(), 32, 8, bounds=(7, 15))
-    for config in ("128x128", "128x128x2", "128x128w", "256x128"):
+    for config in ("128x128", "128x128x2", "128x128w", "256x128", "256x128s4"):
         for label, tile, acc, count, packed in (("tile 32 packed", 32, 8, False, True),
                                                 ("tile 32 plain", 32, 8, False, False),
                                                 ("tile 32 + count", 32, 8, True, False),

@@ -208,8 +208,9 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
         scale = _empty(groups, torch.float32, device)
         threads, rounds = _group_shape(group, logn)
         smem = threads * 8 * 4 if (1 << logn) > 256 else 0
-        ctas = min(groups, rt.sm_count() * max(1, 1536 // threads))  # persistent: about one wave
-        rt.launch(rt.function("quant.cu", f"group_{suffix}_r{rounds}"), (ctas,), (threads,),
+        fn = rt.function("quant.cu", f"group_{suffix}_r{rounds}")
+        ctas = min(groups, rt.sm_count() * rt.ctas_per_sm(fn, threads, smem))  # persistent: exactly one wave
+        rt.launch(fn, (ctas,), (threads,),
                   (rt.ptr(x), rt.u32(group), rt.u32(groups), rt.i32(logn), rt.i32(sign_mode), rt.f32(spec.signed_max),
                    rt.f32(spec.unsigned_max), rt.f32(spec.clip), rt.i32(rounding), rt.u32(key), rt.ptr(levels),
                    rt.ptr(scale)), smem)
@@ -323,7 +324,7 @@ def _gemm_config(m: int, n: int, k: int, sat: int, count: bool) -> str:
 
 
 # Large problems: (tile-32 saturation, counting) -> config; from the benchmark's comparison (docs/kernel_notes.md).
-GEMM_LARGE = {(False, False): "128x128x2", (False, True): "128x128x2", (True, False): "128x128x2",
+GEMM_LARGE = {(False, False): "128x128x2", (False, True): "128x128x2", (True, False): "256x128",
               (True, True): "128x128"}
 _PACKED_LIMIT = 2**15 - 1  # mode 4 keeps |tile sum| + L and the biased lane sums inside 16 bits
 
@@ -446,7 +447,7 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
             sa = sb = None
             sa_batch = sa_row = sb_batch = sb_col = 0
             block_div = 1.0
-        smem = (bm + bn) * rt.GEMM_BK * rt.GEMM_STAGES
+        smem = (bm + bn) * rt.GEMM_BK * rt.gemm_stages(config)
         fn = rt.function("intmm.cu", rt.gemm_expression(config, sat, count, out_mode), template=True,
                          dynamic_smem=smem)
         grid_n, grid_m = -(-n // bn), -(-m // bm)

@@ -3,9 +3,11 @@
 CuPy is used only to compile, load and launch: every buffer is a torch tensor (its allocator, its stream) and
 reaches a kernel as a raw device address, so no CuPy array or memory pool is involved.
 """
+import ctypes
 import hashlib
 import os
 import pickle
+import struct
 import threading
 from pathlib import Path
 
@@ -22,6 +24,7 @@ PEAK_KERNELS = ("mma_peak_plain", "mma_peak_clamped", "mma_peak_packed")
 # GEMM tile shapes: warps along M, warps along N, m16 blocks per warp, n8 blocks per warp, min CTAs per SM.
 GEMM_CONFIGS = {
     "256x128": (4, 4, 4, 4, 1),
+    "256x128s4": (4, 4, 4, 4, 1, 4),
     "128x128": (2, 4, 4, 4, 1),
     "128x128x2": (2, 4, 4, 4, 2),
     "128x128w": (4, 4, 2, 4, 1),
@@ -31,19 +34,24 @@ GEMM_CONFIGS = {
     "32x128": (1, 4, 2, 4, 1),
     "16x128": (1, 4, 1, 4, 1),
 }
-GEMM_STAGES = 3
+GEMM_STAGES = 3  # cp.async pipeline depth unless a config names its own (6th entry)
 GEMM_BK = 128
 
 
+def gemm_stages(config: str) -> int:
+    entry = GEMM_CONFIGS[config]
+    return entry[5] if len(entry) > 5 else GEMM_STAGES
+
+
 def gemm_expression(config: str, sat: int, count: bool, out: int) -> str:
-    wm, wn, mi, ni, minb = GEMM_CONFIGS[config]
-    return (f"intmm_kernel<{wm}, {wn}, {mi}, {ni}, {GEMM_STAGES}, {minb}, {sat}, {'true' if count else 'false'}, "
-            f"{out}>")
+    wm, wn, mi, ni, minb = GEMM_CONFIGS[config][:5]
+    return (f"intmm_kernel<{wm}, {wn}, {mi}, {ni}, {gemm_stages(config)}, {minb}, {sat}, "
+            f"{'true' if count else 'false'}, {out}>")
 
 
 def gemm_tile(config: str) -> tuple[int, int, int]:
     """(BM, BN, threads) of a GEMM config."""
-    wm, wn, mi, ni, _ = GEMM_CONFIGS[config]
+    wm, wn, mi, ni = GEMM_CONFIGS[config][:4]
     return wm * mi * 16, wn * ni * 8, wm * wn * 32
 
 
@@ -208,8 +216,55 @@ def current_stream() -> _StreamRef:
     return ref
 
 
+_FORMAT = {np.uint64: "Q", np.int64: "q", np.uint32: "I", np.int32: "i", np.float32: "f"}
+_formats: dict = {}
+# cuLaunchKernel's `extra` markers: the parameters as one buffer laid out like the C struct of the signature.
+_PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE, _PARAM_END = 1, 2, 0
+FAST_LAUNCH = os.environ.get("HDQT_KERNEL_LAUNCH", "buffer") == "buffer"
+
+
 def launch(fn, grid, block, args, shared_mem: int = 0) -> None:
-    fn(grid, block, args, shared_mem, current_stream())
+    """Launch on torch's current stream. `args`: NumPy scalars typed as the kernel's parameters (pointers as
+    uint64). Packed into one parameter buffer for cuLaunchKernel (a few µs less host time than CuPy's per-argument
+    conversion); CuPy's launcher is the fallback (HDQT_KERNEL_LAUNCH=cupy forces it)."""
+    global FAST_LAUNCH
+    stream = current_stream()
+    if FAST_LAUNCH:
+        try:
+            types = tuple(type(a) for a in args)
+            fmt = _formats.get(types)
+            if fmt is None:
+                fmt = _formats[types] = "@" + "".join(_FORMAT[t] for t in types)
+            packed = ctypes.create_string_buffer(struct.pack(fmt, *args))
+            size = ctypes.c_size_t(ctypes.sizeof(packed) - 1)  # create_string_buffer adds a NUL byte
+            extra = (ctypes.c_void_p * 5)(_PARAM_BUFFER_POINTER, ctypes.addressof(packed), _PARAM_BUFFER_SIZE,
+                                          ctypes.addressof(size), _PARAM_END)
+            grid3, block3 = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
+            from cupy_backends.cuda.api import driver  # noqa: PLC0415
+
+            driver.launchKernel(fn.ptr, *grid3, *block3, shared_mem, stream.ptr, 0, ctypes.addressof(extra))
+            return
+        except Exception as err:  # noqa: BLE001 (an unexpected driver or type: use CuPy's launcher from now on)
+            import warnings  # noqa: PLC0415
+
+            warnings.warn(f"hdqt_cil.kernels: buffer launch failed ({err}); using CuPy's launcher", stacklevel=2)
+            FAST_LAUNCH = False
+    fn(grid, block, args, shared_mem, stream)
+
+
+_occupancy: dict = {}
+
+
+def ctas_per_sm(fn, threads: int, shared_mem: int = 0) -> int:
+    """Resident CTAs per multiprocessor for a launch shape (CUDA's occupancy calculator), at least 1."""
+    key = (fn.ptr, threads, shared_mem)
+    count = _occupancy.get(key)
+    if count is None:
+        from cupy_backends.cuda.api import driver  # noqa: PLC0415
+
+        count = _occupancy[key] = max(1, driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads,
+                                                                                          shared_mem))
+    return count
 
 
 class _ZeroPool:
