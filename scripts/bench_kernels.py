@@ -398,7 +398,6 @@ def main():
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}x"
         print(f"| {r['group']} | {r['name'].strip()} | {r['seconds'] * 1e3:.4f} | {r['value']:.1f} | {r['unit']} | "
               f"{ratio} | {r['baseline'] or ''} | {r['target'] or ''} |")
-    print(f"\nlaunch path: {'one parameter buffer (cuLaunchKernel)' if rt.FAST_LAUNCH else 'CuPy'}")
     print(f"JSON: {path}")
 
 

@@ -54,3 +54,23 @@ def test_backend_cupy_without_gpu_is_a_clear_error():
     with pytest.raises(ValueError, match="cupy needs CUDA tensors"):
         resolve_ops("cupy", torch.device("cpu"))
     assert resolve_ops("auto", torch.device("cpu")).name == "torch"
+
+
+def test_torch_backend_fused_ops_are_the_compositions():
+    """The torch versions of the fused ops (what a layer calling them gets on the reference backend)."""
+    from hdqt_cil.quant import QuantSpec, block_hadamard, quantize, tiled_int_matmul
+    from hdqt_cil.quant.backend import TORCH_OPS
+    from hdqt_cil.quant.rounding import Counter
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 6, 32, generator=g)
+    spec = QuantSpec(4, "signed", "max", 1.0, "sample", "stochastic")
+    fused = TORCH_OPS.hadamard_quantize(x, spec, Counter(1, 2, 3))
+    plain = quantize(block_hadamard(x, -1), spec, Counter(1, 2, 3))
+    assert all(torch.equal(f, p) for f, p in zip(fused, plain))
+    a = torch.randint(-7, 8, (3, 10, 70), generator=g).float()
+    b = torch.randint(-7, 8, (3, 70, 9), generator=g).float()
+    sa, sb = torch.rand(3, 10, 1, generator=g), torch.rand(3, 1, 9, generator=g)
+    out, count = TORCH_OPS.scaled_int_matmul(a, b, sa, sb, 4, 32, 8, (7, 7), True)
+    acc, ref_count = tiled_int_matmul(a, b, 32, 8, (7, 7), True)
+    assert torch.equal(out, acc.to(torch.float32) * ((sa * sb) / 4)) and torch.equal(count, ref_count)

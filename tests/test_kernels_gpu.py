@@ -409,6 +409,23 @@ def test_training_steps_give_the_same_weights(model_name, scheme):
     assert quant_stats(reference) == quant_stats(fast)
 
 
+def test_fused_ops_match_the_torch_backend():
+    from hdqt_cil.quant.backend import TORCH_OPS
+
+    g = gen(21)
+    x = torch.randn(8, 40, 256, generator=g, device="cuda")
+    spec = QuantSpec(4, "signed", "max", 1.0, "sample", "stochastic")
+    for got, ref in zip(kernels.OPS.hadamard_quantize(x, spec, Counter(1, 2, 3)),
+                        TORCH_OPS.hadamard_quantize(x, spec, Counter(1, 2, 3))):
+        assert_same(got, ref)
+    a, b = int_operands((50, 70, 300), batch=(4,), seed=22)
+    sa, sb = torch.rand(4, 1, 1, device="cuda"), torch.rand(4, 1, 70, device="cuda")
+    got = kernels.OPS.scaled_int_matmul(a, b, sa, sb, 8, 32, 8, (7, 15), True)
+    ref = TORCH_OPS.scaled_int_matmul(a.float(), b.float(), sa, sb, 8, 32, 8, (7, 15), True)
+    assert_same(got[0], ref[0])
+    assert got[1].item() == ref[1].item()
+
+
 def test_backend_cupy_resolves_to_the_kernels():
     from hdqt_cil.quant.backend import resolve_ops
 

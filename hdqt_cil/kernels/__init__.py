@@ -209,7 +209,9 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
         threads, rounds = _group_shape(group, logn)
         smem = threads * 8 * 4 if (1 << logn) > 256 else 0
         fn = rt.function("quant.cu", f"group_{suffix}_r{rounds}")
-        ctas = min(groups, rt.sm_count() * rt.ctas_per_sm(fn, threads, smem))  # persistent: exactly one wave
+        # Large groups: persistent CTAs, one wave, each loading its next group while finishing the current one.
+        # Small CTAs (groups up to 2048): one CTA per group measured faster (docs/kernel_notes.md, v4).
+        ctas = groups if threads <= 256 else min(groups, rt.sm_count() * rt.ctas_per_sm(fn, threads, smem))
         rt.launch(fn, (ctas,), (threads,),
                   (rt.ptr(x), rt.u32(group), rt.u32(groups), rt.i32(logn), rt.i32(sign_mode), rt.f32(spec.signed_max),
                    rt.f32(spec.unsigned_max), rt.f32(spec.clip), rt.i32(rounding), rt.u32(key), rt.ptr(levels),

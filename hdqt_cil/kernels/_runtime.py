@@ -3,11 +3,9 @@
 CuPy is used only to compile, load and launch: every buffer is a torch tensor (its allocator, its stream) and
 reaches a kernel as a raw device address, so no CuPy array or memory pool is involved.
 """
-import ctypes
 import hashlib
 import os
 import pickle
-import struct
 import threading
 from pathlib import Path
 
@@ -216,40 +214,11 @@ def current_stream() -> _StreamRef:
     return ref
 
 
-_FORMAT = {np.uint64: "Q", np.int64: "q", np.uint32: "I", np.int32: "i", np.float32: "f"}
-_formats: dict = {}
-# cuLaunchKernel's `extra` markers: the parameters as one buffer laid out like the C struct of the signature.
-_PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE, _PARAM_END = 1, 2, 0
-FAST_LAUNCH = os.environ.get("HDQT_KERNEL_LAUNCH", "buffer") == "buffer"
-
-
 def launch(fn, grid, block, args, shared_mem: int = 0) -> None:
-    """Launch on torch's current stream. `args`: NumPy scalars typed as the kernel's parameters (pointers as
-    uint64). Packed into one parameter buffer for cuLaunchKernel (a few µs less host time than CuPy's per-argument
-    conversion); CuPy's launcher is the fallback (HDQT_KERNEL_LAUNCH=cupy forces it)."""
-    global FAST_LAUNCH
-    stream = current_stream()
-    if FAST_LAUNCH:
-        try:
-            types = tuple(type(a) for a in args)
-            fmt = _formats.get(types)
-            if fmt is None:
-                fmt = _formats[types] = "@" + "".join(_FORMAT[t] for t in types)
-            packed = ctypes.create_string_buffer(struct.pack(fmt, *args))
-            size = ctypes.c_size_t(ctypes.sizeof(packed) - 1)  # create_string_buffer adds a NUL byte
-            extra = (ctypes.c_void_p * 5)(_PARAM_BUFFER_POINTER, ctypes.addressof(packed), _PARAM_BUFFER_SIZE,
-                                          ctypes.addressof(size), _PARAM_END)
-            grid3, block3 = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
-            from cupy_backends.cuda.api import driver  # noqa: PLC0415
-
-            driver.launchKernel(fn.ptr, *grid3, *block3, shared_mem, stream.ptr, 0, ctypes.addressof(extra))
-            return
-        except Exception as err:  # noqa: BLE001 (an unexpected driver or type: use CuPy's launcher from now on)
-            import warnings  # noqa: PLC0415
-
-            warnings.warn(f"hdqt_cil.kernels: buffer launch failed ({err}); using CuPy's launcher", stacklevel=2)
-            FAST_LAUNCH = False
-    fn(grid, block, args, shared_mem, stream)
+    """Launch on torch's current stream; `args` are NumPy scalars typed as the kernel's parameters (pointers as
+    uint64). (A single packed parameter buffer through cuLaunchKernel was tried in v4: no faster, see
+    docs/kernel_notes.md.)"""
+    fn(grid, block, args, shared_mem, current_stream())
 
 
 _occupancy: dict = {}

@@ -1,7 +1,9 @@
 """Which implementation runs the numeric primitives: the torch reference of this package or the CuPy kernels.
 
 `hdqt_cil.kernels` (optional) provides `available() -> bool` and `OPS`, a namespace with `block_hadamard`,
-`quantize` and `tiled_int_matmul` of the same signatures and bit-identical results (docs/numerics.md, "Backends").
+`quantize` and `tiled_int_matmul` of the same signatures and bit-identical results (docs/numerics.md, "Backends"),
+and the fused `hadamard_quantize` and `scaled_int_matmul`, whose torch versions below are compositions of the
+reference functions (same results, unfused).
 """
 import importlib
 from functools import lru_cache
@@ -13,8 +15,24 @@ from .hadamard import block_hadamard
 from .intmm import tiled_int_matmul
 from .quantizers import quantize
 
+
+def hadamard_quantize(x, spec, counter=None, block=None, dim=-1):
+    """quantize(block_hadamard(x, dim, block), spec, counter): one call, so that a backend can fuse the two."""
+    return quantize(block_hadamard(x, dim, block), spec, counter)
+
+
+def scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None, count_saturated=False):
+    """float32(tiled_int_matmul(a, b)) * ((scale_a * scale_b) / block): the layers' product with its epilogue in
+    one call (docs/numerics.md "Epilogue"), so that a backend can fuse the scaling into the GEMM."""
+    result = tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated)
+    acc, saturated = result if count_saturated else (result, None)
+    out = acc.to(torch.float32) * ((scale_a * scale_b) / block)
+    return (out, saturated) if count_saturated else out
+
+
 TORCH_OPS = SimpleNamespace(name="torch", block_hadamard=block_hadamard, quantize=quantize,
-                            tiled_int_matmul=tiled_int_matmul)
+                            tiled_int_matmul=tiled_int_matmul, hadamard_quantize=hadamard_quantize,
+                            scaled_int_matmul=scaled_int_matmul)
 
 
 @lru_cache(maxsize=1)
