@@ -14,8 +14,9 @@ from omegaconf import OmegaConf
 
 from .cl.batch_augment import BatchAugment
 from .cl.checkpoint import ExperienceCheckpoints
-from .cl.divergence import Diverged, DivergenceGuard
+from .cl.divergence import Diverged, TrainingMonitor
 from .cl.optim import PerExperienceSGD
+from .cl.quantization import QuantizationPlugin
 from .cl.recorder import PredictionRecorder
 from .cl.strategies import build_strategy
 from .config import validate, validate_against_benchmark
@@ -80,7 +81,7 @@ def _evaluator(cfg, run_dir: Path) -> EvaluationPlugin:
     return EvaluationPlugin(*metrics, loggers=loggers)
 
 
-def _summary(cfg, bench, history, status, elapsed, device, error=None) -> dict:
+def _summary(cfg, bench, history, status, elapsed, device, train_loss, error=None) -> dict:
     return {
         "status": status,
         "error": error,
@@ -93,6 +94,7 @@ def _summary(cfg, bench, history, status, elapsed, device, error=None) -> dict:
         "seen_acc": history.seen_acc,
         "acc_matrix": history.acc_matrix,
         "class_acc": history.class_acc,
+        "train_loss": train_loss,
         "class_order": bench.class_order,
         "class_names": [bench.class_names[c] for c in bench.class_order],
         "wall_time_s": elapsed,
@@ -142,6 +144,8 @@ def run(cfg, run_dir, job_num: int = 0) -> dict:
     else:
         checkpoints.clear()
     recorder = next(p for p in strategy.plugins if isinstance(p, PredictionRecorder))
+    quantization = next(p for p in strategy.plugins if isinstance(p, QuantizationPlugin))
+    monitor = next(p for p in strategy.plugins if isinstance(p, TrainingMonitor))
 
     started = time.time()
     scenario = bench.scenario
@@ -151,7 +155,9 @@ def run(cfg, run_dir, job_num: int = 0) -> dict:
 
     def write(status, error=None):
         elapsed = elapsed_before + time.time() - started
-        _write_results(run_dir, _summary(cfg, bench, history, status, elapsed, device, error))
+        _write_results(run_dir, _summary(cfg, bench, history, status, elapsed, device, monitor.losses, error))
+        if quantization.epochs:
+            write_json(run_dir / "quant_stats.json", quantization.epochs)
 
     try:
         for k in steps[first:]:
@@ -178,8 +184,11 @@ def run(cfg, run_dir, job_num: int = 0) -> dict:
 
 def _build_strategy(cfg, bench, model, device, run_dir):
     t = cfg.trainer
+    quantization = QuantizationPlugin(cfg.quant)
+    quantization.apply(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
-    plugins = [PredictionRecorder(), DivergenceGuard(), PerExperienceSGD(t.lr, list(t.milestones), t.gamma)]
+    plugins = [PredictionRecorder(), TrainingMonitor(), PerExperienceSGD(t.lr, list(t.milestones), t.gamma),
+               quantization]
     if cfg.benchmark.get("augment") and cfg.benchmark.augment_on == "gpu":
         plugins.append(BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)))
     common = dict(optimizer=optimizer, criterion=torch.nn.CrossEntropyLoss(), train_mb_size=t.batch_size,

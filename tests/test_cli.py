@@ -9,6 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_cli(*args, tmp_path):
     flags = [a for a in args if a.startswith("-")]
     overrides = [a for a in args if not a.startswith("-")]
+    overrides += [] if any(a.startswith("quant=") for a in overrides) else ["quant=fp32"]
     return subprocess.run([sys.executable, "run.py", *flags, f"results_root={tmp_path}", *overrides], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
 

@@ -18,13 +18,14 @@ def _cmd(results_root, *overrides):
             *overrides]
 
 
-def _summary(results_root, strategy):
-    return json.loads((results_root / f"digits-mlp/{strategy}/fp32/seed0/summary.json").read_text())
+def _summary(results_root, strategy, quant="fp32"):
+    return json.loads((results_root / f"digits-mlp/{strategy}/{quant}/seed0/summary.json").read_text())
 
 
-@pytest.mark.parametrize("strategy", ["icarl", "bic"])
-def test_sigkill_mid_experience_then_resume_matches_uninterrupted(tmp_path, strategy):
-    overrides = [f"strategy={strategy}", "trainer.epochs=30", "trainer.milestones=[20]",
+@pytest.mark.parametrize("strategy,quant", [("icarl", "fp32"), ("bic", "hdqt")])
+def test_sigkill_mid_experience_then_resume_matches_uninterrupted(tmp_path, strategy, quant):
+    """HDQT's stochastic rounding draws from per-layer step counters: they must resume exactly too."""
+    overrides = [f"strategy={strategy}", f"quant={quant}", "trainer.epochs=30", "trainer.milestones=[20]",
                  *(["strategy.stage_2_epochs=5"] if strategy == "bic" else [])]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     reference = subprocess.run(_cmd(tmp_path / "ref", *overrides), cwd=ROOT, env=env, capture_output=True,
@@ -32,7 +33,7 @@ def test_sigkill_mid_experience_then_resume_matches_uninterrupted(tmp_path, stra
     assert reference.returncode == 0, reference.stderr
 
     killed = tmp_path / "killed"
-    latest = killed / f"digits-mlp/{strategy}/fp32/seed0/checkpoints/latest"
+    latest = killed / f"digits-mlp/{strategy}/{quant}/seed0/checkpoints/latest"
     proc = subprocess.Popen(_cmd(killed, *overrides), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
@@ -42,20 +43,20 @@ def test_sigkill_mid_experience_then_resume_matches_uninterrupted(tmp_path, stra
     time.sleep(0.3)  # well inside experience 2 (0-based): each experience trains 30 epochs
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert _summary(killed, strategy)["status"] == "running"
+    assert _summary(killed, strategy, quant)["status"] == "running"
 
     resumed = subprocess.run(_cmd(killed, *overrides), cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stderr + resumed.stdout
-    got, want = _summary(killed, strategy), _summary(tmp_path / "ref", strategy)
+    got, want = _summary(killed, strategy, quant), _summary(tmp_path / "ref", strategy, quant)
     assert got["status"] == "complete"
     np.testing.assert_array_equal(np.array(got["acc_matrix"], float), np.array(want["acc_matrix"], float))
     np.testing.assert_array_equal(np.array(got["class_acc"], float), np.array(want["class_acc"], float))
 
 
 def test_divergence_is_recorded_and_optionally_lets_a_sweep_go_on(tmp_path):
-    bad = ["strategy=naive", "trainer.epochs=2", "trainer.lr=1e30"]
+    bad = ["strategy=naive", "quant=fp32", "trainer.epochs=2", "trainer.lr=1e30"]
     stopped = subprocess.run(_cmd(tmp_path / "a", *bad), cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert stopped.returncode != 0
     summary = _summary(tmp_path / "a", "naive")

@@ -9,9 +9,10 @@ from hdqt_cil.experiment import run
 STRATEGIES = ["naive", "lwf", "icarl", "bic", "joint"]
 
 
+@pytest.mark.parametrize("quant", ["fp32", "hdqt"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_strategy_runs_one_epoch_on_digits(make_cfg, tmp_path, strategy):
-    cfg = make_cfg(f"strategy={strategy}", "trainer.epochs=1", "trainer.device=cpu",
+def test_strategy_runs_one_epoch_on_digits(make_cfg, tmp_path, strategy, quant):
+    cfg = make_cfg(f"strategy={strategy}", f"quant={quant}", "trainer.epochs=1", "trainer.device=cpu",
                    *(["strategy.stage_2_epochs=2"] if strategy == "bic" else []))
     summary = run(cfg, tmp_path / "run")
     steps = 1 if strategy == "joint" else 5
@@ -49,3 +50,13 @@ def test_seed_reproduces_and_changes_class_order(make_cfg, tmp_path):
     c = run(make_cfg("strategy=naive", "trainer.epochs=1", "seed=2"), tmp_path / "c")
     assert a["acc_matrix"] == b["acc_matrix"] and a["class_order"] == b["class_order"]
     assert a["class_order"] != c["class_order"]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_hdqt_training_loss_decreases(make_cfg, tmp_path, strategy):
+    cfg = make_cfg(f"strategy={strategy}", "quant=hdqt", "trainer.epochs=4", "benchmark.n_experiences=1",
+                   *(["strategy.stage_2_epochs=2"] if strategy == "bic" else []))
+    summary = run(cfg, tmp_path / "run")
+    losses = summary["train_loss"][0]
+    assert len(losses) == 4 and losses[-1] < 0.8 * losses[0], losses
+    assert (tmp_path / "run" / "quant_stats.json").exists()

@@ -1,4 +1,5 @@
-"""Stops training when the loss or the weights stop being finite, naming where it was first seen."""
+"""Watches training once per epoch: records the mean loss, and stops when the loss or the weights stop being
+finite, naming where it was first seen."""
 import torch
 from avalanche.core import SupervisedPlugin
 
@@ -11,22 +12,27 @@ class Diverged(RuntimeError):
         self.details = {"experience": experience, "epoch": epoch, "where": where}
 
 
-class DivergenceGuard(SupervisedPlugin):
-    """Checks once per epoch (a per-iteration check would synchronise the GPU every step).
-
-    The loss flag is accumulated on the device every iteration; at the epoch's end a non-finite loss or the
-    first parameter holding NaN/Inf (by its qualified name, i.e. the layer) raises `Diverged`.
-    """
+class TrainingMonitor(SupervisedPlugin):
+    """Per-iteration work stays on the device (a check per step would synchronise the GPU every step); at an
+    epoch's end one transfer gives the mean loss, and a non-finite loss or the first parameter holding
+    NaN/Inf (by its qualified name, i.e. the layer) raises `Diverged`. `losses[k]` lists experience k's
+    per-epoch mean training losses."""
 
     def __init__(self):
         super().__init__()
-        self._bad_loss = None
+        self.losses: list[list[float]] = []
+        self._sum = self._count = None
+
+    def before_training_exp(self, strategy, **kwargs):
+        self.losses.append([])
 
     def before_training_epoch(self, strategy, **kwargs):
-        self._bad_loss = torch.zeros((), dtype=torch.bool, device=strategy.device)
+        self._sum = torch.zeros((), dtype=torch.float64, device=strategy.device)
+        self._count = 0
 
     def after_training_iteration(self, strategy, **kwargs):
-        self._bad_loss |= ~torch.isfinite(strategy.loss.detach()).all()
+        self._sum += strategy.loss.detach().sum()
+        self._count += 1
 
     def after_training_epoch(self, strategy, **kwargs):
         experience = strategy.clock.train_exp_counter
@@ -34,5 +40,7 @@ class DivergenceGuard(SupervisedPlugin):
         for name, param in strategy.model.named_parameters():
             if not torch.isfinite(param).all():
                 raise Diverged(experience, epoch, f"weights in {name}")
-        if self._bad_loss.item():
+        mean = self._sum.item() / max(self._count, 1)
+        if not torch.isfinite(torch.tensor(mean)):
             raise Diverged(experience, epoch, "loss")
+        self.losses[-1].append(mean)
