@@ -54,3 +54,11 @@ def test_submitit_local_launcher_runs_the_sweep(tmp_path):
     out = run_cli("-m", "hydra/launcher=submitit_local", "strategy=naive,lwf", "trainer.epochs=1", tmp_path=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "2 of 2 jobs completed" in (tmp_path / "sweep_summary.md").read_text()
+
+
+def test_ablation_preset_sweeps_into_tagged_folders(tmp_path):
+    out = run_cli("-m", "+experiment=ablation_acc_bits", "quant=hdqt", "quant.acc_bits=8,16", "strategy=naive",
+                  "trainer.epochs=1", tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    runs = sorted(str(p.parent.relative_to(tmp_path)) for p in tmp_path.rglob("summary.json"))
+    assert runs == ["digits-mlp/naive/hdqt-acc16/seed0", "digits-mlp/naive/hdqt-acc8/seed0"]

@@ -1,10 +1,12 @@
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
 from hdqt_cil.config import run_path, validate, validate_against_benchmark
+from hdqt_cil.quant import scheme_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,10 +23,32 @@ def test_every_group_member_composes(make_cfg, group, member):
     validate(cfg)
 
 
-@pytest.mark.parametrize("preset", sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml")))
+PRESETS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))
+ABLATIONS = [p for p in PRESETS if p.startswith("ablation_")]
+
+
+@pytest.mark.parametrize("preset", [p for p in PRESETS if p not in ABLATIONS])
 def test_experiment_presets_compose(make_cfg, preset):
     cfg = make_cfg(f"+experiment={preset}")
     validate(cfg)
+
+
+@pytest.mark.parametrize("preset", ABLATIONS)
+def test_ablation_presets_sweep_valid_schemes_into_separate_folders(make_cfg, preset):
+    """Every value an ablation sweeps makes a valid HDQT scheme, and every sweep point gets its own run folder."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        params = compose("config", overrides=[f"+experiment={preset}"], return_hydra_config=True).hydra.sweeper.params
+    assert params, f"{preset} sweeps nothing"
+    points = [[]]
+    for key, values in params.items():
+        points = [point + [f"{key}={value}"] for point in points for value in values.split(",")]
+    tags = set()
+    for point in points:
+        cfg = make_cfg("quant=hdqt", f"+experiment=[har_paper,{preset}]", *point)
+        validate(cfg)
+        scheme_from_config(cfg.quant)
+        tags.add(cfg.tag)
+    assert len(tags) == len(points)
 
 
 def test_unknown_member_lists_choices(make_cfg):
