@@ -2,6 +2,9 @@ import math
 
 import pytest
 
+from omegaconf import OmegaConf
+
+from hdqt_cil.quant.schemes import PRESET_CONFIGS
 from hdqt_cil.results.io import write_json
 from hdqt_cil.results.tables import aggregate, collect_runs, display_table, make_tables
 
@@ -53,3 +56,28 @@ def test_make_tables_writes_every_format(tmp_path):
 def test_no_runs_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no run folders"):
         collect_runs(tmp_path)
+
+
+def _run_with_config(root, name, summary, **quant):
+    write_json(root / name / "summary.json", summary)
+    config = {"quant": {**PRESET_CONFIGS[summary["run"]["quant"]], **quant}}
+    (root / name / "config.yaml").write_text(OmegaConf.to_yaml(config))
+
+
+def test_main_table_puts_schemes_side_by_side_and_ablation_rows_by_setting(tmp_path):
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        _run_with_config(runs, f"fp{seed}", _summary("bic", "fp32", seed, 90.0 + seed))
+        _run_with_config(runs, f"hdqt{seed}", _summary("bic", "hdqt", seed, 88.0 + seed))
+        _run_with_config(runs, f"acc8_{seed}", _summary("bic", "hdqt", seed, 88.0 + seed, tag="acc8"), acc_bits=8)
+        _run_with_config(runs, f"acc4_{seed}", _summary("bic", "hdqt", seed, 2.0 + seed, tag="acc4"), acc_bits=4)
+        _run_with_config(runs, f"acc12_{seed}", _summary("bic", "hdqt", seed, 89.0, tag="acc12"), acc_bits=12)
+    make_tables([runs], tmp_path / "out")
+    main = (tmp_path / "out" / "main.md").read_text().splitlines()
+    assert main[0].startswith("| benchmark | strategy | fp32 avg acc | fp32 last acc | fp32 forgetting | hdqt avg acc")
+    assert main[2].startswith("| hapt | bic | 100.5 ± 0.7 | 90.5 ± 0.7 | 5.0 ± 0.0 | 98.5 ± 0.7 | 88.5 ± 0.7 |")
+    ablation = (tmp_path / "out" / "ablation.md").read_text()
+    assert "| hapt | bic | hdqt | acc_bits=4 | 12.5 ± 0.7 | 2.5 ± 0.7 |" in ablation
+    assert "| hapt | bic | hdqt | default | 98.5 ± 0.7 | 88.5 ± 0.7 |" in ablation   # the tagged acc8 copy counts once
+    assert "| 2 |" in ablation.splitlines()[-1] and "fp32" not in ablation
+    assert (tmp_path / "out" / "ablation.png").stat().st_size > 1000

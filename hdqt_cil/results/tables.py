@@ -1,5 +1,9 @@
-"""Tables and plots from run folders (never from logs): rows strategy × quant, mean ± std over seeds.
+"""Tables and plots from run folders (never from logs): mean ± std over seeds.
 
+- table.*: one row per benchmark × model × strategy × quant[tag];
+- main.md: the paper's layout, one row per benchmark × strategy with the schemes side by side (untagged runs);
+- ablation.md / ablation.png: runs whose quant settings differ from their preset, one row per setting, and
+  accuracy against each numeric setting.
 A run counts in a mean only when its summary says `complete`. Diverged runs are shown as such; runs that
 stopped early (fewer experiences than configured) are counted in a separate column, never averaged in.
 """
@@ -8,11 +12,34 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from omegaconf import OmegaConf
 
+from ..quant.schemes import PRESET_CONFIGS
 from .io import read_json, write_atomic
 
 KEYS = ["benchmark", "model", "strategy", "quant"]
 METRICS = {"avg_acc": "avg acc", "last_acc": "last acc", "forgetting": "forgetting", "wall_time_s": "wall s"}
+SCHEME_ORDER = ["fp32", "hdqt", "hot", "int4", "luq"]
+# Settings that do not change a scheme's numerics, left out when a run's settings are compared with its preset.
+_NEUTRAL_SETTINGS = ("name", "seed", "backend")
+
+
+def _flat(d: dict, prefix="") -> dict:
+    out = {}
+    for key, value in d.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def quant_setting(run_dir: Path) -> str:
+    """'key=value, ...' for the quant settings of a run that differ from its preset ('' when none do)."""
+    config = run_dir / "config.yaml"
+    if not config.exists():
+        return ""
+    quant = OmegaConf.to_container(OmegaConf.load(config).quant, resolve=False)
+    preset = _flat(PRESET_CONFIGS.get(quant["name"], {}))
+    return ", ".join(f"{k}={v}" for k, v in sorted(_flat(quant).items())
+                     if k not in _NEUTRAL_SETTINGS and k in preset and preset[k] != v)
 
 
 def collect_runs(*roots) -> pd.DataFrame:
@@ -23,10 +50,12 @@ def collect_runs(*roots) -> pd.DataFrame:
             summary = read_json(path)
             rows.append({**summary["run"], **summary["metrics"], "status": summary["status"],
                          "seen_acc": summary["seen_acc"], "classes_per_exp": summary["classes_per_exp"],
-                         "wall_time_s": summary.get("wall_time_s", math.nan), "path": str(path.parent)})
+                         "wall_time_s": summary.get("wall_time_s", math.nan), "path": str(path.parent),
+                         "setting": quant_setting(path.parent)})
     if not rows:
         raise FileNotFoundError(f"no run folders (summary.json) under {', '.join(map(str, roots))}")
     df = pd.DataFrame(rows)
+    df["scheme"] = df["quant"]
     df["quant"] = df["quant"] + df["tag"].fillna("").map(lambda t: f"[{t}]" if t else "")
     return df
 
@@ -40,12 +69,12 @@ def _cell(values, status) -> str:
     return text + (f" ({diverged} diverged)" if diverged else "")
 
 
-def aggregate(df: pd.DataFrame) -> pd.DataFrame:
-    """Numeric table: per KEYS, mean and std of each metric over complete runs, and run counts."""
+def aggregate(df: pd.DataFrame, keys=KEYS) -> pd.DataFrame:
+    """Numeric table: per keys, mean and std of each metric over complete runs, and run counts."""
     rows = []
-    for key, group in df.groupby(KEYS, sort=True):
+    for key, group in df.groupby(list(keys), sort=True):
         complete = group[group.status == "complete"]
-        row = dict(zip(KEYS, key))
+        row = dict(zip(keys, key))
         for m in METRICS:
             row[f"{m}_mean"] = complete[m].mean()
             row[f"{m}_std"] = complete[m].std(ddof=1) if len(complete) > 1 else 0.0
@@ -57,15 +86,77 @@ def aggregate(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def display_table(agg: pd.DataFrame) -> pd.DataFrame:
+def display_table(agg: pd.DataFrame, keys=KEYS) -> pd.DataFrame:
     """The human table: text cells 'mean ± std'."""
-    table = agg[KEYS].copy()
+    table = agg[list(keys)].copy()
     for m, title in METRICS.items():
         table[title] = agg[f"{m}_text"]
     table["seeds"] = agg["seeds"]
     if agg["incomplete"].any():
         table["incomplete"] = agg["incomplete"]
     return table
+
+
+def main_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The paper's layout: benchmark × strategy rows; avg / last accuracy and forgetting of each scheme side by
+    side, FP32 first. Only runs at their preset's settings (no tag) enter."""
+    agg = aggregate(df[df.tag.fillna("") == ""], keys=["benchmark", "strategy", "scheme"])
+    schemes = sorted(agg.scheme.unique(), key=lambda q: (SCHEME_ORDER + [q]).index(q))
+    table = agg[["benchmark", "strategy"]].drop_duplicates().reset_index(drop=True)
+    for scheme in schemes:
+        cells = agg[agg.scheme == scheme].set_index(["benchmark", "strategy"])
+        for m in ("avg_acc", "last_acc", "forgetting"):
+            table[f"{scheme} {METRICS[m]}"] = [cells[f"{m}_text"].get(k, "–")
+                                               for k in zip(table.benchmark, table.strategy)]
+    return table
+
+
+ABLATION_KEYS = ["benchmark", "strategy", "scheme", "setting"]
+
+
+def ablation_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """Runs of every (benchmark, strategy, scheme) that has runs off its preset, with that preset's own runs as
+    the 'default' row; a seed run twice at the same settings (a tagged copy of the default) counts once."""
+    ablated = df[df.setting != ""][["benchmark", "strategy", "scheme"]].drop_duplicates()
+    runs = df.merge(ablated, on=["benchmark", "strategy", "scheme"])
+    runs = runs.assign(setting=runs.setting.replace("", "default"))
+    return runs.sort_values("tag").drop_duplicates([*ABLATION_KEYS, "seed"])
+
+
+def _setting_value(setting: str, key: str, scheme: str):
+    """The numeric value of `key` in a run's setting, or the preset's value for the 'default' row."""
+    if setting == "default":
+        return _flat(PRESET_CONFIGS[scheme]).get(key)
+    name, _, value = setting.partition("=")
+    return float(value) if name == key and "," not in value and value.lstrip("-").isdigit() else None
+
+
+def plot_ablation(agg: pd.DataFrame, path) -> None:
+    """Average accuracy against each numeric setting (bits, acc_bits, tile), one line per benchmark × strategy."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted({s.partition("=")[0] for s in agg.setting if s != "default" and "," not in s})
+    panels = []
+    for key in keys:
+        x = [_setting_value(setting, key, scheme) for setting, scheme in zip(agg.setting, agg.scheme)]
+        points = agg.assign(x=x).dropna(subset=["x"])
+        if points.x.nunique() > 1:
+            panels.append((key, points.sort_values("x")))
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (key, points) in zip(axes[0], panels):
+        for (bench, strategy, scheme), line in points.groupby(["benchmark", "strategy", "scheme"]):
+            ax.errorbar(line.x, line.avg_acc_mean, yerr=line.avg_acc_std, marker="o", capsize=2,
+                        label=f"{bench} / {strategy} / {scheme}")
+        ax.set(xlabel=key, ylabel="avg accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def to_markdown(table: pd.DataFrame) -> str:
@@ -100,7 +191,8 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
 
 
 def make_tables(roots, out_dir, plot: bool = True) -> pd.DataFrame:
-    """Write table.md, table.csv, table.tex (and accuracy.png) into `out_dir`; return the display table."""
+    """Write table.md/.csv/.tex, main.md, ablation.md (when there are ablation runs) and the plots into `out_dir`;
+    return the display table."""
     df = collect_runs(*roots)
     agg = aggregate(df)
     table = display_table(agg)
@@ -108,6 +200,13 @@ def make_tables(roots, out_dir, plot: bool = True) -> pd.DataFrame:
     write_atomic(out / "table.md", to_markdown(table))
     write_atomic(out / "table.csv", agg.drop(columns=[c for c in agg if c.endswith("_text")]).to_csv(index=False))
     write_atomic(out / "table.tex", table.to_latex(index=False, escape=True))
+    write_atomic(out / "main.md", to_markdown(main_table(df)))
+    ablation = ablation_runs(df)
+    if len(ablation):
+        ablation_agg = aggregate(ablation, keys=ABLATION_KEYS)
+        write_atomic(out / "ablation.md", to_markdown(display_table(ablation_agg, keys=ABLATION_KEYS)))
+        if plot:
+            plot_ablation(ablation_agg, out / "ablation.png")
     if plot:
         plot_accuracy_curves(df, out / "accuracy.png")
     return table
