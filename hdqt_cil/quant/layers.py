@@ -81,7 +81,7 @@ class _QuantLayer:
             self.register_buffer("quant_counts", counts, persistent=False)
 
     def forward(self, x):
-        if not self.scheme.quantizes:
+        if not self.scheme.quantizes or x.numel() == 0:  # an empty batch has nothing to quantize
             return super().forward(x)
         training = self.training and torch.is_grad_enabled()
         step = self.step

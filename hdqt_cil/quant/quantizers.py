@@ -103,6 +103,8 @@ def _level_range(signed: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, t
 
 def _scale(t: torch.Tensor, spec: QuantSpec, signed: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
     dims = reduction_dims(t, spec.granularity)
+    if t.numel() == 0:  # an empty batch: nothing to scale, no reduction over an empty dimension
+        return t.new_ones([1 if d in dims else size for d, size in enumerate(t.shape)])
     peak = t.abs().amax(dim=dims, keepdim=True) if dims else t.abs()
     if spec.scale == "max":
         clip_value = peak * torch.tensor(spec.clip, dtype=torch.float32)
