@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_PINS)
-	$(PY) -m pip install -q -e ".[test,launchers,gpu]"
+	$(PY) -m pip install -q -e ".[test,launchers,gpu,parquet]"
 	touch $@
 
 env: $(VENV)/.installed

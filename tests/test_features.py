@@ -1,5 +1,4 @@
 """The feature-table loader: formats, refusals of bad input, filtering, splits and [-1, 1] scaling."""
-import importlib.util
 
 import numpy as np
 import pandas as pd
@@ -17,12 +16,14 @@ def _frame(n_subjects=10, per_class=4, classes=(1, 2, 3), seed=0):
                          "label": label, "subject": subject})
 
 
-def test_csv_and_npz_load_alike(tmp_path):
+def test_csv_parquet_and_npz_load_alike(tmp_path):
     frame = _frame()
     frame.to_csv(tmp_path / "t.csv", index=False)
+    frame.to_parquet(tmp_path / "t.parquet", index=False)
     np.savez(tmp_path / "t.npz", X=frame[["acc_mean", "gyro_std"]].to_numpy(), y=frame.label.to_numpy(),
              subject=frame.subject.to_numpy(), feature_names=np.array(["acc_mean", "gyro_std"]))
-    csv, npz = (features.load_feature_table(tmp_path / name) for name in ("t.csv", "t.npz"))
+    csv, parquet, npz = (features.load_feature_table(tmp_path / name) for name in ("t.csv", "t.parquet", "t.npz"))
+    np.testing.assert_array_equal(csv.X, parquet.X)
     for table in (csv, npz):
         assert table.X.dtype == np.float32 and table.X.shape == (120, 2)
         assert table.y.dtype == np.int64 and table.subject.dtype == np.int64
@@ -71,9 +72,10 @@ def test_bad_npz_and_missing_file_are_refused(tmp_path):
         features.load_feature_table(tmp_path / "d.xlsx")
 
 
-def test_parquet_without_engine_says_what_to_install(tmp_path):
-    if importlib.util.find_spec("pyarrow") or importlib.util.find_spec("fastparquet"):
-        pytest.skip("a Parquet engine is installed; nothing to refuse")
+def test_parquet_without_engine_says_what_to_install(tmp_path, monkeypatch):
+    def no_engine(path):
+        raise ImportError("Unable to find a usable engine")
+    monkeypatch.setattr(pd, "read_parquet", no_engine)
     (tmp_path / "t.parquet").write_bytes(b"PAR1")
     with pytest.raises(ImportError, match="pip install pyarrow"):
         features.load_feature_table(tmp_path / "t.parquet")
