@@ -1,4 +1,6 @@
 """Config helpers shared by run.py and the tests: resolvers and the checks Hydra's schema cannot express."""
+import re
+
 from omegaconf import OmegaConf
 
 
@@ -21,34 +23,95 @@ def register_resolvers() -> None:
             OmegaConf.register_new_resolver(name, fn)
 
 
-def _positive_int(value, name):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _one_of(*choices):
+    return (lambda v: v in choices), "one of " + ", ".join(map(str, choices))
+
+
+POSITIVE_INT = (lambda v: _is_int(v) and v > 0), "a positive integer"
+NON_NEGATIVE_INT = (lambda v: _is_int(v) and v >= 0), "a non-negative integer"
+OPTIONAL_POSITIVE_INT = (lambda v: v is None or POSITIVE_INT[0](v)), "a positive integer or null"
+POSITIVE = (lambda v: _is_number(v) and v > 0), "a positive number"
+NON_NEGATIVE = (lambda v: _is_number(v) and v >= 0), "a non-negative number"
+FRACTION = (lambda v: _is_number(v) and 0 < v < 1), "a number strictly between 0 and 1"
+BOOL = (lambda v: isinstance(v, bool)), "true or false"
+
+# The schema: (key, strategy member it applies to or None for all, check, what is allowed). Every value a user
+# may override is checked here by type and range, before any data is loaded; Hydra itself refuses unknown keys
+# and group members, and the quant group checks its own keys (quant/schemes.py).
+RULES = [
+    ("seed", None, *NON_NEGATIVE_INT),
+    ("tag", None, lambda v: isinstance(v, str) and "/" not in v, "a string without '/'"),
+    ("overwrite", None, *BOOL),
+    ("resume", None, *BOOL),
+    ("on_divergence", None, *_one_of("stop", "continue")),
+    ("logging.progress", None, *_one_of("auto", "on", "off")),
+    ("logging.csv", None, *BOOL),
+    ("logging.tensorboard", None, *BOOL),
+    ("trainer.epochs", None, *POSITIVE_INT),
+    ("trainer.batch_size", None, *POSITIVE_INT),
+    ("trainer.eval_batch_size", None, *POSITIVE_INT),
+    ("trainer.lr", None, *POSITIVE),
+    ("trainer.momentum", None, lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
+    ("trainer.weight_decay", None, *NON_NEGATIVE),
+    ("trainer.milestones", None,
+     lambda v: isinstance(v, list) and all(_is_int(m) and m > 0 for m in v) and v == sorted(set(v)),
+     "a list of increasing positive epoch numbers, e.g. [60,100,140] (or [])"),
+    ("trainer.gamma", None, lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    ("trainer.device", None, lambda v: isinstance(v, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None,
+     "auto, cpu, cuda or cuda:N"),
+    ("trainer.num_workers", None, *NON_NEGATIVE_INT),
+    ("trainer.memory_size", None, *NON_NEGATIVE_INT),
+    ("benchmark.n_experiences", None, *OPTIONAL_POSITIVE_INT),
+    ("benchmark.classes_per_exp", None, *OPTIONAL_POSITIVE_INT),
+    ("benchmark.shuffle_classes", None, *BOOL),
+    ("benchmark.download", None, *BOOL),
+    ("benchmark.verify", None, *BOOL),
+    ("benchmark.augment", None, *BOOL),
+    ("benchmark.augment_on", None, *_one_of("cpu", "gpu")),
+    ("benchmark.color_jitter", None, lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
+    ("benchmark.normalise", None, *BOOL),
+    ("benchmark.split", None, *_one_of("subject", "random")),
+    ("benchmark.train_fraction", None, *FRACTION),
+    ("benchmark.drop_classes", None, lambda v: isinstance(v, list) and all(map(_is_int, v)), "a list of labels"),
+    ("benchmark.drop_subjects", None, lambda v: isinstance(v, list) and all(map(_is_int, v)), "a list of subject ids"),
+    ("model.hidden", None, *OPTIONAL_POSITIVE_INT),
+    ("strategy.lamb", "lwf", *NON_NEGATIVE),
+    ("strategy.lamb", "bic", lambda v: v == -1 or NON_NEGATIVE[0](v), "-1 (old/all classes) or a non-negative number"),
+    ("strategy.temperature", None, *POSITIVE),
+    ("strategy.val_percentage", None, *FRACTION),
+    ("strategy.stage_2_epochs", None, *POSITIVE_INT),
+    ("strategy.stage_2_lr", None, *POSITIVE),
+    ("strategy.fixed_memory", None, *BOOL),
+    ("strategy.eval_head", None, *_one_of("nme", "linear")),
+]
 
 
 def validate(cfg) -> None:
-    """Refuse bad values before any data is loaded or any training starts."""
-    t = cfg.trainer
-    for key in ("epochs", "batch_size", "eval_batch_size"):
-        _positive_int(t[key], f"trainer.{key}")
-    if not isinstance(t.memory_size, int) or t.memory_size < 0:
-        raise ValueError(f"trainer.memory_size={t.memory_size!r} must be a non-negative integer")
-    if not isinstance(t.num_workers, int) or t.num_workers < 0:
-        raise ValueError(f"trainer.num_workers={t.num_workers!r} must be a non-negative integer")
-    if not t.lr > 0:
-        raise ValueError(f"trainer.lr={t.lr!r} must be positive")
-    if any(not isinstance(m, int) or m <= 0 for m in t.milestones):
-        raise ValueError(f"trainer.milestones={list(t.milestones)} must be positive epoch numbers")
+    """Refuse bad values before any data is loaded or any training starts, naming the key, the value and what
+    is allowed."""
+    container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    for key, member, check, allowed in RULES:
+        if member is not None and cfg.strategy.name != member:
+            continue
+        node = container
+        for part in key.split("."):
+            node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
+        if node is not _ABSENT and node != "???" and not check(node):
+            raise ValueError(f"{key}={node!r} must be {allowed}")
     split = {k: cfg.benchmark.get(k) for k in ("n_experiences", "classes_per_exp")}
     if sum(v is not None for v in split.values()) != 1:
         raise ValueError(f"set exactly one of benchmark.n_experiences and benchmark.classes_per_exp (got {split})")
-    for key, value in split.items():
-        if value is not None:
-            _positive_int(value, f"benchmark.{key}")
-    if cfg.on_divergence not in ("stop", "continue"):
-        raise ValueError(f"on_divergence={cfg.on_divergence!r}; choose stop or continue")
-    if cfg.logging.progress not in ("auto", "on", "off"):
-        raise ValueError(f"logging.progress={cfg.logging.progress!r}; choose auto, on or off")
+
+
+_ABSENT = object()
 
 
 def validate_against_benchmark(cfg, num_classes: int) -> None:

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -57,16 +58,44 @@ def test_unknown_member_lists_choices(make_cfg):
     assert "icarl" in str(err.value) and "bic" in str(err.value)
 
 
-@pytest.mark.parametrize("override,message", [
-    ("trainer.epochs=0", "trainer.epochs=0"),
-    ("trainer.batch_size=-4", "trainer.batch_size=-4"),
-    ("trainer.lr=0", "trainer.lr=0"),
-    ("benchmark.n_experiences=0", "benchmark.n_experiences=0"),
-    ("logging.progress=sometimes", "logging.progress='sometimes'"),
+@pytest.mark.parametrize("overrides,message", [
+    (["trainer.epochs=0"], "trainer.epochs=0 must be a positive integer"),
+    (["trainer.epochs=ten"], "trainer.epochs='ten' must be a positive integer"),
+    (["trainer.batch_size=-4"], "trainer.batch_size=-4 must be a positive integer"),
+    (["trainer.batch_size=1.5"], "trainer.batch_size=1.5 must be a positive integer"),
+    (["trainer.lr=0"], "trainer.lr=0 must be a positive number"),
+    (["trainer.lr=abc"], "trainer.lr='abc' must be a positive number"),
+    (["trainer.momentum=1"], "trainer.momentum=1 must be a number in [0, 1)"),
+    (["trainer.weight_decay=-1e-4"], "trainer.weight_decay=-0.0001 must be a non-negative number"),
+    (["trainer.milestones=[100,60]"], "trainer.milestones=[100, 60] must be a list of increasing positive"),
+    (["trainer.milestones=60"], "trainer.milestones=60 must be a list"),
+    (["trainer.gamma=0"], "trainer.gamma=0 must be a number in (0, 1]"),
+    (["trainer.device=gpu"], "trainer.device='gpu' must be auto, cpu, cuda or cuda:N"),
+    (["trainer.memory_size=-5"], "trainer.memory_size=-5 must be a non-negative integer"),
+    (["seed=-1"], "seed=-1 must be a non-negative integer"),
+    (["seed=1.5"], "seed=1.5 must be a non-negative integer"),
+    (["tag=a/b"], "tag='a/b' must be a string without '/'"),
+    (["resume=maybe"], "resume='maybe' must be true or false"),
+    (["on_divergence=ignore"], "on_divergence='ignore' must be one of stop, continue"),
+    (["logging.progress=sometimes"], "logging.progress='sometimes' must be one of auto, on, off"),
+    (["benchmark.n_experiences=0"], "benchmark.n_experiences=0 must be a positive integer or null"),
+    (["benchmark.classes_per_exp=2"], "set exactly one of benchmark.n_experiences and benchmark.classes_per_exp"),
+    (["benchmark=hapt", "benchmark.split=kfold"], "benchmark.split='kfold' must be one of subject, random"),
+    (["benchmark=hapt", "benchmark.train_fraction=1"], "benchmark.train_fraction=1 must be a number strictly"),
+    (["benchmark=cifar10", "benchmark.augment_on=tpu"], "benchmark.augment_on='tpu' must be one of cpu, gpu"),
+    (["model.hidden=0"], "model.hidden=0 must be a positive integer or null"),
+    (["strategy=lwf", "strategy.lamb=-1"], "strategy.lamb=-1 must be a non-negative number"),
+    (["strategy=lwf", "strategy.temperature=0"], "strategy.temperature=0 must be a positive number"),
+    (["strategy=bic", "strategy.val_percentage=0"], "strategy.val_percentage=0 must be a number strictly"),
+    (["strategy=icarl", "strategy.eval_head=cnn"], "strategy.eval_head='cnn' must be one of nme, linear"),
 ])
-def test_bad_values_are_named(make_cfg, override, message):
-    with pytest.raises(ValueError, match=message.replace("[", r"\[")):
-        validate(make_cfg(override))
+def test_bad_values_are_named(make_cfg, overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        validate(make_cfg(*overrides))
+
+
+def test_bic_auto_distillation_weight_is_allowed(make_cfg):
+    validate(make_cfg("strategy=bic", "strategy.lamb=-1"))
 
 
 def test_icarl_memory_smaller_than_classes(make_cfg):
