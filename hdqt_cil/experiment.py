@@ -158,6 +158,8 @@ def run(cfg, run_dir, job_num: int = 0) -> dict:
         _write_results(run_dir, _summary(cfg, bench, history, status, elapsed, device, monitor.losses, error))
         if quantization.epochs:
             write_json(run_dir / "quant_stats.json", quantization.epochs)
+        if quantization.calibration:  # HOT's LQS choice per layer (made once, before the first experience)
+            write_json(run_dir / "lqs.json", quantization.calibration)
 
     try:
         for k in steps[first:]:

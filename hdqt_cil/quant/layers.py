@@ -18,12 +18,12 @@ from .backend import resolve_ops
 from .hadamard import hadamard_block_size
 from .quantizers import QuantSpec, level_range
 from .rounding import Counter
-from .schemes import Product, Scheme
+from .schemes import HotScheme, Product, Scheme
 
 # role id = layer index * ROLE_STRIDE + code: every quantized tensor of a step draws its own random bits.
 ROLE_STRIDE = 8
 ROLE_CODES = {"input": 0, "weight": 1, "grad_input.grad_output": 2, "grad_input.weight": 3,
-              "grad_weight.grad_output": 4, "grad_weight.input": 5}
+              "grad_weight.grad_output": 4, "grad_weight.input": 5, "lqs.grad_output": 6}
 # Counted per layer as (hits, total): saturated tile sums of each product, clipped values of each forward operand.
 STATS = ("forward_saturated", "grad_input_saturated", "grad_weight_saturated", "input_clipped", "weight_clipped")
 _STAT_ROW = {name: i for i, name in enumerate(STATS)}
@@ -72,7 +72,11 @@ def _product(ops, a: _Operand, bt: _Operand, block: int, product: Product):
 
 
 class _QuantLayer:
-    """What QuantLinear and QuantConv2d share: scheme, identity (name, index), step counter, statistics."""
+    """What QuantLinear and QuantConv2d share: scheme, identity (name, index), step counter, statistics.
+
+    `_extra_buffers` names buffers a subclass adds (HOT's layers, quant/hot.py), removed when `quantize_model`
+    switches the class away."""
+    _extra_buffers: tuple[str, ...] = ()
 
     def _setup_quant(self, scheme: Scheme, name: str = "", index: int = 0, step: int = 0) -> None:
         self.scheme, self.quant_name, self.quant_index, self.step = scheme, name, index, step
@@ -304,40 +308,60 @@ class QuantConv2d(_QuantLayer, nn.Conv2d):
         return grad[:, :, ph:ph + height, pw:pw + width]
 
 
-def _quant_class(module: nn.Module, name: str):
-    """The quantized class for a layer, or None to leave it in float (with a warning where that may surprise)."""
+def _layer_classes(scheme) -> dict:
+    """torch class → the quantized class that runs `scheme` (the one place that tells the schemes' layers apart)."""
+    if isinstance(scheme, HotScheme):
+        from .hot import HotConv2d, HotLinear  # noqa: PLC0415 (hot.py builds on this module)
+        return {nn.Linear: HotLinear, nn.Conv2d: HotConv2d}
+    return {nn.Linear: QuantLinear, nn.Conv2d: QuantConv2d}
+
+
+def _torch_class(module: nn.Module, name: str):
+    """nn.Linear / nn.Conv2d for a layer to quantize, or None to leave it in float (with a warning where that
+    may surprise)."""
+    if isinstance(module, _QuantLayer):
+        return nn.Linear if isinstance(module, nn.Linear) else nn.Conv2d
     if type(module) is nn.Linear:
-        return QuantLinear
+        return nn.Linear
     if type(module) is nn.Conv2d:
         if module.groups != 1:
             return None  # grouped / depthwise convs stay float (HDQT and HOT quantize groups=1 only)
         if module.padding_mode == "zeros" and not isinstance(module.padding, str):
-            return QuantConv2d
+            return nn.Conv2d
         warnings.warn(f"{name}: Conv2d with padding={module.padding!r}, padding_mode={module.padding_mode!r} "
                       "is left in float")
-    elif isinstance(module, (nn.Linear, nn.Conv2d)) and not isinstance(module, _QuantLayer):
+    elif isinstance(module, (nn.Linear, nn.Conv2d)):
         warnings.warn(f"{name}: {type(module).__name__} subclasses a Linear/Conv2d and is left in float")
     return None
 
 
-def quantize_model(model: nn.Module, scheme: Scheme) -> nn.Module:
+def quantize_model(model: nn.Module, scheme: Scheme | HotScheme) -> nn.Module:
     """Make every nn.Linear and nn.Conv2d (groups=1) of `model` quantized by `scheme`, in place; return `model`.
 
     Layers change class in place (QuantLinear subclasses nn.Linear), so parameters, their identity in the
     optimizer, hooks and state-dict keys stay as they were. Idempotent and cheap: call it again whenever layers
     may have appeared (avalanche's IncrementalClassifier replaces its Linear as classes arrive) or to switch
     schemes. Layer indices (for the random bits) follow module order; a new layer starts at the model's step.
+    A HotScheme gives the layers HOT's classes (quant/hot.py); switching between HOT and another scheme
+    changes the class again, keeping the parameters and the step.
     """
     step = max((m.step for m in model.modules() if isinstance(m, _QuantLayer)), default=0)
+    classes = _layer_classes(scheme)
     index = 0
     for name, module in model.named_modules():
-        if isinstance(module, _QuantLayer):
-            module.scheme, module.quant_name, module.quant_index = scheme, name, index
-        elif (cls := _quant_class(module, name)) is not None:
-            module.__class__ = cls
-            module._setup_quant(scheme, name, index, step)
-        else:
+        base = _torch_class(module, name)
+        if base is None:
             continue
+        cls = classes[base]
+        if type(module) is cls:
+            module.scheme, module.quant_name, module.quant_index = scheme, name, index
+        else:
+            layer_step = module.step if isinstance(module, _QuantLayer) else step
+            for buffer in getattr(module, "_extra_buffers", ()):
+                if buffer not in cls._extra_buffers:
+                    module._buffers.pop(buffer, None)
+            module.__class__ = cls
+            module._setup_quant(scheme, name, index, layer_step)
         index += 1
     return model
 

@@ -8,6 +8,11 @@ A `Product` says how each operand is quantized (a QuantSpec, or None: it enters 
 forward and the forward's levels in the backward), whether both operands are Hadamard-transformed along the
 contraction dimension first, and the accumulator (tile, acc_bits). Schemes are built from a flat config (the
 Hydra group `quant`, one file a preset under configs/quant/) by one registered builder per scheme name.
+
+HOT (`HotScheme`) does not fit a `Product` triple: its forward is float, its two backward products have
+different transforms (Hadamard along the output channels, HLA along the tokens), one of them reads a
+compressed copy of the input saved by the forward (ABC), and the scale granularity of one operand is chosen per
+layer (LQS). It has its own small dataclass; `quantize_model` gives its layers the HOT classes (quant/hot.py).
 """
 from dataclasses import dataclass
 
@@ -96,6 +101,67 @@ class Scheme:
                 and not self.grad_input.hadamard and not self.grad_weight.hadamard)
 
 
+@dataclass(frozen=True)
+class HotScheme:
+    """HOT (Kim et al., CVPR 2025; docs/quant.md "HOT"): float forward, compressed saved input, integer backward.
+
+    gx_bits: g_x = G·W with G (stochastic) and W (SAWB, nearest) Hadamard-transformed along the output channels
+    (block min(hadamard_cap, largest power of two dividing O)). gw_bits: g_W = Gᵀ·x with G (stochastic) and x
+    HLA-compressed along the tokens (rank: `hla_rank` rows a block, or `hla_rank_ratio` of the block, or LP_L1's
+    triangle when both are None). abc_bits: the compressed x (SAWB, nearest), computed in the forward and saved
+    instead of x when `abc` is on (True: every layer; 'pointwise': Linear and 1×1 convs only; False: none; the
+    gradients are the same either way). Bits None: that operand stays float (its transform still applies).
+    lqs: choose per layer, on a calibration batch, per-token scales for G in g_x when e_token < lqs_threshold ·
+    e_tensor (quant/lqs.py).
+    """
+    name: str = "hot"
+    gx_bits: int | None = 4
+    gw_bits: int | None = 8
+    abc_bits: int | None = 8
+    hadamard_cap: int | None = 16
+    hla_rank: int | None = None
+    hla_rank_ratio: float | None = None
+    lqs: bool = True
+    lqs_threshold: float = 0.5
+    abc: bool | str = True
+    seed: int = 0
+    backend: str = "auto"
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r} is not allowed; choose one of {', '.join(BACKENDS)}")
+        if not (isinstance(self.abc, bool) or self.abc == "pointwise"):
+            raise ValueError(f"abc={self.abc!r} is not allowed; choose one of true, false, pointwise")
+        if self.hla_rank is not None and self.hla_rank_ratio is not None:
+            raise ValueError("hla_rank and hla_rank_ratio exclude each other; set one of them to null")
+
+    @property
+    def quantizes(self) -> bool:
+        """True: the HOT layers always run their own backward (a float path still transforms)."""
+        return True
+
+    def grad_output_spec(self, per_token: bool) -> QuantSpec | None:
+        """G in g_x: symmetric, max|G| / qmax, stochastic; per tensor or per token (row of (B, L, O))."""
+        if self.gx_bits is None:
+            return None
+        return QuantSpec(self.gx_bits, "signed", "max", 1.0, "row" if per_token else "tensor", "stochastic")
+
+    @property
+    def weight_spec(self) -> QuantSpec | None:
+        """W in g_x, after the Hadamard transform: SAWB clip, nearest, one scale."""
+        return None if self.gx_bits is None else QuantSpec(self.gx_bits, "signed", "sawb", 1.0, "tensor", "nearest")
+
+    @property
+    def grad_weight_spec(self) -> QuantSpec | None:
+        """G in g_W, after HLA: symmetric, max, stochastic; per sample where the product runs per sample."""
+        return None if self.gw_bits is None else QuantSpec(self.gw_bits, "signed", "max", 1.0, "sample", "stochastic")
+
+    @property
+    def input_spec(self) -> QuantSpec | None:
+        """x after HLA (the ABC copy): SAWB clip, nearest; per sample where the product runs per sample."""
+        return None if self.abc_bits is None else QuantSpec(self.abc_bits, "signed", "sawb", 1.0, "sample", "nearest")
+
+
 # The config of every preset: the Python twin of configs/quant/<name>.yaml (a test keeps them equal).
 _INTEGER_DEFAULTS = {
     "bits": 4, "acc_bits": 8, "tile": 32, "fwd_clip": 0.975, "hadamard": True, "hadamard_cap": None,
@@ -110,6 +176,8 @@ PRESET_CONFIGS = {
     "hdqt": {"name": "hdqt", **_INTEGER_DEFAULTS},
     "int4": {"name": "int4", **_INTEGER_DEFAULTS, "hadamard": False},
     "luq": {"name": "luq", "bits": 4, "acc_bits": 8, "tile": None, "ste": "none", "backend": "auto", "seed": 0},
+    "hot": {"name": "hot", "gx_bits": 4, "gw_bits": 8, "abc_bits": 8, "hadamard_cap": 16, "hla_rank": None,
+            "hla_rank_ratio": None, "lqs": True, "lqs_threshold": 0.5, "abc": True, "backend": "auto", "seed": 0},
 }
 
 
@@ -150,7 +218,12 @@ def _build_luq(cfg: dict) -> Scheme:
         ste=cfg["ste"], seed=cfg["seed"], backend=cfg["backend"])
 
 
-BUILDERS = {"fp32": _build_float, "hdqt": _build_integer, "int4": _build_integer, "luq": _build_luq}
+def _build_hot(cfg: dict) -> HotScheme:
+    return HotScheme(**cfg)
+
+
+BUILDERS = {"fp32": _build_float, "hdqt": _build_integer, "int4": _build_integer, "luq": _build_luq,
+            "hot": _build_hot}
 
 
 def _is_int(value) -> bool:
@@ -215,7 +288,35 @@ def _validate(cfg: dict) -> None:
         raise ValueError(f"quant.seed={seed!r} must be a non-negative integer")
 
 
-def scheme_from_config(cfg) -> Scheme:
+def _validate_hot(cfg: dict) -> None:
+    for key in ("gx_bits", "gw_bits", "abc_bits"):
+        bits = cfg.get(key)
+        if bits is not None and (not _is_int(bits) or not BITS_RANGE[0] <= bits <= BITS_RANGE[1]):
+            raise ValueError(f"quant.{key}={bits!r} is out of range; allowed: integers {BITS_RANGE[0]}..{BITS_RANGE[1]} "
+                             "(8 and below run on the int8 kernels), or null (that operand stays float)")
+    rank, ratio = cfg.get("hla_rank"), cfg.get("hla_rank_ratio")
+    if rank is not None and (not _is_int(rank) or rank < 1):
+        raise ValueError(f"quant.hla_rank={rank!r} must be a positive integer (rows kept per HLA block, at most "
+                         "the block) or null (LP_L1's triangle, or hla_rank_ratio)")
+    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1):
+        raise ValueError(f"quant.hla_rank_ratio={ratio!r} must be a fraction of the HLA block in (0, 1] "
+                         "(1 = full rank) or null (LP_L1's triangle, or hla_rank)")
+    if rank is not None and ratio is not None:
+        raise ValueError(f"quant.hla_rank={rank!r} and quant.hla_rank_ratio={ratio!r} exclude each other; "
+                         "set one of them to null")
+    if "lqs" in cfg and not isinstance(cfg["lqs"], bool):
+        raise ValueError(f"quant.lqs={cfg['lqs']!r} must be true or false")
+    threshold = cfg.get("lqs_threshold")
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                  or not 0 < threshold <= 1):
+        raise ValueError(f"quant.lqs_threshold={threshold!r} must lie in (0, 1]: per-token scales are chosen when "
+                         "e_token < lqs_threshold · e_tensor")
+    if "abc" in cfg and not (isinstance(cfg["abc"], bool) or cfg["abc"] == "pointwise"):
+        raise ValueError(f"quant.abc={cfg['abc']!r} is not allowed; choose one of true (every layer), "
+                         "pointwise (Linear and 1x1 convs), false")
+
+
+def scheme_from_config(cfg) -> Scheme | HotScheme:
     """Build the scheme named by cfg['name'] from a dict or DictConfig; missing keys take the preset's values."""
     given = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     name = given.pop("name", None)
@@ -223,9 +324,11 @@ def scheme_from_config(cfg) -> Scheme:
         raise ValueError(f"unknown quantization scheme quant.name={name!r}; choose one of {', '.join(BUILDERS)}")
     merged = _merge(name, given)
     _validate(merged)
+    if name == "hot":
+        _validate_hot(merged)
     return BUILDERS[name](merged)
 
 
-def preset(name: str) -> Scheme:
+def preset(name: str) -> Scheme | HotScheme:
     """The scheme of a preset with its defaults (the paper's settings)."""
     return scheme_from_config({"name": name})

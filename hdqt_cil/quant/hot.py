@@ -1,0 +1,239 @@
+"""HOT's layers (docs/quant.md "HOT"): float forward, compressed saved input (ABC), integer backward products.
+
+    forward   y   = x · Wᵀ (+ b)            torch's own op, bit for bit
+    saved     ABC = Q8(HLA_L(x))            x as the weight gradient reads it, HLA along the tokens L, SAWB, nearest
+    g_x       Q4(G·H_n) · Q4(H_n·W)ᵀ / n    Hadamard (block n = min(cap, largest power of two dividing O)) along
+                                            the output channels O; G stochastic per tensor or per token (LQS),
+                                            W SAWB nearest; no accumulator saturation
+    g_W       Q8(P·G)ᵀ · ABC / L'           HLA (block L' = largest power of two dividing L, LP_L1 rows) along
+                                            the tokens; G stochastic; per-sample products summed in float32
+
+Every operand is laid out (batch, rows, K) as in docs/numerics.md "Operand layouts", with the token dimension L:
+a Linear on (M, C) is one batch entry with L = M (the samples: HLA mixes samples, as the authors' code does); a
+Linear on (B, ..., C) has B entries with L the tokens of a sample; a convolution has B entries with L = Ho·Wo
+and K = C·kh·kw (the im2col rows; the input gradient goes back through col2im). Scales: ABC and G in g_W per
+entry (per sample with a token dimension, per tensor for 2-D inputs); G in g_x per tensor or per (b, l) row.
+All numeric rules are the package's own (block_hadamard, quantize with the max or SAWB scale, counter-based
+stochastic rounding, the exact integer product with its float epilogue), run through `resolve_ops` so that the
+CuPy kernels take them where they apply.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .backend import resolve_ops
+from .hadamard import hadamard_block_size
+from .hla import hla_compress, hla_rank
+from .layers import QuantConv2d, QuantLinear
+from .quantizers import QuantSpec
+
+# The LQS choice of a layer, a buffer (state dict, checkpoints): not calibrated yet (per tensor), per tensor, per token.
+LQS_UNSET, LQS_TENSOR, LQS_TOKEN = 0, 1, 2
+_INT_STORAGE = ((8, torch.int8), (16, torch.int16))
+
+
+def _storage(levels: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """Levels in the narrowest integer dtype that holds them (int8 up to 8 bits): what ABC keeps in memory."""
+    for bits, dtype in _INT_STORAGE:
+        if spec.bits <= bits:
+            return levels if levels.dtype == dtype else levels.to(dtype)
+    return levels
+
+
+def _clipped(t: torch.Tensor, scale: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """How many values lie outside the clip range [-qmax·s, qmax·s] (0-dim tensor, no sync)."""
+    return ((t / scale).abs() > spec.signed_max).sum()
+
+
+def _hla_shape(layer, length: int) -> tuple[int, int]:
+    """(block L', rank r) of HLA along a token dimension of `length`."""
+    block = hadamard_block_size(length)
+    scheme = layer.scheme
+    return block, hla_rank(block, scheme.hla_rank, scheme.hla_rank_ratio)
+
+
+def compressed_input(layer, x: torch.Tensor, step: int, count: bool, ops, checks: list):
+    """ABC: (values (B, K, R), scale or None, block, rank) of x as the weight gradient reads it.
+
+    values are int8 levels (abc_bits <= 8) with a per-entry float32 scale, or float32 when abc_bits is None."""
+    spec = layer.scheme.input_spec
+    columns = layer._hot_columns(x)
+    block, rank = _hla_shape(layer, columns.shape[-1])
+    compressed = hla_compress(columns, block, rank, ops.block_hadamard)
+    if spec is None:
+        return compressed, None, block, rank
+    levels, scale = ops.quantize(compressed, spec, layer._counter("grad_weight.input", step))
+    checks.append(("input", compressed, scale))
+    if count:
+        layer._count("input_clipped", _clipped(compressed, scale, spec), compressed.numel())
+    return _storage(levels, spec), scale, block, rank
+
+
+def grad_input_rows(layer, g_rows: torch.Tensor, weight: torch.Tensor, per_token: bool, step: int, count: bool,
+                    ops, checks: list) -> torch.Tensor:
+    """g_x as (B, L, K): G (B, L, O) and W (O, K) Hadamard-transformed along O, quantized, multiplied, / n."""
+    scheme = layer.scheme
+    out = weight.shape[0]
+    block = hadamard_block_size(out, scheme.hadamard_cap)
+    w_cols = weight.detach().reshape(out, -1).t().to(torch.float32)  # (K, O): O last, as G
+    g_spec, w_spec = scheme.grad_output_spec(per_token), scheme.weight_spec
+    w_had = ops.block_hadamard(w_cols, -1, block)
+    if g_spec is None:
+        g_had = ops.block_hadamard(g_rows, -1, block)
+        return torch.matmul(g_had, w_had.t()) / block
+    g_levels, g_scale = ops.hadamard_quantize(g_rows, g_spec, layer._counter("grad_input.grad_output", step), block)
+    w_levels, w_scale = ops.quantize(w_had, w_spec, layer._counter("grad_input.weight", step))
+    checks += [("output gradient", g_rows, g_scale), ("weight", w_had, w_scale)]
+    if count:
+        layer._count("weight_clipped", _clipped(w_had, w_scale, w_spec), w_had.numel())
+    return ops.scaled_int_matmul(g_levels, w_levels.t(), g_scale, w_scale, block, None, None,
+                                 bounds=(g_spec.level_bound, w_spec.level_bound))
+
+
+def grad_weight_sum(layer, g_cols: torch.Tensor, abc, step: int, ops, checks: list) -> torch.Tensor:
+    """g_W (O, K): Σ over entries of Q(P·G) (B, O, R) times the ABC operand (B, K, R), / L'."""
+    x_values, x_scale, block, rank = abc
+    g_spec = layer.scheme.grad_weight_spec
+    g_hla = hla_compress(g_cols, block, rank, ops.block_hadamard)
+    if g_spec is not None:
+        g_levels, g_scale = ops.quantize(g_hla, g_spec, layer._counter("grad_weight.grad_output", step))
+        checks.append(("output gradient", g_cols, g_scale))
+    if g_spec is not None and x_scale is not None:
+        x_spec = layer.scheme.input_spec
+        per_entry = ops.scaled_int_matmul(g_levels, x_values.transpose(-1, -2), g_scale, x_scale, block, None, None,
+                                          bounds=(g_spec.level_bound, x_spec.level_bound))
+    else:
+        a = g_hla if g_spec is None else g_levels * g_scale
+        b = x_values if x_scale is None else x_values.to(torch.float32) * x_scale
+        per_entry = torch.matmul(a, b.transpose(-1, -2)) / block
+    return per_entry.sum(dim=0)
+
+
+class _HotProduct(torch.autograd.Function):
+    """y = x · Wᵀ + b in float; the backward is HOT's (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer, step, training):
+        y = layer._torch_class.forward(layer, x)
+        ctx.layer, ctx.step, ctx.training, ctx.x_shape = layer, step, training, x.shape
+        ctx.per_token, ctx.abc = layer.lqs_per_token, None
+        needs_x, needs_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        saved_w = weight if needs_x else None
+        if not needs_w:
+            ctx.save_for_backward(saved_w, None, None)
+        elif layer._abc_here():
+            checks = []
+            ops = resolve_ops(layer.scheme.backend, x.device)
+            values, scale, block, rank = compressed_input(layer, x, step, training, ops, checks)
+            layer._check_finite(checks)
+            ctx.save_for_backward(saved_w, values, scale)
+            ctx.abc = (block, rank)
+        else:
+            ctx.save_for_backward(saved_w, x, None)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        layer, step, count = ctx.layer, ctx.step, ctx.training
+        weight, x_saved, x_scale = ctx.saved_tensors
+        ops = resolve_ops(layer.scheme.backend, grad_y.device)
+        g_rows, g_cols = layer._hot_grad_layouts(grad_y.to(torch.float32))
+        checks, grad_x, grad_w, grad_b = [], None, None, None
+        if ctx.needs_input_grad[0]:
+            rows = grad_input_rows(layer, g_rows, weight, ctx.per_token, step, count, ops, checks)
+            grad_x = layer._grad_input(rows, ctx.x_shape)
+        if ctx.needs_input_grad[1]:
+            if ctx.abc is not None:
+                abc = (x_saved, x_scale, *ctx.abc)
+            else:  # ABC off: the same compressed operand, computed now from the saved input
+                abc = compressed_input(layer, x_saved, step, count, ops, checks)
+            grad_w = grad_weight_sum(layer, g_cols, abc, step, ops, checks).reshape(layer.weight.shape)
+        if ctx.needs_input_grad[2]:
+            grad_b = g_rows.sum(dim=(0, 1))
+        layer._check_finite(checks)
+        return grad_x, grad_w, grad_b, None, None, None
+
+
+class _HotLayer:
+    """What HotLinear and HotConv2d add to QuantLinear / QuantConv2d: HOT's autograd Function, the LQS choice
+    (buffer `lqs_choice`, mirrored in a Python int so that the backward never reads the device), and a float
+    mode for LQS's calibration pass."""
+    _extra_buffers = ("lqs_choice",)
+
+    def _setup_quant(self, scheme, name: str = "", index: int = 0, step: int = 0) -> None:
+        super()._setup_quant(scheme, name, index, step)
+        if "lqs_choice" not in self._buffers:
+            self.register_buffer("lqs_choice", torch.full((), LQS_UNSET, dtype=torch.int8, device=self.weight.device))
+        self._lqs = int(self.lqs_choice)
+        self.lqs_float = False
+
+    @property
+    def lqs_calibrated(self) -> bool:
+        return self._lqs != LQS_UNSET
+
+    @property
+    def lqs_per_token(self) -> bool:
+        return self._lqs == LQS_TOKEN
+
+    def set_lqs(self, per_token: bool | None) -> None:
+        """Record the LQS choice (None: back to not calibrated, per tensor)."""
+        self._lqs = LQS_UNSET if per_token is None else LQS_TOKEN if per_token else LQS_TENSOR
+        self.lqs_choice.fill_(self._lqs)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self._lqs = int(self.lqs_choice)
+
+    def forward(self, x):
+        if self.lqs_float or not torch.is_grad_enabled() or not (x.requires_grad or self.weight.requires_grad
+                                                                 or self.bias is not None and self.bias.requires_grad):
+            return self._torch_class.forward(self, x)  # no HOT backward to prepare: torch's own forward
+        training = self.training
+        step = self.step
+        if training:
+            self.step += 1
+        return _HotProduct.apply(x, self.weight, self.bias, self, step, training)
+
+
+class HotLinear(_HotLayer, QuantLinear):
+    """nn.Linear trained by HOT; state-dict keys of nn.Linear plus `lqs_choice`."""
+    _torch_class = nn.Linear
+
+    def _abc_here(self) -> bool:
+        return self.scheme.abc is not False
+
+    def _hot_columns(self, x):
+        """(B, in, L): L = the samples of a 2-D input (B = 1), else the tokens of each sample."""
+        x = x.to(torch.float32)
+        rows = x.reshape(1, -1, self.in_features) if x.dim() <= 2 else x.reshape(x.shape[0], -1, self.in_features)
+        return rows.transpose(1, 2)
+
+    def _hot_grad_layouts(self, g):
+        """(B, L, out) for g_x, (B, out, L) for g_W."""
+        rows = g.reshape(1, -1, self.out_features) if g.dim() <= 2 else g.reshape(g.shape[0], -1, self.out_features)
+        return rows, rows.transpose(1, 2)
+
+
+class HotConv2d(_HotLayer, QuantConv2d):
+    """nn.Conv2d (groups=1, zero padding) trained by HOT; the backward through im2col / col2im."""
+    _torch_class = nn.Conv2d
+
+    def _abc_here(self) -> bool:
+        abc = self.scheme.abc
+        return abc is True or abc == "pointwise" and tuple(self.kernel_size) == (1, 1)
+
+    def forward(self, x):
+        if x.dim() == 3 and not self.lqs_float:
+            return super().forward(x.unsqueeze(0)).squeeze(0)
+        return super().forward(x)
+
+    def _hot_columns(self, x):
+        return self._input_columns(x.to(torch.float32))
+
+    def _hot_grad_layouts(self, g):
+        return self._grad_output_layouts(g)
+
+
+def hot_layers(model: nn.Module) -> list[tuple[str, _HotLayer]]:
+    """(name, layer) of every HOT layer of `model`, in module order."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, _HotLayer)]
