@@ -1,0 +1,293 @@
+"""quant=hot against float training: backward time, training-step time, peak memory, bytes saved for the backward.
+
+    python scripts/bench_hot.py                     # on the GPU machine: the numbers of issue 5
+    python scripts/bench_hot.py --quick             # tiny sizes, any device (a smoke check; its times mean nothing)
+    python scripts/bench_hot.py --backends auto torch   # HOT with the kernels and with the torch reference
+
+Cases (one table at the end, every number in OUT/hot_<device>.json):
+- vit-linear: a ViT-B-size Linear stack, 12 blocks of LayerNorm → qkv (768→2304, q+k+v summed: no attention
+  matmuls) → proj (768→768) → residual → LayerNorm → fc1 (768→3072) → GELU → fc2 (3072→768) → residual, tokens 197,
+  batch 64. Backward time (loss.backward() only, after an untimed forward) under fp32 (TF32 off), bf16 autocast
+  and HOT (backend per --backends; LQS calibrated on one batch first).
+- resnet32: one training step (forward, backward, SGD), CIFAR shape, batch 128, fp32 (TF32 off) against HOT.
+- memory: per case, peak torch.cuda.max_memory_allocated during a step minus what was allocated before it (model,
+  optimizer state, the batch); and bytes saved for the backward per quantized layer kind (saved_tensors_hooks,
+  parameters left out), summed over the model, with everything else the forward saves as 'other' (under bf16
+  autocast the bf16 copies of the weights are saved tensors too, and count).
+Times are medians of --reps after --warmup runs, CUDA events on the GPU.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hdqt_cil.models import build_model  # noqa: E402
+from hdqt_cil.quant import calibrate_lqs, lqs_choices, preset, quantize_model  # noqa: E402
+from hdqt_cil.quant.backend import resolve_ops  # noqa: E402
+
+ROWS = []
+
+
+class Block(nn.Module):
+    """A ViT-B encoder block without its attention matmuls: q, k and v are summed instead."""
+
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.fc1, self.fc2 = nn.Linear(width, hidden), nn.Linear(hidden, width)
+
+    def forward(self, x):
+        h = self.qkv(self.norm1(x)).unflatten(-1, (3, -1)).sum(-2)
+        x = x + self.proj(h)
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+def linear_stack(blocks: int, width: int, hidden: int) -> nn.Module:
+    return nn.Sequential(*[Block(width, hidden) for _ in range(blocks)])
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, reps: int, warmup: int, setup=None) -> float:
+    """Median seconds of fn() (setup() runs before each call, untimed)."""
+    times = []
+    for i in range(warmup + reps):
+        state = setup() if setup else None
+        _sync(device)
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(state)
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            began = time.perf_counter()
+            fn(state)
+            seconds = time.perf_counter() - began
+        if i >= warmup:
+            times.append(seconds)
+    return statistics.median(times)
+
+
+def peak_bytes(step, device) -> int | None:
+    """Peak allocated bytes during one step(), above what was allocated before it (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    _sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    step()
+    _sync(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def saved_bytes(model: nn.Module, forward) -> dict[str, int]:
+    """Bytes saved for the backward during forward(), by layer kind ('qkv', 'fc1', 'conv 3x3', ...), the
+    model's parameters left out; tensors saved outside a Linear/Conv2d (norms, activations) count as 'other'."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    current, totals = [], defaultdict(int)
+    hooks = []
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            if isinstance(module, nn.Conv2d):
+                kind = f"conv {module.kernel_size[0]}x{module.kernel_size[1]}"
+            else:
+                kind = name.rsplit(".", 1)[-1] if not name.endswith("classifier") else "classifier"
+            hooks.append(module.register_forward_pre_hook(lambda m, a, kind=kind: current.append(kind)))
+            hooks.append(module.register_forward_hook(lambda m, a, out: None if current.pop() else None))
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            totals[current[-1] if current else "other"] += t.numel() * t.element_size()
+        return t
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = forward()
+        del out
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return dict(totals)
+
+
+def row(case, variant, metric, value, unit, ratio=None, vs=""):
+    ROWS.append({"case": case, "variant": variant, "metric": metric, "value": value, "unit": unit,
+                 "ratio": ratio, "vs": vs})
+    shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+    print(f"  {case:10s} {variant:18s} {metric:28s} {shown:>12s} {unit}"
+          + (f"  ({ratio:.2f}x {vs})" if ratio is not None else ""), flush=True)
+
+
+def _hot(backend: str):
+    import dataclasses
+    return dataclasses.replace(preset("hot"), backend=backend)
+
+
+def _calibrate(model, x, target, loss):
+    choices = calibrate_lqs(model, x, target, loss)
+    return sum(c["per_token"] for c in choices.values()), len(choices)
+
+
+def vit_linear(args, device):
+    case = "vit-linear"
+    torch.manual_seed(0)
+    base = linear_stack(args.blocks, args.width, args.hidden).to(device)
+    x = torch.randn(args.batch, args.tokens, args.width, device=device)
+    target = torch.randn_like(x)
+
+    def loss_fn(out, t):
+        return (out * t).mean()
+
+    variants = [("fp32", None, False), ("bf16 autocast", None, True)]
+    variants += [(f"hot[{b}]", b, False) for b in args.backends]
+    reference = None
+    fp32_saved = None
+    for label, backend, bf16 in variants:
+        model = linear_stack(args.blocks, args.width, args.hidden).to(device)
+        model.load_state_dict(base.state_dict())
+        if backend is not None:
+            quantize_model(model, _hot(backend))
+            per_token, layers = _calibrate(model, x, target, loss_fn)
+            ops = resolve_ops(backend, device).name
+            row(case, label, "LQS per-token layers", per_token, f"of {layers} (ops: {ops})")
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+
+        def forward():
+            with autocast:
+                return loss_fn(model(x), target)
+
+        def backward(loss):
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+
+        seconds = timed(backward, device, args.reps, args.warmup, setup=forward)
+        forward_s = timed(lambda _: forward(), device, args.reps, args.warmup)
+        if reference is None:
+            reference = seconds
+        row(case, label, "backward", seconds * 1e3, "ms", reference / seconds, "speedup vs fp32")
+        row(case, label, "forward", forward_s * 1e3, "ms")
+        peak = peak_bytes(lambda: backward(forward()), device)
+        if peak is not None:
+            row(case, label, "peak memory of a step", peak / 2**20, "MiB")
+        saved = saved_bytes(model, forward)
+        linear_total = sum(v for k, v in saved.items() if k != "other")
+        if fp32_saved is None:
+            fp32_saved = (saved, linear_total)
+        for kind in ("qkv", "proj", "fc1", "fc2"):
+            value = saved.get(kind, 0)
+            row(case, label, f"saved by {kind} (all blocks)", value / 2**20, "MiB",
+                value / fp32_saved[0][kind] if fp32_saved[0].get(kind) else None, "of fp32")
+        row(case, label, "saved by the Linears", linear_total / 2**20, "MiB", linear_total / fp32_saved[1], "of fp32")
+        everything = sum(saved.values())
+        row(case, label, "saved in all", everything / 2**20, "MiB", everything / sum(fp32_saved[0].values()),
+            "of fp32")
+        del model
+
+
+def resnet32(args, device):
+    case = "resnet32"
+    shape, classes = (3, 32, 32), 10
+    g = torch.Generator(device=device).manual_seed(1)
+    x = torch.randn(args.resnet_batch, *shape, generator=g, device=device)
+    y = torch.randint(0, classes, (args.resnet_batch,), generator=g, device=device)
+    reference, fp32_saved = None, None
+    for label, backend in [("fp32", None)] + [(f"hot[{b}]", b) for b in args.backends]:
+        torch.manual_seed(0)
+        model = build_model("resnet32", shape, classes).to(device)
+        if backend is not None:
+            quantize_model(model, _hot(backend))
+            per_token, layers = _calibrate(model, x, y, F.cross_entropy)
+            row(case, label, "LQS per-token layers", per_token, f"of {layers}")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        def step(_=None):
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+
+        seconds = timed(step, device, args.reps, args.warmup)
+        if reference is None:
+            reference = seconds
+        row(case, label, "training step", seconds * 1e3, "ms", reference / seconds, "speedup vs fp32")
+        peak = peak_bytes(step, device)
+        if peak is not None:
+            row(case, label, "peak memory of a step", peak / 2**20, "MiB")
+        saved = saved_bytes(model, lambda: F.cross_entropy(model(x), y))
+        if fp32_saved is None:
+            fp32_saved = saved
+        for kind in sorted(k for k in fp32_saved if k != "other"):
+            value = saved.get(kind, 0)
+            row(case, label, f"saved by {kind} layers", value / 2**20, "MiB", value / fp32_saved[kind], "of fp32")
+        everything = sum(saved.values())
+        row(case, label, "saved in all", everything / 2**20, "MiB", everything / sum(fp32_saved.values()), "of fp32")
+        del model, optimizer
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", default=str(ROOT / "results" / "bench"), help="folder of hot_<device>.json")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: checks that it runs")
+    parser.add_argument("--backends", nargs="+", default=["auto"], choices=["auto", "torch", "cupy"],
+                        help="quant.backend of the HOT variants")
+    parser.add_argument("--blocks", type=int, default=12)
+    parser.add_argument("--tokens", type=int, default=197)
+    parser.add_argument("--width", type=int, default=768)
+    parser.add_argument("--hidden", type=int, default=3072)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--resnet-batch", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--skip", nargs="*", default=[], choices=["vit-linear", "resnet32"])
+    args = parser.parse_args()
+    if args.quick:
+        args.blocks, args.batch, args.resnet_batch, args.reps, args.warmup = 1, 2, 4, 1, 1
+    device = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 is fp32 (and the HOT reference's float products too)
+    torch.backends.cudnn.allow_tf32 = False
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    header = (f"device {name}, torch {torch.__version__}, TF32 off, ViT stack {args.blocks} blocks × "
+              f"(tokens {args.tokens}, width {args.width}, MLP {args.hidden}) batch {args.batch}, ResNet-32 batch "
+              f"{args.resnet_batch}, median of {args.reps} after {args.warmup} warm-up"
+              + (" (--quick: sizes reduced)" if args.quick else ""))
+    print(header, flush=True)
+    started = time.time()
+    if "vit-linear" not in args.skip:
+        vit_linear(args, device)
+    if "resnet32" not in args.skip:
+        resnet32(args, device)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    slug = "".join(c if c.isalnum() else "_" for c in name).strip("_").lower()
+    path = out / f"hot_{slug}.json"
+    path.write_text(json.dumps({"device": name, "header": header, "command": " ".join(sys.argv),
+                                "seconds": time.time() - started, "rows": ROWS}, indent=1))
+    print(f"\n{header}\n")
+    print("| case | variant | metric | value | unit | ratio | vs |")
+    print("|---|---|---|---|---|---|---|")
+    for r in ROWS:
+        value = f"{r['value']:.4g}" if isinstance(r["value"], float) else str(r["value"])
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:.3f}x"
+        print(f"| {r['case']} | {r['variant']} | {r['metric']} | {value} | {r['unit']} | {ratio} | {r['vs']} |")
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
