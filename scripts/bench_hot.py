@@ -9,11 +9,13 @@ Cases (one table at the end, every number in OUT/hot_<device>.json):
   matmuls) → proj (768→768) → residual → LayerNorm → fc1 (768→3072) → GELU → fc2 (3072→768) → residual, tokens 197,
   batch 64. Backward time (loss.backward() only, after an untimed forward) under fp32 (TF32 off), bf16 autocast
   and HOT (backend per --backends; LQS calibrated on one batch first).
-- resnet32: one training step (forward, backward, SGD), CIFAR shape, batch 128, fp32 (TF32 off) against HOT.
+- resnet32: one training step (forward, backward, SGD), CIFAR shape, batch 128, fp32 (TF32 off) against HOT
+  (and HOT with quant.abc=pointwise: the 3×3 convs keep their float input).
 - memory: per case, peak torch.cuda.max_memory_allocated during a step minus what was allocated before it (model,
   optimizer state, the batch); and bytes saved for the backward per quantized layer kind (saved_tensors_hooks,
-  parameters left out), summed over the model, with everything else the forward saves as 'other' (under bf16
-  autocast the bf16 copies of the weights are saved tensors too, and count).
+  parameters left out), summed over the model, and all that the forward saves with each storage counted once
+  ('distinct': the memory really held; a conv whose input a ReLU saved as its output adds nothing in fp32, while
+  HOT's compressed copy comes on top). Under bf16 autocast the bf16 copies of the weights are saved tensors too.
 Times are medians of --reps after --warmup runs, CUDA events on the GPU.
 """
 import argparse
@@ -99,9 +101,11 @@ def peak_bytes(step, device) -> int | None:
 
 def saved_bytes(model: nn.Module, forward) -> dict[str, int]:
     """Bytes saved for the backward during forward(), by layer kind ('qkv', 'fc1', 'conv 3x3', ...), the
-    model's parameters left out; tensors saved outside a Linear/Conv2d (norms, activations) count as 'other'."""
+    model's parameters left out; tensors saved outside a Linear/Conv2d (norms, activations) count as 'other'.
+    'distinct' is the memory really held: each storage once (a conv's input that a ReLU saved as its output is
+    one tensor, counted under both kinds but once here)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    current, totals = [], defaultdict(int)
+    current, totals, storages = [], defaultdict(int), {}
     hooks = []
     for name, module in model.named_modules():
         if isinstance(module, (nn.Linear, nn.Conv2d)):
@@ -113,8 +117,10 @@ def saved_bytes(model: nn.Module, forward) -> dict[str, int]:
             hooks.append(module.register_forward_hook(lambda m, a, out: None if current.pop() else None))
 
     def pack(t):
-        if t.untyped_storage().data_ptr() not in params:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
             totals[current[-1] if current else "other"] += t.numel() * t.element_size()
+            storages[storage.data_ptr()] = storage.nbytes()
         return t
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -123,20 +129,20 @@ def saved_bytes(model: nn.Module, forward) -> dict[str, int]:
     finally:
         for hook in hooks:
             hook.remove()
-    return dict(totals)
+    return {**totals, "distinct": sum(storages.values())}
 
 
 def row(case, variant, metric, value, unit, ratio=None, vs=""):
     ROWS.append({"case": case, "variant": variant, "metric": metric, "value": value, "unit": unit,
                  "ratio": ratio, "vs": vs})
     shown = f"{value:.4g}" if isinstance(value, float) else str(value)
-    print(f"  {case:10s} {variant:18s} {metric:28s} {shown:>12s} {unit}"
+    print(f"  {case:10s} {variant:28s} {metric:28s} {shown:>12s} {unit}"
           + (f"  ({ratio:.2f}x {vs})" if ratio is not None else ""), flush=True)
 
 
-def _hot(backend: str):
+def _hot(backend: str, abc=True):
     import dataclasses
-    return dataclasses.replace(preset("hot"), backend=backend)
+    return dataclasses.replace(preset("hot"), backend=backend, abc=abc)
 
 
 def _calibrate(model, x, target, loss):
@@ -186,7 +192,7 @@ def vit_linear(args, device):
         if peak is not None:
             row(case, label, "peak memory of a step", peak / 2**20, "MiB")
         saved = saved_bytes(model, forward)
-        linear_total = sum(v for k, v in saved.items() if k != "other")
+        linear_total = sum(v for k, v in saved.items() if k not in ("other", "distinct"))
         if fp32_saved is None:
             fp32_saved = (saved, linear_total)
         for kind in ("qkv", "proj", "fc1", "fc2"):
@@ -194,9 +200,8 @@ def vit_linear(args, device):
             row(case, label, f"saved by {kind} (all blocks)", value / 2**20, "MiB",
                 value / fp32_saved[0][kind] if fp32_saved[0].get(kind) else None, "of fp32")
         row(case, label, "saved by the Linears", linear_total / 2**20, "MiB", linear_total / fp32_saved[1], "of fp32")
-        everything = sum(saved.values())
-        row(case, label, "saved in all", everything / 2**20, "MiB", everything / sum(fp32_saved[0].values()),
-            "of fp32")
+        row(case, label, "saved in all (distinct)", saved["distinct"] / 2**20, "MiB",
+            saved["distinct"] / fp32_saved[0]["distinct"], "of fp32")
         del model
 
 
@@ -207,11 +212,13 @@ def resnet32(args, device):
     x = torch.randn(args.resnet_batch, *shape, generator=g, device=device)
     y = torch.randint(0, classes, (args.resnet_batch,), generator=g, device=device)
     reference, fp32_saved = None, None
-    for label, backend in [("fp32", None)] + [(f"hot[{b}]", b) for b in args.backends]:
+    variants = [("fp32", None, True)] + [(f"hot[{b}]", b, True) for b in args.backends]
+    variants += [(f"hot[{args.backends[0]}] abc=pointwise", args.backends[0], "pointwise")]
+    for label, backend, abc in variants:
         torch.manual_seed(0)
         model = build_model("resnet32", shape, classes).to(device)
         if backend is not None:
-            quantize_model(model, _hot(backend))
+            quantize_model(model, _hot(backend, abc))
             per_token, layers = _calibrate(model, x, y, F.cross_entropy)
             row(case, label, "LQS per-token layers", per_token, f"of {layers}")
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -231,11 +238,11 @@ def resnet32(args, device):
         saved = saved_bytes(model, lambda: F.cross_entropy(model(x), y))
         if fp32_saved is None:
             fp32_saved = saved
-        for kind in sorted(k for k in fp32_saved if k != "other"):
+        for kind in sorted(k for k in fp32_saved if k not in ("other", "distinct")):
             value = saved.get(kind, 0)
             row(case, label, f"saved by {kind} layers", value / 2**20, "MiB", value / fp32_saved[kind], "of fp32")
-        everything = sum(saved.values())
-        row(case, label, "saved in all", everything / 2**20, "MiB", everything / sum(fp32_saved.values()), "of fp32")
+        row(case, label, "saved in all (distinct)", saved["distinct"] / 2**20, "MiB",
+            saved["distinct"] / fp32_saved["distinct"], "of fp32")
         del model, optimizer
 
 
