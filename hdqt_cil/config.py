@@ -91,6 +91,7 @@ RULES = [
     ("strategy.stage_2_lr", None, *POSITIVE),
     ("strategy.fixed_memory", None, *BOOL),
     ("strategy.eval_head", None, *_one_of("nme", "linear")),
+    ("strategy.loss", "icarl", *_one_of("bce", "ce_kd")),
 ]
 
 

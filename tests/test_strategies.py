@@ -7,13 +7,15 @@ import pytest
 from hdqt_cil.experiment import run
 
 STRATEGIES = ["naive", "lwf", "icarl", "bic", "joint"]
+VARIANTS = {"bic": ["strategy.stage_2_epochs=2"], "icarl-ce_kd": ["strategy.loss=ce_kd", "strategy.eval_head=linear"]}
 
 
 @pytest.mark.parametrize("quant", ["fp32", "hdqt"])
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_strategy_runs_one_epoch_on_digits(make_cfg, tmp_path, strategy, quant):
+@pytest.mark.parametrize("variant", [*STRATEGIES, "icarl-ce_kd"])
+def test_strategy_runs_one_epoch_on_digits(make_cfg, tmp_path, variant, quant):
+    strategy = variant.split("-")[0]
     cfg = make_cfg(f"strategy={strategy}", f"quant={quant}", "trainer.epochs=1", "trainer.device=cpu",
-                   *(["strategy.stage_2_epochs=2"] if strategy == "bic" else []))
+                   *VARIANTS.get(variant, []))
     summary = run(cfg, tmp_path / "run")
     steps = 1 if strategy == "joint" else 5
     acc = np.array(summary["acc_matrix"], dtype=float)
@@ -60,3 +62,32 @@ def test_hdqt_training_loss_decreases(make_cfg, tmp_path, strategy):
     losses = summary["train_loss"][0]
     assert len(losses) == 4 and losses[-1] < 0.8 * losses[0], losses
     assert (tmp_path / "run" / "quant_stats.json").exists()
+
+
+def test_icarl_ce_kd_is_scored_by_its_head(make_cfg, tmp_path):
+    with pytest.raises(ValueError, match="strategy.eval_head='nme' needs strategy.loss=bce"):
+        run(make_cfg("strategy=icarl", "strategy.loss=ce_kd"), tmp_path / "run")
+
+
+def test_pycil_losses_by_hand():
+    """LwF: CE over the current classes; iCaRL (current_only=False): CE over all seen classes; both + λ·KD_T."""
+    import torch
+    import torch.nn.functional as F
+    from types import SimpleNamespace
+
+    from hdqt_cil.cl.lwf import LwFPlugin
+
+    torch.manual_seed(0)
+    old_model = torch.nn.Linear(4, 6)
+    x, logits, y = torch.randn(5, 4), torch.randn(5, 6), torch.tensor([2, 3, 0, 3, 1])
+    for current_only, first in ((True, 2), (False, 0)):
+        plugin = LwFPlugin(lamb=0.5, temperature=2.0, current_only=current_only)
+        plugin.known, plugin.total, plugin.old_model = 2, 4, old_model
+        batch = SimpleNamespace(mb_output=logits, mb_y=y, mb_x=x, loss=None)
+        if current_only:
+            batch.mb_y = torch.tensor([2, 3, 2, 3, 2])
+        plugin.before_backward(batch)
+        teacher = F.softmax(old_model(x)[:, :2].detach() / 2, dim=1)
+        kd = -(teacher * F.log_softmax(logits[:, :2] / 2, dim=1)).sum(1).mean()
+        expected = F.cross_entropy(logits[:, first:4], batch.mb_y - first) + 0.5 * kd
+        assert torch.allclose(batch.loss, expected)

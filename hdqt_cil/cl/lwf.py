@@ -9,6 +9,9 @@ cross-entropy to the current experience's classes and distils the old model's ol
 
 with KD_T the soft cross-entropy between temperature-T softmaxes (λ = 3, T = 2 in PyCIL). Classes are
 relabelled in arrival order (data/benchmarks.py), so old classes are 0..known-1.
+
+PyCIL's iCaRL trains with the same distillation but a cross-entropy over every class seen so far (the exemplars
+bring the old ones): `current_only=False`, λ = 1 (cl/icarl.py).
 """
 import copy
 
@@ -24,10 +27,11 @@ def soft_cross_entropy(logits, teacher_logits, temperature: float):
 
 
 class LwFPlugin(SupervisedPlugin):
-    def __init__(self, lamb: float = 3.0, temperature: float = 2.0):
+    def __init__(self, lamb: float = 3.0, temperature: float = 2.0, current_only: bool = True):
         super().__init__()
         self.lamb = lamb
         self.temperature = temperature
+        self.current_only = current_only
         self.old_model = None
         self.known = 0
         self.total = 0
@@ -37,7 +41,8 @@ class LwFPlugin(SupervisedPlugin):
 
     def before_backward(self, strategy, **kwargs):
         logits = strategy.mb_output
-        loss = F.cross_entropy(logits[:, self.known:self.total], strategy.mb_y - self.known)
+        first = self.known if self.current_only else 0
+        loss = F.cross_entropy(logits[:, first:self.total], strategy.mb_y - first)
         if self.old_model is not None:
             with torch.no_grad():
                 old_logits = self.old_model(strategy.mb_x)[:, : self.known]

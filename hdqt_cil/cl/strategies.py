@@ -11,6 +11,7 @@ from avalanche.training.templates import SupervisedTemplate
 from torchvision.transforms import v2
 
 from .bic import BiCPlugin
+from .icarl import pycil_icarl_plugins
 from .lwf import LwFPlugin
 
 _BUILDERS: dict[str, Callable] = {}
@@ -60,13 +61,17 @@ class _ScoreWithTrainedHead(SupervisedPlugin):
 
 @register("icarl")
 def _icarl(cfg, trainer, model, common, image_inputs):
+    if cfg.loss == "ce_kd":
+        if cfg.eval_head != "linear":
+            raise ValueError(f"strategy.eval_head={cfg.eval_head!r} needs strategy.loss=bce; loss=ce_kd (PyCIL's "
+                             "iCaRL) is scored by its trained head: set strategy.eval_head=linear")
+        plugins = [*common["plugins"], *pycil_icarl_plugins(model, trainer.memory_size, cfg.temperature)]
+        return SupervisedTemplate(model=model, **{**common, "plugins": plugins})
     # Exemplars are raw uint8 images (the model normalises); replay gets the geometric augmentation.
     replay_tf = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()]) if image_inputs else None
     kwargs = {k: v for k, v in common.items() if k != "criterion"}  # iCaRL brings its own loss
     if cfg.eval_head == "linear":
         kwargs["plugins"] = [*kwargs["plugins"], _ScoreWithTrainedHead()]
-    elif cfg.eval_head != "nme":
-        raise ValueError(f"strategy.eval_head={cfg.eval_head!r}; choose linear or nme")
     return ICaRL(feature_extractor=model.features, classifier=model.classifier,
                  memory_size=trainer.memory_size, buffer_transform=replay_tf,
                  fixed_memory=cfg.fixed_memory, **kwargs)
