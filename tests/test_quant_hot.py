@@ -198,6 +198,27 @@ def test_abc_saves_the_compressed_int8_input():
     assert _saved_activation_bytes(conv, image) == _saved_activation_bytes(conv_plain, image) == image.numel() * 4
 
 
+def test_extreme_inputs():
+    from hdqt_cil.quant import NonFiniteError
+
+    layer = quantize_model(nn.Linear(8, 16), preset("hot"))
+    empty = torch.zeros(0, 8, requires_grad=True)
+    layer(empty).sum().backward()  # torch's own layer: an empty output, zero gradients, no step
+    assert layer.step == 0 and not layer.weight.grad.any()
+    zeros = torch.zeros(3, 8, requires_grad=True)
+    layer(zeros).sum().backward()
+    assert torch.isfinite(zeros.grad).all() and not layer.weight.grad.any()
+    bad = torch.randn(4, 8)
+    bad[1, 2] = float("nan")
+    with pytest.raises(NonFiniteError, match="nan in the input"):
+        layer(bad.requires_grad_())
+    y = layer(torch.randn(4, 8, requires_grad=True))
+    g = torch.randn_like(y)
+    g[0, 0] = float("inf")
+    with pytest.raises(NonFiniteError, match="inf in the output gradient"):
+        y.backward(g)
+
+
 # ------------------------------------------------------------------------------------------------- LQS
 
 def test_lqs_errors_pick_per_token_only_for_row_outliers():

@@ -185,9 +185,9 @@ class _HotLayer:
         self._lqs = int(self.lqs_choice)
 
     def forward(self, x):
-        if self.lqs_float or not torch.is_grad_enabled() or not (x.requires_grad or self.weight.requires_grad
-                                                                 or self.bias is not None and self.bias.requires_grad):
-            return self._torch_class.forward(self, x)  # no HOT backward to prepare: torch's own forward
+        wants_grad = x.requires_grad or self.weight.requires_grad or self.bias is not None and self.bias.requires_grad
+        if self.lqs_float or not torch.is_grad_enabled() or not wants_grad or x.numel() == 0:
+            return self._torch_class.forward(self, x)  # no HOT backward to prepare (or an empty batch): torch's op
         training = self.training
         step = self.step
         if training:
