@@ -25,7 +25,7 @@ class HerdingMemory(SupervisedPlugin):
             strategy.adapted_dataset = strategy.adapted_dataset.concat(self.storage.buffer)
 
     def after_training_exp(self, strategy, **kwargs):
-        self.storage.update(strategy, **kwargs)
+        self.storage.post_adapt(strategy, strategy.experience)
 
 
 def pycil_icarl_plugins(model, memory_size: int, temperature: float) -> list:
