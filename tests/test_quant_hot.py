@@ -312,12 +312,15 @@ def test_bad_hot_configs_name_the_value(cfg, message):
 
 # ------------------------------------------------------------------------------------------------- training
 
-def _train(model_name, scheme, steps=4, batch=32, shape=None, classes=10, seed=0, device="cpu"):
+def _train(model_name, scheme, steps=4, batch=32, shape=None, classes=10, seed=0, device="cpu", mixed_lqs=False):
     from hdqt_cil.models import build_model
 
     torch.manual_seed(seed)
     shape = shape or ((64,) if model_name == "mlp" else (3, 16, 16))
     model = quantize_model(build_model(model_name, shape, classes).to(device), scheme)
+    if mixed_lqs:  # both g_x granularities in one model
+        for i, m in enumerate(m for m in model.modules() if isinstance(m, (HotLinear, HotConv2d))):
+            m.set_lqs(i % 2 == 0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator(device=device).manual_seed(1)
     x = torch.randn(batch, *shape, generator=g, device=device)
@@ -374,10 +377,16 @@ def test_gpu_torch_and_cupy_backends_train_identically(model_name, shape, batch)
         pytest.skip(why)
     classes = 11 if model_name == "mlp" else 10
     states = []
-    for backend in ("torch", "cupy"):
-        scheme = dataclasses.replace(preset("hot"), backend=backend)
-        model, losses = _train(model_name, scheme, steps=3, batch=batch, shape=shape, classes=classes, device="cuda")
-        states.append((model.state_dict(), losses, quant_stats(model)))
+    deterministic = torch.backends.cudnn.deterministic
+    torch.backends.cudnn.deterministic = True  # the float forward (cuDNN) must not vary between the two runs
+    try:
+        for backend in ("torch", "cupy"):
+            scheme = dataclasses.replace(preset("hot"), backend=backend)
+            model, losses = _train(model_name, scheme, steps=3, batch=batch, shape=shape, classes=classes,
+                                   device="cuda", mixed_lqs=True)
+            states.append((model.state_dict(), losses, quant_stats(model)))
+    finally:
+        torch.backends.cudnn.deterministic = deterministic
     (ref, ref_losses, ref_stats), (got, losses, stats) = states
     differ = {k: (got[k].float() - ref[k].float()).abs().max().item() for k in ref if not torch.equal(ref[k], got[k])}
     assert not differ, f"{len(differ)} tensors differ (max |diff|): {differ}"
