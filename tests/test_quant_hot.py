@@ -141,10 +141,12 @@ def test_quantized_gradients_are_close_and_abc_on_off_identical(case):
     assert (gw - exact[2]).norm() < 0.9 * exact[2].norm()
 
 
-def test_stochastic_rounding_stays_unbiased_through_both_paths():
+@pytest.mark.parametrize("per_token", [False, True])
+def test_stochastic_rounding_stays_unbiased_through_both_paths(per_token):
     """Over many seeds the mean g_x equals (G·H) · deq(Q(H·W))ᵀ / n, the mean g_W equals (P·G)ᵀ · deq(ABC) / L'."""
     torch.manual_seed(0)
     layer = quantize_model(nn.Linear(24, 32, bias=False), preset("hot"))
+    layer.set_lqs(per_token)
     x, g = torch.randn(64, 24), torch.randn(64, 32)
     scheme = preset("hot")
     n = hadamard_block_size(32, 16)
@@ -337,7 +339,8 @@ def _train(model_name, scheme, steps=4, batch=32, shape=None, classes=10, seed=0
 
 @pytest.mark.parametrize("model_name,batch", [("mlp", 32), ("resnet32", 8)])
 def test_training_steps_lower_the_loss(model_name, batch):
-    model, losses = _train(model_name, preset("hot"), steps=4 if model_name == "mlp" else 3, batch=batch)
+    model, losses = _train(model_name, preset("hot"), steps=4 if model_name == "mlp" else 3, batch=batch,
+                           mixed_lqs=True)
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0]
     layers = [m for m in model.modules() if isinstance(m, (HotLinear, HotConv2d))]
