@@ -7,11 +7,11 @@ import pytest
 from hdqt_cil.experiment import run
 
 STRATEGIES = ["naive", "lwf", "icarl", "bic", "joint"]
-VARIANTS = {"bic": ["strategy.stage_2_epochs=2"], "icarl-ce_kd": ["strategy.loss=ce_kd", "strategy.eval_head=linear"]}
+VARIANTS = {"bic": ["strategy.stage_2_epochs=2"], "icarl-bce": ["strategy.loss=bce", "strategy.eval_head=nme"]}
 
 
 @pytest.mark.parametrize("quant", ["fp32", "hdqt"])
-@pytest.mark.parametrize("variant", [*STRATEGIES, "icarl-ce_kd"])
+@pytest.mark.parametrize("variant", [*STRATEGIES, "icarl-bce"])
 def test_strategy_runs_one_epoch_on_digits(make_cfg, tmp_path, variant, quant):
     strategy = variant.split("-")[0]
     cfg = make_cfg(f"strategy={strategy}", f"quant={quant}", "trainer.epochs=1", "trainer.device=cpu",
@@ -66,7 +66,7 @@ def test_hdqt_training_loss_decreases(make_cfg, tmp_path, strategy):
 
 def test_icarl_ce_kd_is_scored_by_its_head(make_cfg, tmp_path):
     with pytest.raises(ValueError, match="strategy.eval_head='nme' needs strategy.loss=bce"):
-        run(make_cfg("strategy=icarl", "strategy.loss=ce_kd"), tmp_path / "run")
+        run(make_cfg("strategy=icarl", "strategy.loss=ce_kd", "strategy.eval_head=nme"), tmp_path / "run")
 
 
 def test_pycil_losses_by_hand():
