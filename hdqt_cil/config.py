@@ -10,6 +10,22 @@ def run_path(benchmark, model, strategy, quant, tag, seed) -> str:
     return f"{benchmark}-{model}/{strategy}/{quant_dir}/seed{seed}"
 
 
+# Keys that may differ between two runs of the same experiment: they change how, not what, is computed.
+RUN_INDEPENDENT = ("overwrite", "resume", "on_divergence", "logging", "results_root", "data_root")
+RUN_INDEPENDENT_TRAINER = ("device", "num_workers")
+
+
+def comparable_config(cfg_dict: dict) -> dict:
+    """The part of a resolved config that decides a run's results. Where a named benchmark's files lie is not
+    part of it (they are checked on loading); the file of `benchmark=features` is."""
+    out = {k: v for k, v in cfg_dict.items() if k not in RUN_INDEPENDENT}
+    out["trainer"] = {k: v for k, v in out.get("trainer", {}).items() if k not in RUN_INDEPENDENT_TRAINER}
+    benchmark = out.get("benchmark", {})
+    if benchmark.get("name") != "features":
+        out["benchmark"] = {k: v for k, v in benchmark.items() if k not in ("path", "root")}
+    return out
+
+
 def gpu_count() -> int:
     """GPUs visible to this process, at least 1 (a sweep's default parallelism)."""
     import torch

@@ -19,7 +19,7 @@ from .cl.optim import PerExperienceSGD
 from .cl.quantization import QuantizationPlugin
 from .cl.recorder import PredictionRecorder
 from .cl.strategies import build_strategy
-from .config import validate, validate_against_benchmark
+from .config import comparable_config, validate, validate_against_benchmark
 from .data.augment import augment_batch
 from .data.benchmarks import build_benchmark
 from .models import build_model
@@ -28,10 +28,6 @@ from .results.metrics import AccuracyHistory, summarize
 from .results.tables import display_table, aggregate, collect_runs, to_markdown
 
 log = logging.getLogger(__name__)
-
-# Keys that may differ between two runs writing the same folder: they change how, not what, is computed.
-_RUN_INDEPENDENT = ("overwrite", "resume", "on_divergence", "logging", "results_root", "data_root")
-
 
 def resolve_device(name: str, job_num: int = 0) -> torch.device:
     """`auto`: CUDA when present; in a sweep, job k takes GPU k mod (GPU count)."""
@@ -45,12 +41,6 @@ def resolve_device(name: str, job_num: int = 0) -> torch.device:
     return device
 
 
-def _comparable(cfg_dict: dict) -> dict:
-    out = {k: v for k, v in cfg_dict.items() if k not in _RUN_INDEPENDENT}
-    out["trainer"] = {k: v for k, v in out.get("trainer", {}).items() if k not in ("device", "num_workers")}
-    return out
-
-
 def claim_run_dir(run_dir: Path, cfg_dict: dict, overwrite: bool) -> str:
     """Make `run_dir` ours. Returns 'done' (this exact run finished there), 'again' (this run started there
     before) or 'new'. A folder holding a different config is refused."""
@@ -58,7 +48,7 @@ def claim_run_dir(run_dir: Path, cfg_dict: dict, overwrite: bool) -> str:
     state = "new"
     if config_file.exists() and not overwrite:
         previous = OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
-        if _comparable(previous) != _comparable(cfg_dict):
+        if comparable_config(previous) != comparable_config(cfg_dict):
             raise FileExistsError(
                 f"{run_dir} holds a run with a different config; set tag=<name> to write this one elsewhere, "
                 f"or overwrite=true to replace it")

@@ -58,9 +58,10 @@ def test_no_runs_is_an_error(tmp_path):
         collect_runs(tmp_path)
 
 
-def _run_with_config(root, name, summary, **quant):
+def _run_with_config(root, name, summary, strategy=None, trainer=None, **quant):
     write_json(root / name / "summary.json", summary)
-    config = {"quant": {**PRESET_CONFIGS[summary["run"]["quant"]], **quant}}
+    config = {"quant": {**PRESET_CONFIGS[summary["run"]["quant"]], **quant},
+              "strategy": strategy or {"name": summary["run"]["strategy"]}, "trainer": trainer or {}}
     (root / name / "config.yaml").write_text(OmegaConf.to_yaml(config))
 
 
@@ -81,3 +82,19 @@ def test_main_table_puts_schemes_side_by_side_and_ablation_rows_by_setting(tmp_p
     assert "| hapt | bic | hdqt | default | 98.5 ± 0.7 | 88.5 ± 0.7 |" in ablation   # the tagged acc8 copy counts once
     assert "| 2 |" in ablation.splitlines()[-1] and "fp32" not in ablation
     assert (tmp_path / "out" / "ablation.png").stat().st_size > 1000
+
+
+def test_runs_differing_in_settings_are_split_and_named_never_averaged(tmp_path):
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        for loss, last in (("bce", 70.0), ("ce_kd", 85.0)):
+            _run_with_config(runs, f"{loss}{seed}", _summary("icarl", "fp32", seed, last + seed),
+                             strategy={"name": "icarl", "loss": loss}, trainer={"epochs": 100, "device": f"cuda:{seed}"})
+        _run_with_config(runs, f"hdqt{seed}", _summary("icarl", "hdqt", seed, 60.0),
+                         strategy={"name": "icarl", "loss": "bce"}, trainer={"epochs": 100, "device": "cpu"})
+    table = make_tables([runs], tmp_path / "out")
+    assert sorted(table.variant) == ["strategy.loss=bce", "strategy.loss=bce", "strategy.loss=ce_kd"]
+    assert sorted(table["last acc"]) == ["60.0 ± 0.0", "70.5 ± 0.7", "85.5 ± 0.7"]   # the device does not split
+    main = (tmp_path / "out" / "main.md").read_text()
+    assert "| hapt | icarl [strategy.loss=bce] | 80.5 ± 0.7 | 70.5 ± 0.7 | 5.0 ± 0.0 | 70.0 ± 0.0 | 60.0 ± 0.0 |" in main
+    assert "| hapt | icarl [strategy.loss=ce_kd] | 95.5 ± 0.7 | 85.5 ± 0.7 | 5.0 ± 0.0 | – | – | – |" in main

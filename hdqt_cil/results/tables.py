@@ -1,6 +1,7 @@
 """Tables and plots from run folders (never from logs): mean ± std over seeds.
 
-- table.*: one row per benchmark × model × strategy × quant[tag];
+- table.*: one row per benchmark × model × strategy × quant[tag] (and variant: runs of one such row whose configs
+  differ in anything but the seed are split, the differing settings named, never averaged together);
 - main.md: the paper's layout, one row per benchmark × strategy with the schemes side by side (untagged runs);
 - ablation.md / ablation.png: runs whose quant settings differ from their preset, one row per setting, and
   accuracy against each numeric setting.
@@ -14,10 +15,12 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
+from ..config import comparable_config
 from ..quant.schemes import PRESET_CONFIGS
 from .io import read_json, write_atomic
 
 KEYS = ["benchmark", "model", "strategy", "quant"]
+ROW_KEYS = [*KEYS, "variant", "quant_variant"]
 METRICS = {"avg_acc": "avg acc", "last_acc": "last acc", "forgetting": "forgetting", "wall_time_s": "wall s"}
 SCHEME_ORDER = ["fp32", "hdqt", "hot", "int4", "luq"]
 # Settings that do not change a scheme's numerics, left out when a run's settings are compared with its preset.
@@ -31,32 +34,59 @@ def _flat(d: dict, prefix="") -> dict:
     return out
 
 
-def quant_setting(run_dir: Path) -> str:
-    """'key=value, ...' for the quant settings of a run that differ from its preset ('' when none do)."""
+def _run_config(run_dir: Path) -> dict:
+    """The run's resolved config.yaml ({} when absent)."""
     config = run_dir / "config.yaml"
-    if not config.exists():
-        return ""
-    quant = OmegaConf.to_container(OmegaConf.load(config).quant, resolve=False)
-    preset = _flat(PRESET_CONFIGS.get(quant["name"], {}))
+    return OmegaConf.to_container(OmegaConf.load(config), resolve=True) if config.exists() else {}
+
+
+def quant_setting(config: dict) -> str:
+    """'key=value, ...' for the quant settings of a run that differ from its preset ('' when none do)."""
+    quant = config.get("quant", {})
+    preset = _flat(PRESET_CONFIGS.get(quant.get("name"), {}))
     return ", ".join(f"{k}={v}" for k, v in sorted(_flat(quant).items())
                      if k not in _NEUTRAL_SETTINGS and k in preset and preset[k] != v)
 
 
+def _differences(df: pd.DataFrame, flat: list[dict], by: list[str]) -> list[str]:
+    """Per run, 'key=value, ...' for the settings in which it differs from other runs of its `by` group."""
+    out = [""] * len(df)
+    for _, group in df.groupby(by):
+        rows = group.index.tolist()
+        keys = sorted(set().union(*(flat[i] for i in rows)))
+        differing = [k for k in keys if len({repr(flat[i].get(k, "unset")) for i in rows}) > 1]
+        for i in rows:
+            out[i] = ", ".join(f"{k}={flat[i].get(k, 'unset')}" for k in differing)
+    return out
+
+
+def _variants(df: pd.DataFrame, configs: list[dict]) -> tuple[list[str], list[str]]:
+    """Settings that split runs which would otherwise share a row: outside quant (compared across the schemes of
+    one benchmark × model × strategy, so the schemes still line up) and inside quant (within one row)."""
+    flat = [{k: v for k, v in _flat(comparable_config(c)).items() if k not in ("seed", "tag", "quant.seed")}
+            for c in configs]
+    outside = [{k: v for k, v in f.items() if not k.startswith("quant.")} for f in flat]
+    inside = [{k: v for k, v in f.items() if k.startswith("quant.")} for f in flat]
+    return (_differences(df, outside, ["benchmark", "model", "strategy"]), _differences(df, inside, KEYS))
+
+
 def collect_runs(*roots) -> pd.DataFrame:
     """One row per run folder (a folder holding summary.json) found under `roots`."""
-    rows = []
+    rows, configs = [], []
     for root in roots:
         for path in sorted(Path(root).rglob("summary.json")):
-            summary = read_json(path)
+            summary, config = read_json(path), _run_config(path.parent)
+            configs.append(config)
             rows.append({**summary["run"], **summary["metrics"], "status": summary["status"],
                          "seen_acc": summary["seen_acc"], "classes_per_exp": summary["classes_per_exp"],
                          "wall_time_s": summary.get("wall_time_s", math.nan), "path": str(path.parent),
-                         "setting": quant_setting(path.parent)})
+                         "setting": quant_setting(config)})
     if not rows:
         raise FileNotFoundError(f"no run folders (summary.json) under {', '.join(map(str, roots))}")
     df = pd.DataFrame(rows)
     df["scheme"] = df["quant"]
     df["quant"] = df["quant"] + df["tag"].fillna("").map(lambda t: f"[{t}]" if t else "")
+    df["variant"], df["quant_variant"] = _variants(df, configs)
     return df
 
 
@@ -69,7 +99,7 @@ def _cell(values, status) -> str:
     return text + (f" ({diverged} diverged)" if diverged else "")
 
 
-def aggregate(df: pd.DataFrame, keys=KEYS) -> pd.DataFrame:
+def aggregate(df: pd.DataFrame, keys=ROW_KEYS) -> pd.DataFrame:
     """Numeric table: per keys, mean and std of each metric over complete runs, and run counts."""
     rows = []
     for key, group in df.groupby(list(keys), sort=True):
@@ -86,9 +116,9 @@ def aggregate(df: pd.DataFrame, keys=KEYS) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def display_table(agg: pd.DataFrame, keys=KEYS) -> pd.DataFrame:
-    """The human table: text cells 'mean ± std'."""
-    table = agg[list(keys)].copy()
+def display_table(agg: pd.DataFrame, keys=ROW_KEYS) -> pd.DataFrame:
+    """The human table: text cells 'mean ± std'; variant columns only where some row has one."""
+    table = agg[[k for k in keys if not k.endswith("variant") or (agg[k] != "").any()]].copy()
     for m, title in METRICS.items():
         table[title] = agg[f"{m}_text"]
     table["seeds"] = agg["seeds"]
@@ -99,8 +129,11 @@ def display_table(agg: pd.DataFrame, keys=KEYS) -> pd.DataFrame:
 
 def main_table(df: pd.DataFrame) -> pd.DataFrame:
     """The paper's layout: benchmark × strategy rows; avg / last accuracy and forgetting of each scheme side by
-    side, FP32 first. Only runs at their preset's settings (no tag) enter."""
-    agg = aggregate(df[df.tag.fillna("") == ""], keys=["benchmark", "strategy", "scheme"])
+    side, FP32 first. Only runs at their preset's settings (no tag, no quant variant) enter; a strategy run in
+    several variants gets a row for each, named by its differing settings."""
+    runs = df[(df.tag.fillna("") == "") & (df.quant_variant == "")]
+    runs = runs.assign(strategy=[s + (f" [{v}]" if v else "") for s, v in zip(runs.strategy, runs.variant)])
+    agg = aggregate(runs, keys=["benchmark", "strategy", "scheme"])
     schemes = sorted(agg.scheme.unique(), key=lambda q: (SCHEME_ORDER + [q]).index(q))
     table = agg[["benchmark", "strategy"]].drop_duplicates().reset_index(drop=True)
     for scheme in schemes:
