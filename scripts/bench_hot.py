@@ -19,7 +19,6 @@ Cases (one table at the end, every number in OUT/hot_<device>.json):
 Times are medians of --reps after --warmup runs, CUDA events on the GPU.
 """
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -34,6 +33,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_record import save_rows  # noqa: E402
 from hdqt_cil.models import build_model  # noqa: E402
 from hdqt_cil.quant import calibrate_lqs, lqs_choices, preset, quantize_model  # noqa: E402
 from hdqt_cil.quant.backend import resolve_ops  # noqa: E402
@@ -280,12 +280,7 @@ def main():
     if "resnet32" not in args.skip:
         resnet32(args, device)
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    slug = "".join(c if c.isalnum() else "_" for c in name).strip("_").lower()
-    path = out / f"hot_{slug}.json"
-    path.write_text(json.dumps({"device": name, "header": header, "command": " ".join(sys.argv),
-                                "seconds": time.time() - started, "rows": ROWS}, indent=1))
+    path = save_rows(args.out, "hot", name, header, started, ROWS)
     print(f"\n{header}\n")
     print("| case | variant | metric | value | unit | ratio | vs |")
     print("|---|---|---|---|---|---|---|")

@@ -18,7 +18,6 @@ Times are medians of CUDA-event timings after warm-up; GEMM inputs rotate among 
 """
 import argparse
 import dataclasses
-import json
 import math
 import statistics
 import sys
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_record import save_rows  # noqa: E402
 from hdqt_cil import kernels  # noqa: E402
 from hdqt_cil.kernels import _runtime as rt  # noqa: E402
 
@@ -385,12 +385,7 @@ def main():
     if not args.skip_steps:
         training_steps(args.quick)
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    slug = "".join(c if c.isalnum() else "_" for c in device).strip("_").lower()
-    path = out / f"bench_kernels_{slug}.json"
-    path.write_text(json.dumps({"device": device, "header": header, "command": " ".join(sys.argv),
-                                "seconds": time.time() - started, "rows": ROWS}, indent=1))
+    path = save_rows(args.out, "bench_kernels", device, header, started, ROWS)
     print(f"\n{header}\n")
     print("| group | case | time ms | value | unit | ratio | vs | target |")
     print("|---|---|---|---|---|---|---|---|")

@@ -2,6 +2,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from hdqt_cil.config import register_resolvers
@@ -27,3 +28,12 @@ def make_cfg(tmp_path):
 def _quiet_threads():
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     yield
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny layers: one thread avoids OpenMP hand-offs that dominate on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

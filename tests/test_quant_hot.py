@@ -17,12 +17,7 @@ from hdqt_cil.quant.lqs import quantization_errors
 FULL_PRECISION = {"name": "hot", "gx_bits": None, "gw_bits": None, "abc_bits": None, "hla_rank_ratio": 1.0}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def sylvester(n):

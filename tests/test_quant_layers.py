@@ -11,13 +11,7 @@ from hdqt_cil.quant import (NonFiniteError, QuantConv2d, QuantLinear, preset, qu
 F32 = torch.float32
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These layers are tiny: one thread avoids OpenMP hand-offs that dominate on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def reference_levels(t, signed, clip=0.975, bits=4):
