@@ -2,13 +2,15 @@
 # Build, check and time the CuPy kernels in one call on the GPU machine (the device tool's `run`):
 #   run(command="bash scripts/gpu_check.sh", carry=[".whl", ".device_data/kernel_cache"])
 #   (the CPU compile test, tests/test_kernels_compile.py, runs in CI, not here)
-# .whl holds the project's wheels (scripts/prepare_device.sh); only omegaconf and antlr4 are installed from it
-# (hdqt_cil.quant reads its config with omegaconf). Logs and the benchmark JSON go to $OUT (at most 8 files):
+# .whl holds the project's wheels (scripts/prepare_device.sh); omegaconf, antlr4 and hydra-core are installed from
+# it (hdqt_cil.quant reads its config with omegaconf; the tests' conftest composes configs with hydra).
+# Logs and the benchmark JSON go to $OUT (at most 8 files):
 #   check.log    device, kernel resource usage (registers, spills), pytest of tests/test_kernels*.py
 #   bench.log    scripts/bench_kernels.py (its table is printed last)
-#   bench_kernels_<device>.json, junit.xml
-# Environment: CHECK_TESTS=0 skips the tests, CHECK_BENCH=0 the benchmark, BENCH_ARGS passes options to it,
-# PYTEST_ARGS to pytest (e.g. "-k gemm").
+#   hot.log      the GPU tests of quant (HOT and the torch reference on CUDA), then scripts/bench_hot.py
+#   bench_kernels_<device>.json, hot_<device>.json, junit.xml
+# Environment: CHECK_TESTS=0 skips the tests, CHECK_BENCH=0 the benchmark, CHECK_HOT=0 the HOT stage,
+# BENCH_ARGS passes options to bench_kernels.py, HOT_ARGS to bench_hot.py, PYTEST_ARGS to pytest (e.g. "-k gemm").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -21,7 +23,7 @@ log="$OUT/check.log"
 
 if ls .whl/omegaconf-*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .whl/omegaconf-*.whl .whl/antlr4_python3_runtime-*.whl >>"$log" 2>&1
+    .whl/omegaconf-*.whl .whl/antlr4_python3_runtime-*.whl .whl/hydra_core-*.whl >>"$log" 2>&1
   export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD
@@ -63,4 +65,16 @@ if [ "${CHECK_BENCH:-1}" = 1 ]; then
   timeout ${BENCH_TIMEOUT:-240} $PY scripts/bench_kernels.py --out "$OUT" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
   echo "bench exit $?" >>"$OUT/bench.log"
   tail -n 70 "$OUT/bench.log"
+fi
+
+if [ "${CHECK_HOT:-1}" = 1 ]; then
+  {
+    echo "== GPU tests of quant: HOT and the reference, torch vs CuPy"
+    timeout ${HOT_TEST_TIMEOUT:-200} $PY -m pytest -p no:cacheprovider -q -rfEs -m gpu \
+      tests/test_quant_hot.py tests/test_quant_gpu.py
+    echo "pytest exit $?"
+    timeout ${HOT_BENCH_TIMEOUT:-200} $PY scripts/bench_hot.py --out "$OUT" ${HOT_ARGS:-}
+    echo "bench_hot exit $?"
+  } >"$OUT/hot.log" 2>&1
+  tail -n 60 "$OUT/hot.log"
 fi
