@@ -6,7 +6,7 @@ floor((n - 128) / 64) + 1 windows (none when n < 128). This reproduces the relea
 Train/Test label and subject files row for row. Rows are written in the release's order: the windows of the
 training subjects (in labels.txt order), then those of the test subjects; `official_test` marks the latter.
 
-    python -m data_prep.hapt --archive ../shared/data/hapt/hapt_raw.tar.xz --out data/hapt_features.npz
+    python -m data_prep.hapt --archive PATH/hapt_raw.tar.xz --out data/hapt_features.npz
 """
 import sys
 from dataclasses import dataclass
