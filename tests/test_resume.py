@@ -22,9 +22,10 @@ def _summary(results_root, strategy, quant="fp32"):
     return json.loads((results_root / f"digits-mlp/{strategy}/{quant}/seed0/summary.json").read_text())
 
 
-@pytest.mark.parametrize("strategy,quant", [("icarl", "fp32"), ("bic", "hdqt")])
+@pytest.mark.parametrize("strategy,quant", [("icarl", "fp32"), ("bic", "hdqt"), ("lwf", "hot")])
 def test_sigkill_mid_experience_then_resume_matches_uninterrupted(tmp_path, strategy, quant):
-    """HDQT's stochastic rounding draws from per-layer step counters: they must resume exactly too."""
+    """Stochastic rounding draws from per-layer step counters and HOT keeps its LQS choices in buffers: both must
+    resume exactly too."""
     overrides = [f"strategy={strategy}", f"quant={quant}", "trainer.epochs=30", "trainer.milestones=[20]",
                  *(["strategy.stage_2_epochs=5"] if strategy == "bic" else [])]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
