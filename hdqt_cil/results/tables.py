@@ -9,6 +9,7 @@ A run counts in a mean only when its summary says `complete`. Diverged runs are 
 stopped early (fewer experiences than configured) are counted in a separate column, never averaged in.
 """
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -199,24 +200,35 @@ def to_markdown(table: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body]) + "\n"
 
 
+def _short(variant: str) -> str:
+    """'strategy.loss=ce_kd, trainer.milestones=[60, 100]' -> 'loss=ce_kd, milestones=[60, 100]' for legends."""
+    parts = re.split(r", (?=[\w.]+=)", variant) if variant else []
+    return ", ".join(key.rsplit(".", 1)[-1] + "=" + value for key, value in (part.split("=", 1) for part in parts))
+
+
 def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
-    """Seen-class accuracy after each experience vs number of classes seen, mean over complete seeds."""
+    """Seen-class accuracy after each experience vs number of classes seen, mean ± std over complete seeds; one
+    line per table row (variants apart)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     done = df[df.status == "complete"]
     benchmarks = sorted(done.benchmark.unique())
-    fig, axes = plt.subplots(1, max(len(benchmarks), 1), figsize=(5 * max(len(benchmarks), 1), 4), squeeze=False)
+    fig, axes = plt.subplots(1, max(len(benchmarks), 1), figsize=(7.5 * max(len(benchmarks), 1), 4.5), squeeze=False)
     for ax, bench in zip(axes[0], benchmarks):
-        for (strategy, quant), group in done[done.benchmark == bench].groupby(["strategy", "quant"]):
+        lines = done[done.benchmark == bench].groupby(["strategy", "variant", "quant", "quant_variant"])
+        colors = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(lines), 2)))
+        for color, ((strategy, variant, quant, quant_variant), group) in zip(colors, lines):
             curves = np.array([c for c in group.seen_acc if len(c) == len(group.seen_acc.iloc[0])])
-            classes = np.cumsum(group.classes_per_exp.iloc[0])[: curves.shape[1]]
-            ax.errorbar(classes, curves.mean(0), yerr=curves.std(0), marker="o", capsize=2,
-                        label=f"{strategy} / {quant}")
+            # the last points: a joint run's single evaluation comes after every class
+            classes = np.cumsum(group.classes_per_exp.iloc[0])[-curves.shape[1]:]
+            detail = ", ".join(filter(None, (_short(variant), _short(quant_variant))))
+            ax.errorbar(classes, curves.mean(0), yerr=curves.std(0), marker="o", capsize=2, color=color,
+                        label=f"{strategy} / {quant}" + (f" ({detail})" if detail else ""))
         ax.set(title=bench, xlabel="classes seen", ylabel="accuracy on seen classes (%)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
