@@ -110,6 +110,8 @@ RULES = [
     ("strategy.loss", "icarl", *_one_of("bce", "ce_kd")),
 ]
 
+_ABSENT = object()
+
 
 def validate(cfg) -> None:
     """Refuse bad values before any data is loaded or any training starts, naming the key, the value and what
@@ -127,8 +129,6 @@ def validate(cfg) -> None:
     if sum(v is not None for v in split.values()) != 1:
         raise ValueError(f"set exactly one of benchmark.n_experiences and benchmark.classes_per_exp (got {split})")
 
-
-_ABSENT = object()
 
 
 def validate_against_benchmark(cfg, num_classes: int) -> None:

@@ -1,5 +1,7 @@
 """Watches training once per epoch: records the mean loss, and stops when the loss or the weights stop being
 finite, naming where it was first seen."""
+import math
+
 import torch
 from avalanche.core import SupervisedPlugin
 
@@ -41,6 +43,6 @@ class TrainingMonitor(SupervisedPlugin):
             if not torch.isfinite(param).all():
                 raise Diverged(experience, epoch, f"weights in {name}")
         mean = self._sum.item() / max(self._count, 1)
-        if not torch.isfinite(torch.tensor(mean)):
+        if not math.isfinite(mean):
             raise Diverged(experience, epoch, "loss")
         self.losses[-1].append(mean)

@@ -253,11 +253,20 @@ def _merge(name: str, given: dict) -> dict:
     return merged
 
 
+# How each bits key may also be null (HOT: that operand stays float).
+_BITS_KEYS = {"bits": "", **dict.fromkeys(("gx_bits", "gw_bits", "abc_bits"),
+                                           " (8 and below run on the int8 kernels), or null (that operand stays float)")}
+
+
 def _validate(cfg: dict) -> None:
-    """Ranges with the config key in every message, so an override like quant.bits=1 says what is wrong."""
+    """Ranges with the config key in every message, so an override like quant.bits=1 says what is wrong. Every
+    check runs where its key exists: `_merge` has already refused keys that the named scheme does not have."""
+    for key, null in _BITS_KEYS.items():
+        value = cfg.get(key)
+        if value is not None and (not _is_int(value) or not BITS_RANGE[0] <= value <= BITS_RANGE[1]):
+            raise ValueError(f"quant.{key}={value!r} is out of range; allowed: integers "
+                             f"{BITS_RANGE[0]}..{BITS_RANGE[1]}{null}")
     bits = cfg.get("bits")
-    if bits is not None and (not _is_int(bits) or not BITS_RANGE[0] <= bits <= BITS_RANGE[1]):
-        raise ValueError(f"quant.bits={bits!r} is out of range; allowed: integers {BITS_RANGE[0]}..{BITS_RANGE[1]}")
     acc_bits = cfg.get("acc_bits")
     if acc_bits is not None and (not _is_int(acc_bits) or not bits <= acc_bits <= ACC_BITS_MAX):
         raise ValueError(f"quant.acc_bits={acc_bits!r} is out of range; allowed: null (no saturation) or integers "
@@ -272,7 +281,7 @@ def _validate(cfg: dict) -> None:
     cap = cfg.get("hadamard_cap")
     if cap is not None and (not _is_int(cap) or cap < 1 or cap & (cap - 1)):
         raise ValueError(f"quant.hadamard_cap={cap!r} must be a power of two (or null: no cap)")
-    for flag in ("hadamard", "backward_tiling"):
+    for flag in ("hadamard", "backward_tiling", "lqs"):
         if flag in cfg and not isinstance(cfg[flag], bool):
             raise ValueError(f"quant.{flag}={cfg[flag]!r} must be true or false")
     if "ste" in cfg:
@@ -286,14 +295,6 @@ def _validate(cfg: dict) -> None:
     seed = cfg.get("seed", 0)
     if not _is_int(seed) or seed < 0:
         raise ValueError(f"quant.seed={seed!r} must be a non-negative integer")
-
-
-def _validate_hot(cfg: dict) -> None:
-    for key in ("gx_bits", "gw_bits", "abc_bits"):
-        bits = cfg.get(key)
-        if bits is not None and (not _is_int(bits) or not BITS_RANGE[0] <= bits <= BITS_RANGE[1]):
-            raise ValueError(f"quant.{key}={bits!r} is out of range; allowed: integers {BITS_RANGE[0]}..{BITS_RANGE[1]} "
-                             "(8 and below run on the int8 kernels), or null (that operand stays float)")
     rank, ratio = cfg.get("hla_rank"), cfg.get("hla_rank_ratio")
     if rank is not None and (not _is_int(rank) or rank < 1):
         raise ValueError(f"quant.hla_rank={rank!r} must be a positive integer (rows kept per HLA block, at most "
@@ -304,8 +305,6 @@ def _validate_hot(cfg: dict) -> None:
     if rank is not None and ratio is not None:
         raise ValueError(f"quant.hla_rank={rank!r} and quant.hla_rank_ratio={ratio!r} exclude each other; "
                          "set one of them to null")
-    if "lqs" in cfg and not isinstance(cfg["lqs"], bool):
-        raise ValueError(f"quant.lqs={cfg['lqs']!r} must be true or false")
     threshold = cfg.get("lqs_threshold")
     if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
                                   or not 0 < threshold <= 1):
@@ -324,8 +323,6 @@ def scheme_from_config(cfg) -> Scheme | HotScheme:
         raise ValueError(f"unknown quantization scheme quant.name={name!r}; choose one of {', '.join(BUILDERS)}")
     merged = _merge(name, given)
     _validate(merged)
-    if name == "hot":
-        _validate_hot(merged)
     return BUILDERS[name](merged)
 
 
