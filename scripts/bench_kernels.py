@@ -282,6 +282,14 @@ class StubOps:
                           device=a.device)
         return (out, torch.zeros((), dtype=torch.int64, device=a.device)) if count_saturated else out
 
+    @staticmethod
+    def hadamard_quantize(x, spec, counter=None, block=None, dim=-1):
+        return StubOps.quantize(x, spec, counter)
+
+    @staticmethod
+    def scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None, count_saturated=False):
+        return StubOps.tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated)
+
 
 def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch=128, finite_checks=True,
               profile=False) -> float:

@@ -24,7 +24,8 @@ from .schemes import HotScheme, Product, Scheme
 ROLE_STRIDE = 8
 ROLE_CODES = {"input": 0, "weight": 1, "grad_input.grad_output": 2, "grad_input.weight": 3,
               "grad_weight.grad_output": 4, "grad_weight.input": 5, "lqs.grad_output": 6}
-# Counted per layer as (hits, total): saturated tile sums of each product, clipped values of each forward operand.
+# Counted per layer (hits on the device, totals on the host): saturated tile sums of each product, clipped values
+# of each forward operand.
 STATS = ("forward_saturated", "grad_input_saturated", "grad_weight_saturated", "input_clipped", "weight_clipped")
 _STAT_ROW = {name: i for i, name in enumerate(STATS)}
 
@@ -63,12 +64,12 @@ def _product(ops, a: _Operand, bt: _Operand, block: int, product: Product):
     if not (a.is_integer and bt.is_integer):
         out = torch.matmul(a.dequantized(), bt.dequantized().transpose(-1, -2))
         return (out / block if block > 1 else out), None, 0
-    acc, saturated = ops.tiled_int_matmul(a.values, bt.values.transpose(-1, -2), product.tile, product.acc_bits,
-                                          bounds=(a.bound, bt.bound), count_saturated=True)
+    out, saturated = ops.scaled_int_matmul(a.values, bt.values.transpose(-1, -2), a.scale, _swap_last(bt.scale),
+                                           block, product.tile, product.acc_bits, bounds=(a.bound, bt.bound),
+                                           count_saturated=True)
     k = a.values.shape[-1]
     tiles = 1 if product.tile is None or product.acc_bits is None else max(1, math.ceil(k / product.tile))
-    scale = (a.scale * _swap_last(bt.scale)) / block
-    return acc.to(torch.float32) * scale, saturated, acc.numel() * tiles
+    return out, saturated, out.numel() * tiles
 
 
 class _QuantLayer:
@@ -81,8 +82,9 @@ class _QuantLayer:
     def _setup_quant(self, scheme: Scheme, name: str = "", index: int = 0, step: int = 0) -> None:
         self.scheme, self.quant_name, self.quant_index, self.step = scheme, name, index, step
         if "quant_counts" not in self._buffers:
-            counts = torch.zeros(len(STATS), 2, dtype=torch.int64, device=self.weight.device)
+            counts = torch.zeros(len(STATS), dtype=torch.int64, device=self.weight.device)
             self.register_buffer("quant_counts", counts, persistent=False)
+            self.quant_totals = [0] * len(STATS)
 
     def forward(self, x):
         if not self.scheme.quantizes or x.numel() == 0:  # an empty batch has nothing to quantize
@@ -98,14 +100,16 @@ class _QuantLayer:
         return Counter(self.scheme.seed, step, self.quant_index * ROLE_STRIDE + ROLE_CODES[role])
 
     def _count(self, stat: str, hits, total: int) -> None:
-        """Accumulate on the device (no sync): `hits` is a 0-dim tensor, None where nothing was counted."""
+        """One device op, no sync: `hits` is a 0-dim tensor, None where nothing was counted."""
         if hits is not None:
-            self.quant_counts[_STAT_ROW[stat], 0] += hits
-            self.quant_counts[_STAT_ROW[stat], 1] += total
+            row = _STAT_ROW[stat]
+            self.quant_counts[row].add_(hits)
+            self.quant_totals[row] += total
 
     def _check_finite(self, checks: list) -> None:
         """One device sync per call for all its quantizers: raise naming the layer, the role and the value."""
-        if not checks or bool(torch.stack([scale.amax() for _, _, scale in checks]).isfinite().all()):
+        # scales are positive, and amax keeps a NaN: the largest scale is finite iff all are
+        if not checks or math.isfinite(torch.cat([scale.reshape(-1) for _, _, scale in checks]).amax().item()):
             return
         for role, tensor, scale in checks:
             if not torch.isfinite(scale).all():
@@ -134,26 +138,26 @@ def _forward_operand(layer, t, spec: QuantSpec | None, role: str, step: int, tra
 
 def _backward_operand(layer, t, spec: QuantSpec | None, source: _Operand | None, block: int, role: str,
                       step: int, ops, checks) -> _Operand:
-    """A backward operand after its (optional) transform: re-quantized, or the forward's levels / floats as they are.
+    """A backward operand, block-Hadamard-transformed along K (its last dim) when block > 1: re-quantized (the
+    transform fused into the quantizer), or the forward's levels / floats transformed as they are.
 
     Re-quantized forward levels carry the product of both scales (s_requant · s_forward, float32)."""
     if spec is None:
+        t = ops.block_hadamard(t, -1, block) if block > 1 else t
         if source is None or not source.is_integer:
             return _Operand(t, None)
         return _Operand(t, source.scale, source.bound * block)
-    levels, scale = ops.quantize(t, spec, layer._counter(role, step))
+    counter = layer._counter(role, step)
+    levels, scale = ops.hadamard_quantize(t, spec, counter, block) if block > 1 else ops.quantize(t, spec, counter)
     checks.append((role, t, scale))
     if source is not None and source.is_integer:
         scale = scale * source.scale
     return _Operand(levels, scale, spec.level_bound)
 
 
-def _transformed(ops, product: Product, cap, a, bt):
-    """Both operands Hadamard-transformed along K (the last dim) when the product asks for it, and the block."""
-    if not product.hadamard:
-        return a, bt, 1
-    block = hadamard_block_size(a.shape[-1], cap)
-    return ops.block_hadamard(a, -1, block), ops.block_hadamard(bt, -1, block), block
+def _block(product: Product, cap, k: int) -> int:
+    """The Hadamard block along a backward product's K (1: no transform)."""
+    return hadamard_block_size(k, cap) if product.hadamard else 1
 
 
 class _QuantProduct(torch.autograd.Function):
@@ -198,18 +202,20 @@ class _QuantProduct(torch.autograd.Function):
 
         if ctx.needs_input_grad[0]:
             product = scheme.grad_input
-            a, bt, block = _transformed(ops, product, scheme.hadamard_cap, g_rows, w_values.transpose(0, 1))
-            qa = grad_output_operand(product, a, block, "grad_input.grad_output")
-            qb = _backward_operand(layer, bt, product.right, w_op, block, "grad_input.weight", step, ops, checks)
+            block = _block(product, scheme.hadamard_cap, g_rows.shape[-1])
+            qa = grad_output_operand(product, g_rows, block, "grad_input.grad_output")
+            qb = _backward_operand(layer, w_values.transpose(0, 1), product.right, w_op, block, "grad_input.weight",
+                                   step, ops, checks)
             rows, saturated, sums = _product(ops, qa, qb, block, product)
             layer._count("grad_input_saturated", saturated, sums)
             grad_x = layer._grad_input(rows, ctx.x_shape)
             grad_x = grad_x if x_keep is None else grad_x * x_keep
         if ctx.needs_input_grad[1]:
             product = scheme.grad_weight
-            a, bt, block = _transformed(ops, product, scheme.hadamard_cap, g_cols, layer._input_columns(x_values))
-            qa = grad_output_operand(product, a, block, "grad_weight.grad_output")
-            qb = _backward_operand(layer, bt, product.right, x_op, block, "grad_weight.input", step, ops, checks)
+            block = _block(product, scheme.hadamard_cap, g_cols.shape[-1])
+            qa = grad_output_operand(product, g_cols, block, "grad_weight.grad_output")
+            qb = _backward_operand(layer, layer._input_columns(x_values), product.right, x_op, block,
+                                   "grad_weight.input", step, ops, checks)
             per_batch, saturated, sums = _product(ops, qa, qb, block, product)
             layer._count("grad_weight_saturated", saturated, sums)
             grad_w = per_batch.sum(dim=0).reshape(ctx.w_shape)
@@ -303,8 +309,8 @@ class QuantConv2d(_QuantLayer, nn.Conv2d):
         grad = rows.new_zeros(batch, channels, height + 2 * ph, width + 2 * pw)
         for i in range(kh):
             for j in range(kw):
-                grad[:, :, i * dh:i * dh + sh * (out_h - 1) + 1:sh, j * dw:j * dw + sw * (out_w - 1) + 1:sw] += \
-                    cols[:, :, i, j]
+                grad[:, :, i * dh:i * dh + sh * (out_h - 1) + 1:sh, j * dw:j * dw + sw * (out_w - 1) + 1:sw].add_(
+                    cols[:, :, i, j])
         return grad[:, :, ph:ph + height, pw:pw + width]
 
 
@@ -373,12 +379,13 @@ def quant_stats(model: nn.Module) -> dict[str, dict[str, float]]:
     if not layers:
         return {}
     device = layers[0][1].quant_counts.device
-    counts = torch.stack([m.quant_counts.to(device) for _, m in layers]).tolist()
-    return {name: {stat: hits / total if total else 0.0 for stat, (hits, total) in zip(STATS, rows)}
-            for (name, _), rows in zip(layers, counts)}
+    hits = torch.stack([m.quant_counts.to(device) for _, m in layers]).tolist()
+    return {name: {stat: h / total if total else 0.0 for stat, h, total in zip(STATS, row, m.quant_totals)}
+            for (name, m), row in zip(layers, hits)}
 
 
 def reset_quant_stats(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, _QuantLayer):
             module.quant_counts.zero_()
+            module.quant_totals = [0] * len(STATS)

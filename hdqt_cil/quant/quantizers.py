@@ -118,8 +118,13 @@ def _scale(t: torch.Tensor, spec: QuantSpec, signed: torch.Tensor, high: torch.T
     return torch.where(scale == 0, torch.ones_like(scale), scale)
 
 
-def level_range(t: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """(lowest, highest) level the quantization of t uses (0-dim float32 tensors)."""
+def level_range(t: torch.Tensor, spec: QuantSpec) -> tuple:
+    """(lowest, highest) level the quantization of t uses, for comparisons: Python floats when the spec fixes the
+    sign (no device op), 0-dim float32 tensors when 'auto' reads it from t."""
+    if spec.signedness == "signed":
+        return -float(spec.signed_max), float(spec.signed_max)
+    if spec.signedness == "unsigned":
+        return 0.0, float(spec.unsigned_max)
     return _level_range(is_signed(t, spec), spec)
 
 
