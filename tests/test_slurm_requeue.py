@@ -2,8 +2,8 @@
 
 The local executor runs the real requeue path: submitit's SIGUSR2 handler calls the Hydra launcher's
 `checkpoint` (a DelayedSubmission of the same job), exits with the local requeue code, and the local controller
-starts the job again. The test signals the job's task process, as SLURM does on pre-emption and as the local
-controller itself does near a timeout (`LocalJob._interrupt` signals the controller, which has no handler).
+starts the job again. The test signals the job's task process, as SLURM does and as the local controller itself
+does near a timeout (not `LocalJob._interrupt`: it signals the controller, which SIGUSR2 would kill).
 """
 import json
 import os
