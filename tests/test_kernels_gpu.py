@@ -325,6 +325,7 @@ def train_three_steps(model_name, scheme_name, backend, batch=128):
     model = quantize_model(model, scheme)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator(device="cuda").manual_seed(1)
+    torch.backends.cudnn.deterministic = True  # HOT's float forward runs cuDNN's convolutions
     for _ in range(3):
         x = torch.randn(batch, *shape, generator=g, device="cuda")
         y = torch.randint(0, classes, (batch,), generator=g, device="cuda")
@@ -375,29 +376,44 @@ class CheckedOps:
         self._compare("tiled_int_matmul", (a, b, tile, acc_bits, bounds), got, ref)
         return got
 
+    def hadamard_quantize(self, x, spec, counter=None, block=None, dim=-1):
+        got = kernels.hadamard_quantize(x, spec, counter, block, dim)
+        ref = self.ref.hadamard_quantize(x, spec, counter, block, dim)
+        self._compare("hadamard_quantize", (x, spec, counter, block, dim), got, ref)
+        return got
 
-@pytest.mark.parametrize("scheme", ["hdqt", "int4", "luq"])
+    def scaled_int_matmul(self, a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
+                          count_saturated=False):
+        args = (a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated)
+        got, ref = kernels.scaled_int_matmul(*args), self.ref.scaled_int_matmul(*args)
+        self._compare("scaled_int_matmul", args[:8], got, ref)
+        return got
+
+
+@pytest.mark.parametrize("scheme", ["hdqt", "int4", "luq", "hot"])
 @pytest.mark.parametrize("model_name", ["mlp", "resnet32"])
 def test_every_op_of_a_training_step_matches(model_name, scheme, monkeypatch):
     """Per op, on identical inputs (so the check does not depend on the rest of the step being deterministic)."""
-    from hdqt_cil.quant import layers
+    from hdqt_cil.quant import hot, layers
 
     checked = CheckedOps()
-    monkeypatch.setattr(layers, "resolve_ops", lambda backend, device: checked)
+    for module in (layers, hot):
+        monkeypatch.setattr(module, "resolve_ops", lambda backend, device: checked)
     train_three_steps(model_name, scheme, "torch")
     assert checked.calls > 0
     assert not checked.differences, "\n".join(checked.differences[:20])
 
 
+@pytest.mark.parametrize("scheme", ["luq", "hot"])
 @pytest.mark.parametrize("model_name", ["mlp", "resnet32"])
-def test_reference_training_is_deterministic(model_name):
+def test_reference_training_is_deterministic(model_name, scheme):
     """What the same-weights test below assumes of everything outside the kernels."""
-    first, second = (train_three_steps(model_name, "luq", "torch").state_dict() for _ in range(2))
+    first, second = (train_three_steps(model_name, scheme, "torch").state_dict() for _ in range(2))
     differ = [name for name in first if not torch.equal(first[name], second[name])]
     assert not differ, f"the torch backend alone is not reproducible: {differ[:5]}"
 
 
-@pytest.mark.parametrize("scheme", ["hdqt", "int4", "luq"])
+@pytest.mark.parametrize("scheme", ["hdqt", "int4", "luq", "hot"])
 @pytest.mark.parametrize("model_name", ["mlp", "resnet32"])
 def test_training_steps_give_the_same_weights(model_name, scheme):
     reference = train_three_steps(model_name, scheme, "torch")

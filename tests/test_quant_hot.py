@@ -96,7 +96,7 @@ def _gradients(module, x, seed=0):
     torch.manual_seed(seed)
     xi = x.clone().requires_grad_()
     y = module(xi)
-    y.backward(torch.randn_like(y))
+    y.backward(torch.randn(y.shape).to(y.device))  # drawn on the CPU: the same upstream gradient on any device
     out = (y.detach(), xi.grad, module.weight.grad, None if module.bias is None else module.bias.grad)
     module.zero_grad()
     return out

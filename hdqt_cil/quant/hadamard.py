@@ -38,7 +38,9 @@ def block_hadamard(x: torch.Tensor, dim: int = -1, block: int | None = None) -> 
         return x.to(torch.float32, copy=True)
     moved = x.movedim(dim, -1).to(torch.float32)
     lead = moved.shape[:-1]
-    src = moved.reshape(*lead, size // block, block).clone()
+    # a fresh row-major buffer whatever x's strides: the kernels' layout too, so that a float reduction over the
+    # result (SAWB's sums) runs in one order on both backends
+    src = moved.reshape(*lead, size // block, block).clone(memory_format=torch.contiguous_format)
     dst = torch.empty_like(src)
     h = 1
     while h < block:
