@@ -98,3 +98,12 @@ def test_runs_differing_in_settings_are_split_and_named_never_averaged(tmp_path)
     main = (tmp_path / "out" / "main.md").read_text()
     assert "| hapt | icarl [strategy.loss=bce] | 80.5 ± 0.7 | 70.5 ± 0.7 | 5.0 ± 0.0 | 70.0 ± 0.0 | 60.0 ± 0.0 |" in main
     assert "| hapt | icarl [strategy.loss=ce_kd] | 95.5 ± 0.7 | 85.5 ± 0.7 | 5.0 ± 0.0 | – | – | – |" in main
+
+
+def test_tagged_runs_only_leave_the_main_table_empty_and_table_md_whole(tmp_path):
+    runs = tmp_path / "runs"
+    _run_with_config(runs, "fp", _summary("bic", "fp32", 0, 40.0, tag="short3"))
+    _run_with_config(runs, "hd", _summary("bic", "hdqt", 0, 35.0, tag="short3"))
+    make_tables([runs], tmp_path / "out")
+    assert (tmp_path / "out" / "main.md").read_text().splitlines()[0] == "| benchmark | strategy |"
+    assert "| hapt | mlp | bic | hdqt[short3] | 45.0 ± 0.0 | 35.0 ± 0.0 |" in (tmp_path / "out" / "table.md").read_text()

@@ -133,6 +133,8 @@ def main_table(df: pd.DataFrame) -> pd.DataFrame:
     side, FP32 first. Only runs at their preset's settings (no tag, no quant variant) enter; a strategy run in
     several variants gets a row for each, named by its differing settings."""
     runs = df[(df.tag.fillna("") == "") & (df.quant_variant == "")]
+    if runs.empty:  # every run tagged (an ablation, a shortened schedule): table.md holds them
+        return pd.DataFrame(columns=["benchmark", "strategy"])
     runs = runs.assign(strategy=[s + (f" [{v}]" if v else "") for s, v in zip(runs.strategy, runs.variant)])
     agg = aggregate(runs, keys=["benchmark", "strategy", "scheme"])
     schemes = sorted(agg.scheme.unique(), key=lambda q: (SCHEME_ORDER + [q]).index(q))
