@@ -88,6 +88,10 @@ RULES = [
     ("benchmark.n_experiences", None, *OPTIONAL_POSITIVE_INT),
     ("benchmark.classes_per_exp", None, *OPTIONAL_POSITIVE_INT),
     ("benchmark.shuffle_classes", None, *BOOL),
+    ("benchmark.class_order", None,
+     lambda v: v is None or (isinstance(v, list) and len(v) > 0 and all(_is_int(c) and c >= 0 for c in v)
+                             and len(set(v)) == len(v)),
+     "a list of distinct class indices (a permutation of 0..C-1), or null"),
     ("benchmark.download", None, *BOOL),
     ("benchmark.verify", None, *BOOL),
     ("benchmark.augment", None, *BOOL),

@@ -58,16 +58,30 @@ def experience_sizes(n_classes: int, n_experiences, classes_per_exp, name: str) 
     return [n_classes // n_experiences] * n_experiences
 
 
+def class_order(classes: list, fixed, shuffle: bool, seed: int, name: str) -> list[int]:
+    """The order in which `classes` (the sorted class indices 0..C-1) arrive: `fixed` when given (a permutation
+    of them, e.g. PyCIL's `np.random.seed(1993); np.random.permutation(C)`), whatever `shuffle` and `seed` say;
+    else a permutation drawn from `seed` when `shuffle`, else sorted."""
+    if fixed is not None:
+        fixed = [int(c) for c in fixed]
+        if sorted(fixed) != list(classes):
+            raise ValueError(f"benchmark.class_order={fixed} must be a permutation of 0..{len(classes) - 1}, the "
+                             f"{len(classes)} classes of {name} (indices into its sorted class ids)")
+        return fixed
+    order = np.random.RandomState(seed).permutation(classes) if shuffle else classes
+    return [int(c) for c in order]
+
+
 def build_benchmark(cfg, seed: int) -> Benchmark:
-    """Split benchmark `cfg.name` into experiences (see `experience_sizes`); the class order is shuffled by `seed`."""
+    """Split benchmark `cfg.name` into experiences (see `experience_sizes`); the class order is
+    `benchmark.class_order` when set, else shuffled by `seed` (see `class_order`)."""
     train, test, names, train_tf, input_norm = _load(cfg, seed)
     classes = sorted(set(train.targets))
     sizes = experience_sizes(len(classes), cfg.get("n_experiences"), cfg.get("classes_per_exp"), cfg.name)
     missing = sorted(set(classes) - set(test.targets))
     if missing:
         raise ValueError(f"classes {[names[c] for c in missing]} of {cfg.name} have no test samples")
-    order = list(np.random.RandomState(seed).permutation(classes)) if cfg.shuffle_classes else classes
-    order = [int(c) for c in order]
+    order = class_order(classes, cfg.get("class_order"), cfg.shuffle_classes, seed, cfg.name)
     scenario = nc_benchmark(
         train, test, n_experiences=len(sizes), task_labels=False, shuffle=False,
         per_exp_classes={len(sizes) - 1: sizes[-1]} if sizes[-1] != sizes[0] else None,
