@@ -13,7 +13,7 @@ from avalanche.training.plugins import EvaluationPlugin
 from omegaconf import OmegaConf
 
 from .cl.batch_augment import BatchAugment
-from .cl.checkpoint import ExperienceCheckpoints
+from .cl.checkpoint import EpochCheckpoints, ExperienceCheckpoints
 from .cl.divergence import Diverged, TrainingMonitor
 from .cl.optim import PerExperienceSGD
 from .cl.quantization import QuantizationPlugin
@@ -103,8 +103,9 @@ def _write_results(run_dir: Path, summary: dict) -> None:
 def run(cfg, run_dir, job_num: int = 0) -> dict:
     """Run one experiment into `run_dir` (job `job_num` of a sweep); return its summary.
 
-    Re-running the same config in the same folder resumes from the last experience-boundary checkpoint
-    (unless resume=false); a finished folder is reused as it is (unless overwrite=true).
+    Re-running the same config in the same folder resumes from the last checkpoint, at an experience boundary
+    or (trainer.checkpoint_every) inside one (unless resume=false); a finished folder is reused as it is (unless
+    overwrite=true).
     """
     run_dir = Path(run_dir)
     validate(cfg)
@@ -126,11 +127,19 @@ def run(cfg, run_dir, job_num: int = 0) -> dict:
     steps = [bench.n_experiences - 1] if joint else list(range(bench.n_experiences))
     history = AccuracyHistory(bench.n_experiences, bench.num_classes)
     checkpoints = ExperienceCheckpoints(run_dir)
-    first, elapsed_before = 0, 0.0
-    if state == "again" and cfg.resume and checkpoints.exists():
+    first, within, elapsed_before = 0, 0, 0.0
+    resuming = state == "again" and cfg.resume
+    if resuming and checkpoints.exists():
         strategy, first, history = checkpoints.load(strategy, device)
-        elapsed_before = read_json(run_dir / "summary.json")["wall_time_s"]
-        log.info("resuming %s after experience %d", run_dir, first)
+    if resuming:
+        epochs = next(p for p in strategy.plugins if isinstance(p, EpochCheckpoints))
+        epochs.every = cfg.trainer.checkpoint_every  # a run-independent setting: the resuming command's holds
+        within = epochs.arm(first)
+    if first or within:
+        summary = run_dir / "summary.json"
+        elapsed_before = read_json(summary)["wall_time_s"] if summary.exists() else 0.0
+        log.info("resuming %s after experience %d%s", run_dir, first,
+                 f", epoch {within} of the next" if within else "")
     else:
         checkpoints.clear()
     recorder = next(p for p in strategy.plugins if isinstance(p, PredictionRecorder))
@@ -186,7 +195,10 @@ def _build_strategy(cfg, bench, model, device, run_dir):
     common = dict(optimizer=optimizer, criterion=torch.nn.CrossEntropyLoss(), train_mb_size=t.batch_size,
                   train_epochs=t.epochs, eval_mb_size=t.eval_batch_size, device=device, plugins=plugins,
                   evaluator=_evaluator(cfg, run_dir))
-    return build_strategy(cfg.strategy, t, model, common, image_inputs=len(bench.input_shape) == 3)
+    strategy = build_strategy(cfg.strategy, t, model, common, image_inputs=len(bench.input_shape) == 3)
+    strategy.plugins.insert(strategy.plugins.index(strategy.clock),
+                            EpochCheckpoints(ExperienceCheckpoints(run_dir).root, t.checkpoint_every))
+    return strategy
 
 
 def run_table(run_dir) -> str:

@@ -22,38 +22,63 @@ def _summary(results_root, strategy, quant="fp32"):
     return json.loads((results_root / f"digits-mlp/{strategy}/{quant}/seed0/summary.json").read_text())
 
 
-@pytest.mark.parametrize("strategy,quant", [("icarl", "fp32"), ("bic", "hdqt"), ("lwf", "hot")])
-def test_sigkill_mid_experience_then_resume_matches_uninterrupted(tmp_path, strategy, quant):
-    """Stochastic rounding draws from per-layer step counters and HOT keeps its LQS choices in buffers: both must
-    resume exactly too."""
-    overrides = [f"strategy={strategy}", f"quant={quant}", "trainer.epochs=30", "trainer.milestones=[20]",
-                 *(["strategy.stage_2_epochs=5"] if strategy == "bic" else [])]
+def _kill_and_resume(tmp_path, strategy, quant, overrides, killable, log_says):
+    """An uninterrupted run, then the same run SIGKILLed once `killable()` sees its folder ready and resumed:
+    the two accuracy matrices must be equal."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     reference = subprocess.run(_cmd(tmp_path / "ref", *overrides), cwd=ROOT, env=env, capture_output=True,
                                text=True, timeout=600)
     assert reference.returncode == 0, reference.stderr
 
     killed = tmp_path / "killed"
-    latest = killed / f"digits-mlp/{strategy}/{quant}/seed0/checkpoints/latest"
+    run_dir = killed / f"digits-mlp/{strategy}/{quant}/seed0"
     proc = subprocess.Popen(_cmd(killed, *overrides), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
-    while not (latest.exists() and latest.read_text().strip() == "exp002") and time.time() < deadline:
+    while not killable(run_dir / "checkpoints") and time.time() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, "the run finished before it could be killed"
-    time.sleep(0.3)  # well inside experience 2 (0-based): each experience trains 30 epochs
+    time.sleep(0.3)  # well inside an epoch
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert _summary(killed, strategy, quant)["status"] == "running"
 
     resumed = subprocess.run(_cmd(killed, *overrides), cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=600)
     assert resumed.returncode == 0, resumed.stderr
-    assert "resuming" in resumed.stderr + resumed.stdout
+    assert log_says in resumed.stderr + resumed.stdout
     got, want = _summary(killed, strategy, quant), _summary(tmp_path / "ref", strategy, quant)
     assert got["status"] == "complete"
     np.testing.assert_array_equal(np.array(got["acc_matrix"], float), np.array(want["acc_matrix"], float))
     np.testing.assert_array_equal(np.array(got["class_acc"], float), np.array(want["class_acc"], float))
+    assert got["train_loss"] == want["train_loss"]
+
+
+def _overrides(strategy, quant, *more):
+    return [f"strategy={strategy}", f"quant={quant}", "trainer.epochs=30", "trainer.milestones=[20]",
+            *(["strategy.stage_2_epochs=5"] if strategy == "bic" else []), *more]
+
+
+@pytest.mark.parametrize("strategy,quant", [("icarl", "fp32"), ("bic", "hdqt"), ("lwf", "hot")])
+def test_sigkill_mid_experience_then_resume_matches_uninterrupted(tmp_path, strategy, quant):
+    """Stochastic rounding draws from per-layer step counters and HOT keeps its LQS choices in buffers: both must
+    resume exactly too."""
+    def in_experience_2(checkpoints):
+        latest = checkpoints / "latest"
+        return latest.exists() and latest.read_text().strip() == "exp002"
+
+    _kill_and_resume(tmp_path, strategy, quant, _overrides(strategy, quant), in_experience_2,
+                     "after experience 2")
+
+
+@pytest.mark.parametrize("strategy,quant,experience", [("icarl", "fp32", 2), ("bic", "hdqt", 0), ("lwf", "hot", 1)])
+def test_sigkill_after_an_epoch_checkpoint_resumes_from_that_epoch(tmp_path, strategy, quant, experience):
+    """trainer.checkpoint_every=5: the resumed run restarts at epoch 10 or later of the experience (the first one
+    has no boundary checkpoint before it) and still ends as the uninterrupted run."""
+    def past_epoch_10(checkpoints):
+        return any(int(p.name.rsplit("epoch", 1)[1]) >= 10 for p in checkpoints.glob(f"exp{experience:03d}_epoch*"))
+
+    _kill_and_resume(tmp_path, strategy, quant, _overrides(strategy, quant, "trainer.checkpoint_every=5"),
+                     past_epoch_10, f"after experience {experience}, epoch")
 
 
 def test_divergence_is_recorded_and_optionally_lets_a_sweep_go_on(tmp_path):

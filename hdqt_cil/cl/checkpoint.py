@@ -1,4 +1,5 @@
-"""Checkpoints at experience boundaries, through avalanche's dill-based strategy checkpointing.
+"""Checkpoints at experience boundaries, through avalanche's dill-based strategy checkpointing, and optionally
+every N epochs inside an experience.
 
 avalanche's `save_checkpoint` pickles the whole strategy: model, every plugin's state (exemplar memories,
 iCaRL's class means, BiC's bias layer and old model, LwF's old model) and its RNG manager (python, numpy,
@@ -13,9 +14,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from avalanche.checkpointing import maybe_load_checkpoint, save_checkpoint
+from avalanche.core import SupervisedPlugin
 
+from ..quant import layer_steps, set_layer_steps
 from ..results.io import write_atomic
 from ..results.metrics import AccuracyHistory
+
+_CLOCK_COUNTERS = ("train_iterations", "train_exp_counter", "train_exp_epochs", "train_exp_iterations",
+                   "train_epoch_iterations", "total_iterations")
 
 
 class ExperienceCheckpoints:
@@ -57,6 +63,91 @@ class ExperienceCheckpoints:
 
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class EpochCheckpoints(SupervisedPlugin):
+    """Checkpoints inside an experience every `every` epochs (0: none), beside the boundary ones.
+
+    An experience starts from a boundary checkpoint (or, the first, from the fresh build), which holds all that its
+    start-of-experience hooks read (memories, old models, BiC's split, the generators). An epoch adds the model,
+    the optimizer, the clock, the layers' rounding counters, the generators and the plugins' per-epoch records
+    (`epoch_state` / `load_epoch_state`). A resume re-enters the experience as the original run did, lets every
+    hook run, and lays this state over it before the first remaining epoch: the rest runs as uninterrupted.
+    Placed just before avalanche's clock, so that it sees the epoch's records and the next epoch's lr."""
+
+    def __init__(self, root, every: int):
+        super().__init__()
+        self.root, self.every = Path(root), every
+        self.pending = None
+        self.full_epochs = None
+
+    def arm(self, experience: int) -> int:
+        """Resume into `experience` from its latest epoch checkpoint, if any; return how many epochs it holds."""
+        found = sorted(self.root.glob(f"exp{experience:03d}_epoch*"))
+        self.pending = torch.load(found[-1] / "state.pt", weights_only=False) if found else None
+        return self.pending["clock"]["train_exp_epochs"] if found else 0
+
+    def before_training_exp(self, strategy, **kwargs):
+        if self.pending is not None:
+            self.full_epochs = strategy.train_epochs
+            strategy.train_epochs -= self.pending["clock"]["train_exp_epochs"]
+
+    def before_training_epoch(self, strategy, **kwargs):
+        if self.pending is None:
+            return
+        state, self.pending = self.pending, None
+        strategy.model.load_state_dict(state["model"])
+        set_layer_steps(strategy.model, state["steps"])
+        _load_optimizer_state(strategy.optimizer, strategy.model, state["optimizer"])
+        for name, value in state["clock"].items():
+            setattr(strategy.clock, name, value)
+        for plugin, saved in zip(_with_epoch_state(strategy), state["plugins"]):
+            plugin.load_epoch_state(saved)
+        _restore_rng_states(state["rng"])
+
+    def after_training_epoch(self, strategy, **kwargs):
+        clock = strategy.clock
+        done = clock.train_exp_epochs + 1  # the clock counts this epoch after this hook
+        full = self.full_epochs or strategy.train_epochs
+        if not self.every or done % self.every or done >= full:  # the last epoch ends in a boundary checkpoint
+            return
+        counters = {name: getattr(clock, name) for name in _CLOCK_COUNTERS}
+        counters["train_exp_epochs"] = done
+        state = {"model": strategy.model.state_dict(), "steps": layer_steps(strategy.model),
+                 "optimizer": _optimizer_state(strategy.optimizer, strategy.model), "clock": counters,
+                 "plugins": [p.epoch_state() for p in _with_epoch_state(strategy)], "rng": _rng_states()}
+        name = f"exp{clock.train_exp_counter:03d}_epoch{done:04d}"
+        tmp = self.root / f".{name}.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        torch.save(state, tmp / "state.pt")
+        tmp.rename(self.root / name)
+        for old in self.root.glob(f"exp{clock.train_exp_counter:03d}_epoch*"):
+            if old.name != name:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def after_training_exp(self, strategy, **kwargs):
+        if self.full_epochs is not None:
+            strategy.train_epochs, self.full_epochs = self.full_epochs, None
+
+
+def _optimizer_state(optimizer, model) -> dict:
+    """Per-parameter state (SGD's momentum) by parameter name, and the lr: avalanche rebuilds the optimizer's
+    groups at every experience start, so positions in a torch state dict need not match on resume."""
+    return {"lr": [group["lr"] for group in optimizer.param_groups],
+            "params": {name: optimizer.state[p] for name, p in model.named_parameters() if p in optimizer.state}}
+
+
+def _load_optimizer_state(optimizer, model, saved: dict) -> None:
+    for group, lr in zip(optimizer.param_groups, saved["lr"]):
+        group["lr"] = lr
+    for name, p in model.named_parameters():
+        if name in saved["params"]:
+            optimizer.state[p] = saved["params"][name]
+
+
+def _with_epoch_state(strategy) -> list:
+    return [p for p in strategy.plugins if hasattr(p, "epoch_state")]
 
 
 def _rng_states() -> dict:

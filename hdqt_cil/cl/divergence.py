@@ -28,6 +28,13 @@ class TrainingMonitor(SupervisedPlugin):
     def before_training_exp(self, strategy, **kwargs):
         self.losses.append([])
 
+    def epoch_state(self):
+        """What an epoch checkpoint keeps of this plugin (cl/checkpoint.py)."""
+        return [list(epochs) for epochs in self.losses]
+
+    def load_epoch_state(self, state) -> None:
+        self.losses = state
+
     def before_training_epoch(self, strategy, **kwargs):
         self._sum = torch.zeros((), dtype=torch.float64, device=strategy.device)
         self._count = 0

@@ -61,6 +61,13 @@ class QuantizationPlugin(SupervisedPlugin):
         log.info("LQS: per-token output-gradient scales in %d of %d layers%s", len(per_token), len(layers),
                  f" ({', '.join(per_token)})" if per_token else "")
 
+    def epoch_state(self):
+        """What an epoch checkpoint keeps of this plugin (cl/checkpoint.py)."""
+        return list(self.epochs)
+
+    def load_epoch_state(self, state) -> None:
+        self.epochs = state
+
     def after_training_epoch(self, strategy, **kwargs):
         if self.scheme.quantizes:
             self.epochs.append({"experience": strategy.clock.train_exp_counter,

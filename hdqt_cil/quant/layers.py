@@ -384,6 +384,17 @@ def quant_stats(model: nn.Module) -> dict[str, dict[str, float]]:
             for (name, m), row in zip(layers, hits)}
 
 
+def layer_steps(model: nn.Module) -> dict[str, int]:
+    """Each quantized layer's training step (its stochastic-rounding counter), by name: state a checkpoint keeps."""
+    return {name: m.step for name, m in model.named_modules() if isinstance(m, _QuantLayer)}
+
+
+def set_layer_steps(model: nn.Module, steps: dict[str, int]) -> None:
+    for name, module in model.named_modules():
+        if isinstance(module, _QuantLayer):
+            module.step = steps[name]
+
+
 def reset_quant_stats(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, _QuantLayer):
