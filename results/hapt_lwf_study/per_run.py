@@ -1,0 +1,44 @@
+"""Per-run LwF results of this study and how many runs reach the authors' HAPT numbers.
+
+    python results/hapt_lwf_study/per_run.py outputs/lwf_study > results/hapt_lwf_study/per_run.md
+"""
+import glob
+import json
+import sys
+
+import numpy as np
+
+AUTHORS = (56.3, 32.8)  # HDQT paper, FP32 LwF on HAPT: avg / last accuracy
+NAMES = ["WALK", "UP", "DOWN", "SIT", "STAND", "LAY", "STAND→SIT", "SIT→LIE", "LIE→SIT", "STAND→LIE", "LIE→STAND"]
+
+
+def main(root: str) -> None:
+    runs = {}
+    for path in sorted(glob.glob(f"{root}/hapt-mlp/lwf/*/seed*/summary.json")):
+        s = json.load(open(path))
+        if s["status"] == "complete":
+            runs.setdefault(path.split("/")[-3], []).append(s)
+    print(f"# LwF, FP32, HAPT, har_paper: every complete run under `{root}`\n")
+    print(f"Authors (PyCIL): avg {AUTHORS[0]} / last {AUTHORS[1]}. Class order: indices into the sorted HAPT "
+          f"classes ({', '.join(f'{i} {n}' for i, n in enumerate(NAMES))}).\n")
+    print("| runs | n | avg acc | last acc | avg ≥ 56.3 | last ≥ 32.8 | both | avg min / median / max "
+          "| last min / median / max |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for folder, rs in sorted(runs.items()):
+        a = np.array([r["metrics"]["avg_acc"] for r in rs])
+        l = np.array([r["metrics"]["last_acc"] for r in rs])
+        print(f"| {folder} | {len(rs)} | {a.mean():.1f} ± {a.std(ddof=1):.1f} | {l.mean():.1f} ± {l.std(ddof=1):.1f} "
+              f"| {(a >= AUTHORS[0]).sum()}/{len(rs)} | {(l >= AUTHORS[1]).sum()}/{len(rs)} "
+              f"| {((a >= AUTHORS[0]) & (l >= AUTHORS[1])).sum()}/{len(rs)} "
+              f"| {a.min():.1f} / {np.median(a):.1f} / {a.max():.1f} | {l.min():.1f} / {np.median(l):.1f} / {l.max():.1f} |")
+    for folder, rs in sorted(runs.items()):
+        print(f"\n## {folder}\n\n| seed | avg | last | accuracy on seen classes after each task | class order | wall s |")
+        print("|---|---|---|---|---|---|")
+        for r in sorted(rs, key=lambda r: r["run"]["seed"]):
+            curve = " ".join(f"{x:.1f}" for x in r["seen_acc"])
+            print(f"| {r['run']['seed']} | {r['metrics']['avg_acc']:.1f} | {r['metrics']['last_acc']:.1f} | {curve} "
+                  f"| {r['class_order']} | {r['wall_time_s']:.0f} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
