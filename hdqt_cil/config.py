@@ -135,7 +135,6 @@ def validate(cfg) -> None:
         raise ValueError(f"set exactly one of benchmark.n_experiences and benchmark.classes_per_exp (got {split})")
 
 
-
 def validate_against_benchmark(cfg, num_classes: int) -> None:
     if cfg.strategy.name == "icarl" and cfg.trainer.memory_size < num_classes:
         raise ValueError(f"trainer.memory_size={cfg.trainer.memory_size} is smaller than the {num_classes} classes "

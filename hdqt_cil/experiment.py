@@ -129,9 +129,9 @@ def run(cfg, run_dir, job_num: int = 0) -> dict:
     checkpoints = ExperienceCheckpoints(run_dir)
     first, within, elapsed_before = 0, 0, 0.0
     resuming = state == "again" and cfg.resume
-    if resuming and checkpoints.exists():
-        strategy, first, history = checkpoints.load(strategy, device)
     if resuming:
+        if checkpoints.exists():
+            strategy, first, history = checkpoints.load(strategy, device)
         epochs = next(p for p in strategy.plugins if isinstance(p, EpochCheckpoints))
         epochs.every = cfg.trainer.checkpoint_every  # a run-independent setting: the resuming command's holds
         within = epochs.arm(first)

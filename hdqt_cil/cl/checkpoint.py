@@ -38,16 +38,15 @@ class ExperienceCheckpoints:
 
     def save(self, strategy, next_exp: int, history: AccuracyHistory) -> None:
         name = f"exp{next_exp:03d}"
-        tmp = self.root / f".{name}.partial"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        # Optimizer state is cleared at every experience start (cl/optim.py), so a boundary checkpoint needs
-        # none; the evaluator holds open log files.
-        save_checkpoint(strategy, tmp / "strategy.pkl", exclude=["optimizer", "evaluator"])
-        torch.save({"next_exp": next_exp, "history": asdict(history), "rng": _rng_states()}, tmp / "progress.pt")
-        target = self.root / name
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
+
+        def fill(folder: Path) -> None:
+            # Optimizer state is cleared at every experience start (cl/optim.py), so a boundary checkpoint needs
+            # none; the evaluator holds open log files.
+            save_checkpoint(strategy, folder / "strategy.pkl", exclude=["optimizer", "evaluator"])
+            torch.save({"next_exp": next_exp, "history": asdict(history), "rng": _rng_states()},
+                       folder / "progress.pt")
+
+        target = _write_folder(self.root, name, fill)
         write_atomic(self.root / "latest", name + "\n")
         for old in self.root.iterdir():
             if old.is_dir() and old != target:
@@ -117,11 +116,7 @@ class EpochCheckpoints(SupervisedPlugin):
                  "optimizer": _optimizer_state(strategy.optimizer, strategy.model), "clock": counters,
                  "plugins": [p.epoch_state() for p in _with_epoch_state(strategy)], "rng": _rng_states()}
         name = f"exp{clock.train_exp_counter:03d}_epoch{done:04d}"
-        tmp = self.root / f".{name}.partial"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        torch.save(state, tmp / "state.pt")
-        tmp.rename(self.root / name)
+        _write_folder(self.root, name, lambda folder: torch.save(state, folder / "state.pt"))
         for old in self.root.glob(f"exp{clock.train_exp_counter:03d}_epoch*"):
             if old.name != name:
                 shutil.rmtree(old, ignore_errors=True)
@@ -129,6 +124,18 @@ class EpochCheckpoints(SupervisedPlugin):
     def after_training_exp(self, strategy, **kwargs):
         if self.full_epochs is not None:
             strategy.train_epochs, self.full_epochs = self.full_epochs, None
+
+
+def _write_folder(root: Path, name: str, fill) -> Path:
+    """root/name filled by `fill(folder)` all at once: written under a hidden name, then renamed into place."""
+    tmp = root / f".{name}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    fill(tmp)
+    target = root / name
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return target
 
 
 def _optimizer_state(optimizer, model) -> dict:
