@@ -16,6 +16,7 @@ from .cl.batch_augment import BatchAugment
 from .cl.checkpoint import EpochCheckpoints, ExperienceCheckpoints
 from .cl.divergence import Diverged, TrainingMonitor
 from .cl.optim import PerExperienceSGD
+from .cl.cuda_graphs import CudaGraphPlugin
 from .cl.quantization import QuantizationPlugin
 from .cl.recorder import PredictionRecorder
 from .cl.strategies import build_strategy
@@ -190,6 +191,11 @@ def _build_strategy(cfg, bench, model, device, run_dir):
     optimizer = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
     plugins = [PredictionRecorder(), TrainingMonitor(), PerExperienceSGD(t.lr, list(t.milestones), t.gamma),
                quantization]
+    if t.cuda_graph:
+        if device.type != "cuda":
+            raise ValueError(f"trainer.cuda_graph=true needs a CUDA device; this run is on {device} "
+                             f"(trainer.device={t.device})")
+        plugins.insert(0, CudaGraphPlugin())  # its NaN check precedes the divergence monitor's
     if cfg.benchmark.get("augment") and cfg.benchmark.augment_on == "gpu":
         plugins.append(BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)))
     common = dict(optimizer=optimizer, criterion=torch.nn.CrossEntropyLoss(), train_mb_size=t.batch_size,

@@ -1,6 +1,6 @@
 """Benchmark of the CuPy kernels (hdqt_cil.kernels) on the GPU, against baselines measured in the same run.
 
-    python scripts/bench_kernels.py [--out results/bench] [--quick] [--skip-steps]
+    python scripts/bench_kernels.py [--out results/bench] [--quick] [--skip-steps | --steps-only]
 
 Rows (one table at the end, JSON with every number to OUT/bench_kernels_<device>.json):
   ceilings  device-to-device copy bandwidth (bytes read + written), torch bf16 matmul 4096^3, the int8
@@ -13,7 +13,8 @@ Rows (one table at the end, JSON with every number to OUT/bench_kernels_<device>
   quantize  quantize / Hadamard+quantize / Hadamard on a 128 MiB float32 tensor, as a fraction of the copy
             bandwidth (bytes = 4 read + 1 written per element; the two-pass quantizers read the input twice)
   step      one training step (forward + backward + SGD) of ResNet-32 and of the MLP at batch 128: FP32 (TF32 off),
-            the scheme on the torch reference backend, the scheme on the kernels
+            eagerly and from CUDA graphs; the scheme on the torch reference backend, on the kernels, and on the
+            kernels from CUDA graphs (trainer.cuda_graph=true)
 Times are medians of CUDA-event timings after warm-up; GEMM inputs rotate among several buffer sets (beyond L2).
 """
 import argparse
@@ -261,84 +262,39 @@ def quantizers(copy_bw, quick: bool):
 # ------------------------------------------------------------------------------------------------ steps
 
 
-class StubOps:
-    """Ops that only allocate their outputs: what a step costs with free numerics (the layer code's floor)."""
-    name = "stub"
-
-    @staticmethod
-    def quantize(t, spec, counter=None):
-        from hdqt_cil.kernels import _scale_shape
-
-        return (torch.empty(t.shape, dtype=torch.int8, device=t.device),
-                torch.ones(_scale_shape(t.shape, spec.granularity), device=t.device))
-
-    @staticmethod
-    def block_hadamard(x, dim=-1, block=None):
-        return torch.empty(x.shape, dtype=torch.float32, device=x.device)
-
-    @staticmethod
-    def tiled_int_matmul(a, b, tile=32, acc_bits=8, bounds=None, count_saturated=False):
-        out = torch.empty(*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1],
-                          device=a.device)
-        return (out, torch.zeros((), dtype=torch.int64, device=a.device)) if count_saturated else out
-
-    @staticmethod
-    def hadamard_quantize(x, spec, counter=None, block=None, dim=-1):
-        return StubOps.quantize(x, spec, counter)
-
-    @staticmethod
-    def scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None, count_saturated=False):
-        return StubOps.tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated)
-
-
-def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch=128, finite_checks=True,
-              profile=False) -> float:
+def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch=128, graph=False) -> float:
+    """Median seconds of one SGD step (forward, cross-entropy, backward, update); with `graph`, the forward and
+    backward replayed from CUDA graphs (hdqt_cil.quant.capture, what trainer.cuda_graph=true runs)."""
     from hdqt_cil.models import build_model
-    from hdqt_cil.quant import layers, preset, quantize_model
+    from hdqt_cil.quant import preset, quantize_model
+    from hdqt_cil.quant.capture import CapturedTraining
 
     torch.manual_seed(0)
     shape, classes = ((561,), 11) if model_name == "mlp" else ((3, 32, 32), 10)
     model = build_model(model_name, shape, classes).cuda()
     if scheme_name != "fp32":
-        model = quantize_model(model, dataclasses.replace(preset(scheme_name),
-                                                          backend="torch" if backend == "stub" else backend))
+        model = quantize_model(model, dataclasses.replace(preset(scheme_name), backend=backend))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    call = CapturedTraining(model) if graph else model
     x = torch.randn(batch, *shape, device="cuda")
     y = torch.randint(0, classes, (batch,), device="cuda")
 
     def one():
         optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
+        F.cross_entropy(call(x), y).backward()
         optimizer.step()
 
-    resolve, check = layers.resolve_ops, layers._QuantLayer._check_finite
-    if backend == "stub":
-        layers.resolve_ops = lambda backend, device: StubOps
-    if not finite_checks:
-        layers._QuantLayer._check_finite = lambda self, checks: None
-    try:
-        for _ in range(3):
-            one()
+    for _ in range(3):
+        one()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        one()
         torch.cuda.synchronize()
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            one()
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        if profile:
-            from torch.profiler import ProfilerActivity
-            from torch.profiler import profile as torch_profile
-
-            with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-                for _ in range(3):
-                    one()
-                torch.cuda.synchronize()
-            print(f"\nCPU profile of 3 steps: {model_name} {scheme_name}, backend {backend}, finite checks "
-                  f"{finite_checks}")
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
-    finally:
-        layers.resolve_ops, layers._QuantLayer._check_finite = resolve, check
+        times.append(time.perf_counter() - start)
+    if graph:
+        call.check()
     return statistics.median(times)
 
 
@@ -349,25 +305,20 @@ def training_steps(quick: bool):
         steps = 10 if quick else 30
         fp32 = step_time(model_name, "fp32", "torch", steps)
         row("step", f"{model_name} fp32 (TF32 off)", fp32, "ms", fp32 * 1e3, "ms")
+        fp32_graph = step_time(model_name, "fp32", "torch", steps, graph=True)
+        row("step", f"{model_name} fp32 (TF32 off), CUDA graph", fp32_graph, "x fp32", fp32_graph / fp32, "x fp32")
         for scheme in ("hdqt", "int4", "luq"):
             if quick and scheme != "hdqt":
                 continue
             ref = step_time(model_name, scheme, "torch", max(3, steps // 5))
-            fast = step_time(model_name, scheme, "cupy", steps)
             row("step", f"{model_name} {scheme} torch reference", ref, "x fp32", ref / fp32, "x fp32")
+            fast = step_time(model_name, scheme, "cupy", steps)
             row("step", f"{model_name} {scheme} kernels", fast, "x fp32", fast / fp32, "x fp32",
-                baseline="speedup vs reference", ratio=ref / fast,
+                baseline="speedup vs reference", ratio=ref / fast)
+            graphed = step_time(model_name, scheme, "cupy", steps, graph=True)
+            row("step", f"{model_name} {scheme} kernels, CUDA graph", graphed, "x fp32", graphed / fp32, "x fp32",
+                baseline="speedup vs reference", ratio=ref / graphed, vs_fp32_graph=graphed / fp32_graph,
                 target="<= 2.0x fp32, >= 10x reference" if scheme == "hdqt" else None)
-            if scheme == "hdqt":
-                floor = step_time(model_name, scheme, "stub", steps, profile=model_name == "resnet32")
-                row("step", f"{model_name} {scheme} layer code only (ops stubbed)", floor, "x fp32", floor / fp32,
-                    "x fp32")
-                floor = step_time(model_name, scheme, "stub", steps, finite_checks=False)
-                row("step", f"{model_name} {scheme}   same without the finite-check syncs", floor, "x fp32",
-                    floor / fp32, "x fp32")
-                fast = step_time(model_name, scheme, "cupy", steps, finite_checks=False)
-                row("step", f"{model_name} {scheme} kernels without the finite-check syncs", fast, "x fp32",
-                    fast / fp32, "x fp32", baseline="speedup vs reference", ratio=ref / fast)
 
 
 def main():
@@ -375,6 +326,7 @@ def main():
     parser.add_argument("--out", default=str(ROOT / "results" / "bench"))
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
     parser.add_argument("--skip-steps", action="store_true", help="no training-step timings")
+    parser.add_argument("--steps-only", action="store_true", help="only the training-step timings")
     args = parser.parse_args()
     if not kernels.available():
         sys.exit(f"kernels unavailable: {kernels.unavailable_reason()}")
@@ -386,10 +338,11 @@ def main():
               f"cupy {cupy.__version__}, CUDA {torch.version.cuda}")
     print(header, flush=True)
     started = time.time()
-    copy_bw, bf16_rate, peak, clamped_peak = ceilings(args.quick)
-    gemm_4096(bf16_rate, peak, clamped_peak)
-    layers(args.quick)
-    quantizers(copy_bw, args.quick)
+    if not args.steps_only:
+        copy_bw, bf16_rate, peak, clamped_peak = ceilings(args.quick)
+        gemm_4096(bf16_rate, peak, clamped_peak)
+        layers(args.quick)
+        quantizers(copy_bw, args.quick)
     if not args.skip_steps:
         training_steps(args.quick)
 

@@ -2,10 +2,11 @@
 # Build, check and time the CuPy kernels in one call on the GPU machine (the device tool's `run`):
 #   run(command="bash scripts/gpu_check.sh", carry=[".whl", ".device_data/kernel_cache"])
 #   (the CPU compile test, tests/test_kernels_compile.py, runs in CI, not here)
-# .whl holds the project's wheels (scripts/prepare_device.sh); omegaconf, antlr4 and hydra-core are installed from
-# it (hdqt_cil.quant reads its config with omegaconf; the tests' conftest composes configs with hydra).
+# .whl holds the project's wheels (scripts/prepare_device.sh), installed from it (hdqt_cil.quant reads its config
+# with omegaconf; the tests' conftest composes configs with hydra; the CUDA-graph tests run whole experiments).
 # Logs and the benchmark JSON go to $OUT (at most 8 files):
-#   check.log    device, kernel resource usage (registers, spills), pytest of tests/test_kernels*.py
+#   check.log    device, kernel resource usage (registers, spills), pytest of tests/test_kernels_gpu.py and
+#                tests/test_capture_gpu.py
 #   bench.log    scripts/bench_kernels.py (its table is printed last)
 #   hot.log      the GPU tests of quant (HOT and the torch reference on CUDA), then scripts/bench_hot.py
 #   bench_kernels_<device>.json, hot_<device>.json, junit.xml
@@ -21,9 +22,8 @@ export HDQT_KERNEL_CACHE=${HDQT_KERNEL_CACHE:-$PWD/.device_data/kernel_cache}
 PY=${PYTHON:-python3}
 log="$OUT/check.log"
 
-if ls .whl/omegaconf-*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .whl/omegaconf-*.whl .whl/antlr4_python3_runtime-*.whl .whl/hydra_core-*.whl >>"$log" 2>&1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >>"$log" 2>&1
   export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD
@@ -54,8 +54,8 @@ EOF
 
 if [ "${CHECK_TESTS:-1}" = 1 ]; then
   echo "== tests" >>"$log"
-  timeout ${TEST_TIMEOUT:-330} $PY -m pytest --noconftest -p no:cacheprovider -q -rfEs --timeout 150 \
-    --junitxml="$OUT/junit.xml" tests/test_kernels_gpu.py ${PYTEST_ARGS:-} \
+  timeout ${TEST_TIMEOUT:-330} $PY -m pytest -p no:cacheprovider -q -rfEs --timeout 150 \
+    --junitxml="$OUT/junit.xml" tests/test_capture_gpu.py tests/test_kernels_gpu.py ${PYTEST_ARGS:-} \
     >>"$log" 2>&1
   echo "pytest exit $?" >>"$log"
   tail -n 60 "$log"

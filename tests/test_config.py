@@ -70,6 +70,7 @@ def test_unknown_member_lists_choices(make_cfg):
     (["trainer.milestones=[100,60]"], "trainer.milestones=[100, 60] must be a list of increasing positive"),
     (["trainer.milestones=60"], "trainer.milestones=60 must be a list"),
     (["trainer.checkpoint_every=-1"], "trainer.checkpoint_every=-1 must be a non-negative integer"),
+    (["trainer.cuda_graph=maybe"], "trainer.cuda_graph='maybe' must be true or false"),
     (["trainer.gamma=0"], "trainer.gamma=0 must be a number in (0, 1]"),
     (["trainer.device=gpu"], "trainer.device='gpu' must be auto, cpu, cuda or cuda:N"),
     (["trainer.memory_size=-5"], "trainer.memory_size=-5 must be a non-negative integer"),

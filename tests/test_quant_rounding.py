@@ -28,6 +28,15 @@ def test_counter_follows_the_contract():
     assert counter_key(2**32 + 5, 0, 0) == counter_key(5, 0, 0)  # all arithmetic modulo 2^32
 
 
+@pytest.mark.parametrize("step", [0, 1, 77, 2**31 + 5, 2**33 + 9])
+def test_a_tensor_step_gives_the_int_steps_key_and_bits(step):
+    """A layer's step counter lives on its device as an int64 tensor (so a CUDA graph replays fresh bits)."""
+    for seed, role in [(0, 0), (7, 42), (2**32 + 5, 1000)]:
+        key = counter_key(seed, torch.tensor(step), role)
+        assert key.dtype == torch.int64 and key.item() == counter_key(seed, step, role)
+    assert torch.equal(Counter(7, torch.tensor(step), 3).uniform((4, 50)), Counter(7, step, 3).uniform((4, 50)))
+
+
 def test_counter_chunking_does_not_change_numbers():
     n = 2**18 + 1000  # crosses the CPU chunk boundary
     u = counter_uniform((n,), 1, 2, 3)

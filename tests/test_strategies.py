@@ -40,6 +40,12 @@ def test_finished_run_is_reused_and_different_config_refused(make_cfg, tmp_path)
         run(make_cfg("strategy=naive", "trainer.epochs=2"), run_dir)
 
 
+def test_cuda_graphs_on_the_cpu_are_refused_before_training(make_cfg, tmp_path):
+    with pytest.raises(ValueError, match=r"trainer.cuda_graph=true needs a CUDA device; this run is on cpu"):
+        run(make_cfg("trainer.cuda_graph=true", "trainer.device=cpu"), tmp_path / "run")
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
 def test_classes_not_divisible_by_tasks_is_refused_before_training(make_cfg, tmp_path):
     with pytest.raises(ValueError, match="n_experiences=3 does not divide the 10 classes"):
         run(make_cfg("benchmark.n_experiences=3"), tmp_path / "run")

@@ -172,16 +172,20 @@ def _quantizable(t: torch.Tensor, spec) -> bool:
     return spec.level_bound <= _INT8_BOUND and t.dim() >= 1 and 0 < t.numel() <= _MAX_ELEMENTS
 
 
-_COUNTER_KEY = None
+_MASK32 = 0xFFFFFFFF
 
 
-def _counter_key(counter) -> int:
-    global _COUNTER_KEY
-    if _COUNTER_KEY is None:
-        from hdqt_cil.quant.rounding import counter_key  # noqa: PLC0415 (one definition of the key)
-
-        _COUNTER_KEY = counter_key
-    return _COUNTER_KEY(counter.seed, counter.step, counter.role)
+def _counter_args(counter, device: torch.device) -> tuple:
+    """The kernels' (seed, role, step pointer, step) for `counter`'s key, computed on the device (the formula's one
+    definition for the GPU, docs/numerics.md). A tensor step is read where it lies, so that a captured CUDA graph
+    reads the layer's current step on every replay; None (nearest rounding) draws nothing."""
+    if counter is None:
+        return rt.u32(0), rt.u32(0), rt.ptr(None), rt.u32(0)
+    step = counter.step
+    if torch.is_tensor(step):
+        step = step.to(device=device, dtype=torch.int64)
+        return rt.u32(counter.seed & _MASK32), rt.u32(counter.role & _MASK32), rt.ptr(step), rt.u32(0)
+    return rt.u32(counter.seed & _MASK32), rt.u32(counter.role & _MASK32), rt.ptr(None), rt.u32(step & _MASK32)
 
 
 _SIGN_MODES = {"signed": 0, "unsigned": 1, "auto": 2}
@@ -196,7 +200,7 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
     rounding = 0 if spec.rounding == "nearest" else (2 if spec.grid == "log2" else 1)
     if rounding and counter is None:
         raise ValueError("stochastic rounding needs a Counter (seed, step, role) for its random bits")
-    key = _counter_key(counter) if rounding else 0
+    key = _counter_args(counter if rounding else None, x.device)
     sign_mode = _SIGN_MODES[spec.signedness]
     suffix = ("had_" if logn else "") + _suffix(x)
     device = x.device
@@ -214,8 +218,8 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
         ctas = groups if threads <= 256 else min(groups, rt.sm_count() * rt.ctas_per_sm(fn, threads, smem))
         rt.launch(fn, (ctas,), (threads,),
                   (rt.ptr(x), rt.u32(group), rt.u32(groups), rt.i32(logn), rt.i32(sign_mode), rt.f32(spec.signed_max),
-                   rt.f32(spec.unsigned_max), rt.f32(spec.clip), rt.i32(rounding), rt.u32(key), rt.ptr(levels),
-                   rt.ptr(scale)), smem)
+                   rt.f32(spec.unsigned_max), rt.f32(spec.clip), rt.i32(rounding), *key, rt.ptr(levels), rt.ptr(scale)),
+                  smem)
         return levels, scale.view(scale_shape)
 
     work = rt.ZEROS_I32.take(groups + 1, device)  # per-group max bits, then 'negative'
@@ -236,7 +240,7 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
     rt.launch(rt.function("quant.cu", f"quantize_{suffix}"), (ctas,), (threads,),
               (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks),
                rt.ptr(scale_in), rt.ptr(negative), rt.i32(sign_mode), rt.f32(spec.signed_max),
-               rt.f32(spec.unsigned_max), rt.f32(spec.clip), rt.i32(rounding), rt.u32(key), rt.ptr(levels),
+               rt.f32(spec.unsigned_max), rt.f32(spec.clip), rt.i32(rounding), *key, rt.ptr(levels),
                rt.ptr(None if scale_in is not None else scale)),
               smem)
     return levels, scale.view(scale_shape)

@@ -239,14 +239,16 @@ def ctas_per_sm(fn, threads: int, shared_mem: int = 0) -> int:
 class _ZeroPool:
     """Zero-filled device memory handed out in slices that are never handed out twice: a kernel's atomic
     accumulators (per-group maxima, saturation counts) start from zero without a memset launch per call. A slice
-    keeps its pool alive while referenced; a used-up pool is replaced by a fresh zero-filled one."""
+    keeps its pool alive while referenced; a used-up pool is replaced by a fresh zero-filled one. While a CUDA graph
+    is captured each slice is a fresh `torch.zeros` (a memset node): a pool slice would be reused, unzeroed, by
+    every replay."""
 
     def __init__(self, dtype: torch.dtype, size: int):
         self.dtype, self.size = dtype, size
         self.pools: dict = {}
 
     def take(self, n: int, device: torch.device) -> torch.Tensor:
-        if n > self.size // 4:
+        if n > self.size // 4 or torch.cuda.is_current_stream_capturing():
             return torch.zeros(n, dtype=self.dtype, device=device)
         key = (device.index, current_stream().ptr)  # a pool zeroed on another stream could race
         pool, used = self.pools.get(key, (None, self.size))

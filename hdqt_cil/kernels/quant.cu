@@ -29,6 +29,13 @@ __device__ __forceinline__ u32 mix32(u32 x) {
     return x;
 }
 
+// The per-call key of docs/numerics.md: mix(seed ^ mix(step * 0x9E3779B9 + role)) mod 2^32. The step is read from
+// device memory when step_at is given (a layer's step counter: a CUDA-graph replay then draws fresh bits).
+__device__ __forceinline__ u32 counter_key(u32 seed, u32 role, const long long* step_at, u32 step) {
+    const u32 s = step_at != nullptr ? static_cast<u32>(*step_at) : step;
+    return mix32(seed ^ mix32(s * 0x9E3779B9u + role));
+}
+
 // u = float32(mix(index ^ key) >> 8) * 2^-24
 __device__ __forceinline__ float counter_u(u32 index, u32 key) {
     return __uint2float_rn(mix32(index ^ key) >> 8) * 5.9604644775390625e-08f;
@@ -406,10 +413,12 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, u32 g
 #define QUANTIZE(NAME, T, HAD)                                                                                \
     extern "C" __global__ void NAME(const T* x, u32 n_el, u32 G, u32 range, int logn, const u32* peaks,      \
                                     const float* scale_in, const u32* neg_flag, int sign_mode,                \
-                                    float signed_max, float unsigned_max, float clip, int rounding, u32 key,  \
-                                    signed char* out, float* scale_out) {                                    \
+                                    float signed_max, float unsigned_max, float clip, int rounding, u32 seed,  \
+                                    u32 role, const long long* step_at, u32 step, signed char* out,           \
+                                    float* scale_out) {                                                      \
         quantize_body<T, HAD>(x, n_el, G, range, logn, peaks, scale_in, neg_flag, sign_mode, signed_max,      \
-                              unsigned_max, clip, rounding, key, out, scale_out);                            \
+                              unsigned_max, clip, rounding, counter_key(seed, role, step_at, step), out,      \
+                              scale_out);                                                             \
     }
 #define HADAMARD(NAME, T)                                                                                     \
     extern "C" __global__ void NAME(const T* x, u32 n_el, u32 range, int logn, float* out) {                 \
@@ -429,10 +438,10 @@ HADAMARD(hadamard_i8, signed char)
 
 #define GROUP(NAME, T, HAD, ROUNDS)                                                                           \
     extern "C" __global__ void __launch_bounds__(1024) NAME(const T* x, u32 G, u32 groups, int logn, int sign_mode, float signed_max,  \
-                                    float unsigned_max, float clip, int rounding, u32 key, signed char* out,  \
-                                    float* scale_out) {                                                      \
+                                    float unsigned_max, float clip, int rounding, u32 seed, u32 role,         \
+                                    const long long* step_at, u32 step, signed char* out, float* scale_out) { \
         group_body<T, HAD, ROUNDS>(x, G, groups, logn, sign_mode, signed_max, unsigned_max, clip, rounding,   \
-                                   key, out, scale_out);                                                     \
+                                   counter_key(seed, role, step_at, step), out, scale_out);                  \
     }
 
 GROUP(group_f32_r1, float, false, 1)

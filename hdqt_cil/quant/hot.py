@@ -52,7 +52,7 @@ def _hla_shape(layer, length: int) -> tuple[int, int]:
     return block, hla_rank(block, scheme.hla_rank, scheme.hla_rank_ratio)
 
 
-def compressed_input(layer, x: torch.Tensor, step: int, count: bool, ops, checks: list):
+def compressed_input(layer, x: torch.Tensor, step, count: bool, ops, checks: list):
     """ABC: (values (B, K, R), scale or None, block, rank) of x as the weight gradient reads it.
 
     values are int8 levels (abc_bits <= 8) with a per-entry float32 scale, or float32 when abc_bits is None."""
@@ -69,7 +69,7 @@ def compressed_input(layer, x: torch.Tensor, step: int, count: bool, ops, checks
     return _storage(levels, spec), scale, block, rank
 
 
-def grad_input_rows(layer, g_rows: torch.Tensor, weight: torch.Tensor, per_token: bool, step: int, count: bool,
+def grad_input_rows(layer, g_rows: torch.Tensor, weight: torch.Tensor, per_token: bool, step, count: bool,
                     ops, checks: list) -> torch.Tensor:
     """g_x as (B, L, K): G (B, L, O) and W (O, K) Hadamard-transformed along O, quantized, multiplied, / n."""
     scheme = layer.scheme
@@ -90,7 +90,7 @@ def grad_input_rows(layer, g_rows: torch.Tensor, weight: torch.Tensor, per_token
                                  bounds=(g_spec.level_bound, w_spec.level_bound))
 
 
-def grad_weight_sum(layer, g_cols: torch.Tensor, abc, step: int, ops, checks: list) -> torch.Tensor:
+def grad_weight_sum(layer, g_cols: torch.Tensor, abc, step, ops, checks: list) -> torch.Tensor:
     """g_W (O, K): Σ over entries of Q(P·G) (B, O, R) times the ABC operand (B, K, R), / L'."""
     x_values, x_scale, block, rank = abc
     g_spec = layer.scheme.grad_weight_spec
@@ -125,7 +125,7 @@ class _HotProduct(torch.autograd.Function):
             checks = []
             ops = resolve_ops(layer.scheme.backend, x.device)
             values, scale, block, rank = compressed_input(layer, x, step, training, ops, checks)
-            layer._check_finite(checks)
+            layer._check_finite(checks, backward=False)
             ctx.save_for_backward(saved_w, values, scale)
             ctx.abc = (block, rank)
         else:
@@ -150,7 +150,7 @@ class _HotProduct(torch.autograd.Function):
             grad_w = grad_weight_sum(layer, g_cols, abc, step, ops, checks).reshape(layer.weight.shape)
         if ctx.needs_input_grad[2]:
             grad_b = g_rows.sum(dim=(0, 1))
-        layer._check_finite(checks)
+        layer._check_finite(checks, backward=True)
         return grad_x, grad_w, grad_b, None, None, None
 
 
@@ -188,11 +188,7 @@ class _HotLayer:
         wants_grad = x.requires_grad or self.weight.requires_grad or self.bias is not None and self.bias.requires_grad
         if self.lqs_float or not torch.is_grad_enabled() or not wants_grad or x.numel() == 0:
             return self._torch_class.forward(self, x)  # no HOT backward to prepare (or an empty batch): torch's op
-        training = self.training
-        step = self.step
-        if training:
-            self.step += 1
-        return _HotProduct.apply(x, self.weight, self.bias, self, step, training)
+        return _HotProduct.apply(x, self.weight, self.bias, self, self._step_for(self.training), self.training)
 
 
 class HotLinear(_HotLayer, QuantLinear):

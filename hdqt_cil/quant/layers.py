@@ -24,7 +24,7 @@ from .schemes import HotScheme, Product, Scheme
 ROLE_STRIDE = 8
 ROLE_CODES = {"input": 0, "weight": 1, "grad_input.grad_output": 2, "grad_input.weight": 3,
               "grad_weight.grad_output": 4, "grad_weight.input": 5, "lqs.grad_output": 6}
-# Counted per layer (hits on the device, totals on the host): saturated tile sums of each product, clipped values
+# Counted per layer on the device (row 0 hits, row 1 totals): saturated tile sums of each product, clipped values
 # of each forward operand.
 STATS = ("forward_saturated", "grad_input_saturated", "grad_weight_saturated", "input_clipped", "weight_clipped")
 _STAT_ROW = {name: i for i, name in enumerate(STATS)}
@@ -75,41 +75,71 @@ def _product(ops, a: _Operand, bt: _Operand, block: int, product: Product):
 class _QuantLayer:
     """What QuantLinear and QuantConv2d share: scheme, identity (name, index), step counter, statistics.
 
+    Everything a training step changes lives on the layer's device (buffers `quant_step`, `quant_counts`,
+    `quant_worst`), so that a step needs no host round trip and can be captured in a CUDA graph (quant/capture.py).
     `_extra_buffers` names buffers a subclass adds (HOT's layers, quant/hot.py), removed when `quantize_model`
     switches the class away."""
     _extra_buffers: tuple[str, ...] = ()
 
     def _setup_quant(self, scheme: Scheme, name: str = "", index: int = 0, step: int = 0) -> None:
-        self.scheme, self.quant_name, self.quant_index, self.step = scheme, name, index, step
-        if "quant_counts" not in self._buffers:
-            counts = torch.zeros(len(STATS), dtype=torch.int64, device=self.weight.device)
+        self.scheme, self.quant_name, self.quant_index = scheme, name, index
+        if "quant_step" not in self._buffers:
+            device = self.weight.device
+            self.register_buffer("quant_step", torch.zeros((), dtype=torch.int64, device=device), persistent=False)
+            counts = torch.zeros(2, len(STATS), dtype=torch.int64, device=device)
             self.register_buffer("quant_counts", counts, persistent=False)
-            self.quant_totals = [0] * len(STATS)
+            # the largest scale of the forward's / backward's quantizers in captured steps (NaN stays)
+            self.register_buffer("quant_worst", torch.zeros(2, device=device), persistent=False)
+        self.step = step
+
+    @property
+    def step(self) -> int:
+        """The training step the next forward quantizes with (its stochastic rounding draws from it)."""
+        return int(self.quant_step)
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.quant_step.fill_(value)
+
+    def _step_for(self, training: bool) -> torch.Tensor:
+        """This call's step as a device scalar; a training call advances the counter (one device op each)."""
+        if not training:
+            return self.quant_step
+        step = self.quant_step.clone()
+        self.quant_step.add_(1)
+        return step
 
     def forward(self, x):
         if not self.scheme.quantizes or x.numel() == 0:  # an empty batch has nothing to quantize
             return super().forward(x)
         training = self.training and torch.is_grad_enabled()
-        step = self.step
-        if training:
-            self.step += 1
-        y = _QuantProduct.apply(x, self.weight, self, step, training)
+        y = _QuantProduct.apply(x, self.weight, self, self._step_for(training), training)
         return y if self.bias is None else y + self._bias_for(y)
 
-    def _counter(self, role: str, step: int) -> Counter:
+    def _counter(self, role: str, step: torch.Tensor) -> Counter:
         return Counter(self.scheme.seed, step, self.quant_index * ROLE_STRIDE + ROLE_CODES[role])
 
     def _count(self, stat: str, hits, total: int) -> None:
-        """One device op, no sync: `hits` is a 0-dim tensor, None where nothing was counted."""
+        """Two device ops, no sync: `hits` is a 0-dim tensor, None where nothing was counted."""
         if hits is not None:
             row = _STAT_ROW[stat]
-            self.quant_counts[row].add_(hits)
-            self.quant_totals[row] += total
+            self.quant_counts[0, row].add_(hits)
+            self.quant_counts[1, row].add_(total)
 
-    def _check_finite(self, checks: list) -> None:
-        """One device sync per call for all its quantizers: raise naming the layer, the role and the value."""
+    def _check_finite(self, checks: list, backward: bool) -> None:
+        """All quantizers of one pass at once: raise naming the layer, the role and the value (one device sync).
+
+        While a CUDA graph is captured nothing may sync: the largest scale is kept in `quant_worst` instead, and
+        `check_captured_steps` raises after the replay."""
+        if not checks:
+            return
         # scales are positive, and amax keeps a NaN: the largest scale is finite iff all are
-        if not checks or math.isfinite(torch.cat([scale.reshape(-1) for _, _, scale in checks]).amax().item()):
+        worst = torch.cat([scale.reshape(-1) for _, _, scale in checks]).amax()
+        if worst.is_cuda and torch.cuda.is_current_stream_capturing():
+            slot = self.quant_worst[int(backward)]
+            torch.maximum(slot, worst, out=slot)
+            return
+        if math.isfinite(worst.item()):
             return
         for role, tensor, scale in checks:
             if not torch.isfinite(scale).all():
@@ -119,7 +149,7 @@ class _QuantLayer:
                                      f"reaching its quantizer (scheme {self.scheme.name})")
 
 
-def _forward_operand(layer, t, spec: QuantSpec | None, role: str, step: int, training: bool, ops, checks):
+def _forward_operand(layer, t, spec: QuantSpec | None, role: str, step, training: bool, ops, checks):
     """Quantize a forward operand per tensor; with training, count clipped values and build the STE mask."""
     if spec is None:
         return _Operand(t, None), None
@@ -137,7 +167,7 @@ def _forward_operand(layer, t, spec: QuantSpec | None, role: str, step: int, tra
 
 
 def _backward_operand(layer, t, spec: QuantSpec | None, source: _Operand | None, block: int, role: str,
-                      step: int, ops, checks) -> _Operand:
+                      step, ops, checks) -> _Operand:
     """A backward operand, block-Hadamard-transformed along K (its last dim) when block > 1: re-quantized (the
     transform fused into the quantizer), or the forward's levels / floats transformed as they are.
 
@@ -171,7 +201,7 @@ class _QuantProduct(torch.autograd.Function):
         x_op, x_keep = _forward_operand(layer, x, scheme.forward.left, "input", step, training, ops, checks)
         w_op, w_keep = _forward_operand(layer, weight.reshape(weight.shape[0], -1), scheme.forward.right,
                                         "weight", step, training, ops, checks)
-        layer._check_finite(checks)
+        layer._check_finite(checks, backward=False)
         rows = _Operand(layer._forward_rows(x_op.values), x_op.scale, x_op.bound)
         y_rows, saturated, sums = _product(ops, rows, w_op, 1, scheme.forward)
         if training:
@@ -220,7 +250,7 @@ class _QuantProduct(torch.autograd.Function):
             layer._count("grad_weight_saturated", saturated, sums)
             grad_w = per_batch.sum(dim=0).reshape(ctx.w_shape)
             grad_w = grad_w if w_keep is None else grad_w * w_keep
-        layer._check_finite(checks)
+        layer._check_finite(checks, backward=True)
         return grad_x, grad_w, None, None, None
 
 
@@ -379,9 +409,26 @@ def quant_stats(model: nn.Module) -> dict[str, dict[str, float]]:
     if not layers:
         return {}
     device = layers[0][1].quant_counts.device
-    hits = torch.stack([m.quant_counts.to(device) for _, m in layers]).tolist()
-    return {name: {stat: h / total if total else 0.0 for stat, h, total in zip(STATS, row, m.quant_totals)}
-            for (name, m), row in zip(layers, hits)}
+    counts = torch.stack([m.quant_counts.to(device) for _, m in layers]).tolist()
+    return {name: {stat: h / total if total else 0.0 for stat, h, total in zip(STATS, hits, totals)}
+            for (name, _), (hits, totals) in zip(layers, counts)}
+
+
+def check_captured_steps(model: nn.Module) -> None:
+    """Raise NonFiniteError if a NaN or Inf reached a quantizer in a step replayed from a CUDA graph (one sync)."""
+    layers = [(name, m) for name, m in model.named_modules() if isinstance(m, _QuantLayer)]
+    if not layers:
+        return
+    device = layers[0][1].quant_worst.device
+    worst = torch.stack([m.quant_worst.to(device) for _, m in layers])
+    if bool(worst.isfinite().all()):
+        return
+    for (name, m), row in zip(layers, worst.tolist()):
+        for where, value in zip(("forward", "backward"), row):
+            if not math.isfinite(value):
+                raise NonFiniteError(f"layer '{name}': a non-finite value ({value}) reached a quantizer of the "
+                                     f"{where} pass in a step replayed from a CUDA graph (scheme {m.scheme.name}); "
+                                     "run the step without graph capture to see the tensor role")
 
 
 def layer_steps(model: nn.Module) -> dict[str, int]:
@@ -399,4 +446,3 @@ def reset_quant_stats(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, _QuantLayer):
             module.quant_counts.zero_()
-            module.quant_totals = [0] * len(STATS)

@@ -18,7 +18,7 @@ def _signed_factor(c: int) -> int:
     return c - 2**32 if c >= 2**31 else c
 
 
-_M1, _M2 = _signed_factor(0x7FEB352D), _signed_factor(0x846CA68B)
+_M1, _M2, _GOLDEN_FACTOR = _signed_factor(0x7FEB352D), _signed_factor(0x846CA68B), _signed_factor(_GOLDEN)
 
 
 def _mix(x):
@@ -39,12 +39,19 @@ def _mix(x):
     return x
 
 
-def counter_key(seed: int, step: int, role: int) -> int:
-    """The per-call key: mix(seed ^ mix(step * 0x9E3779B9 + role)), all modulo 2^32."""
-    return _mix((seed & _MASK32) ^ _mix((step * _GOLDEN + role) & _MASK32))
+def counter_key(seed: int, step, role: int):
+    """The per-call key: mix(seed ^ mix(step * 0x9E3779B9 + role)), all modulo 2^32.
+
+    `step` is an int, or an integer tensor (a layer's step counter on its device): the key is then a 0-dim int64
+    tensor there, computed without a host round trip."""
+    if not torch.is_tensor(step):
+        return _mix((seed & _MASK32) ^ _mix((step * _GOLDEN + role) & _MASK32))
+    key = _mix((step.to(torch.int64) & _MASK32).mul_(_GOLDEN_FACTOR).add_(role).bitwise_and_(_MASK32))
+    key ^= seed & _MASK32
+    return _mix(key)
 
 
-def counter_uniform(shape, seed: int, step: int, role: int, device=None) -> torch.Tensor:
+def counter_uniform(shape, seed: int, step, role: int, device=None) -> torch.Tensor:
     """Uniform numbers in [0, 1), float32, one per element of `shape` in row-major order.
 
     u = float32(mix(index ^ key) >> 8) * 2^-24: 24 random bits, exactly representable, never 1.
@@ -54,8 +61,8 @@ def counter_uniform(shape, seed: int, step: int, role: int, device=None) -> torc
         numel *= int(size)
     if numel > 2**32:
         raise ValueError(f"counter_uniform indexes elements with 32 bits; a tensor of {numel} elements is too large")
-    key = counter_key(seed, step, role)
     device = torch.device("cpu") if device is None else torch.device(device)
+    key = counter_key(seed, step.to(device) if torch.is_tensor(step) else step, role)
     # On the CPU, blocks that stay in cache are several times faster than whole-tensor passes; same numbers.
     chunk = _CPU_CHUNK if device.type == "cpu" else max(numel, 1)
     out = torch.empty(numel, dtype=torch.float32, device=device)
@@ -70,9 +77,10 @@ def counter_uniform(shape, seed: int, step: int, role: int, device=None) -> torc
 
 @dataclass(frozen=True)
 class Counter:
-    """Where a stochastic rounding draws its bits: the scheme seed, the layer's training step and the tensor role."""
+    """Where a stochastic rounding draws its bits: the scheme seed, the layer's training step (an int, or the
+    layer's step counter as an integer tensor) and the tensor role."""
     seed: int
-    step: int
+    step: "int | torch.Tensor"
     role: int
 
     def uniform(self, shape, device=None) -> torch.Tensor:

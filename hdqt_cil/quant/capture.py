@@ -1,0 +1,101 @@
+"""A module's training forward and backward replayed from CUDA graphs: one launch each instead of thousands.
+
+A quantized layer issues ~80 small kernels and torch ops a step, each costing host time; on a fast GPU the step is
+bound by the host (docs/kernel_notes.md). A captured step runs the same kernels with the same arguments, so the
+results are bit-identical to eager execution: everything a step changes or draws from (rounding steps, statistics,
+BatchNorm's running stats) is device memory the graph updates in place (quant/layers.py).
+
+`CapturedTraining(module)` is called like the module. A call in training mode with gradients on and a CUDA input
+replays the graphs captured for that input shape (captured on first sight, up to `max_shapes` shapes); anything
+else (eval, no_grad, other shapes, a changed set of trainable parameters) runs the module eagerly. torch's
+`make_graphed_callables` does the same capture but warms up on uninitialised gradients (a NaN there trips the
+layers' finite checks) and replaces the module's `forward`, which copies of the module (an old model kept for
+distillation) would inherit.
+"""
+import torch
+from torch import nn
+
+from .layers import check_captured_steps
+
+
+class _Graphs:
+    """The forward and backward graphs of one input shape, with their static input, output and gradients."""
+
+    def __init__(self, module: nn.Module, x: torch.Tensor, params: tuple, warmup: int):
+        self.params = params
+        self.x = x.detach().clone()
+        state = {name: b.clone() for name, b in module.named_buffers()}  # warmup and capture must not count
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):  # lazy initialisation (kernel loads, cuBLAS handles) stays out of the graphs
+                y = module(self.x)
+                torch.autograd.grad(y, params, torch.zeros_like(y), allow_unused=True)
+        torch.cuda.current_stream().wait_stream(side)
+        pool = torch.cuda.graph_pool_handle()
+        self.forward, self.backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.forward, pool=pool):
+            self.y = module(self.x)
+        self.grad_y = torch.zeros_like(self.y)
+        with torch.cuda.graph(self.backward, pool=pool):
+            self.grads = torch.autograd.grad(self.y, params, self.grad_y, allow_unused=True)
+        with torch.no_grad():
+            for name, b in module.named_buffers():
+                b.copy_(state[name])
+
+
+class _Replay(torch.autograd.Function):
+    """Copy the input in, replay the forward; the backward copies the output gradient in and replays."""
+
+    @staticmethod
+    def forward(ctx, graphs: _Graphs, x, *params):
+        graphs.x.copy_(x)
+        graphs.forward.replay()
+        ctx.graphs = graphs
+        return graphs.y.detach()
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        graphs = ctx.graphs
+        graphs.grad_y.copy_(grad_y)
+        graphs.backward.replay()
+        return None, None, *(None if g is None else g.detach() for g in graphs.grads)
+
+
+class CapturedTraining:
+    """Call `module` through CUDA graphs where a training call allows it (module docstring)."""
+
+    def __init__(self, module: nn.Module, max_shapes: int = 2, warmup: int = 3):
+        if max_shapes < 1 or warmup < 1:
+            raise ValueError(f"max_shapes={max_shapes} and warmup={warmup} must both be >= 1")
+        self.module, self.max_shapes, self.warmup = module, max_shapes, warmup
+        self.graphs: dict[tuple, _Graphs] = {}
+        self.replays = 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        module = self.module
+        if not (module.training and torch.is_grad_enabled() and x.is_cuda):
+            return module(x)
+        params = tuple(p for p in module.parameters() if p.requires_grad)
+        key = (tuple(x.shape), x.dtype, x.device)
+        graphs = self.graphs.get(key)
+        if graphs is not None and (len(graphs.params) != len(params)
+                                   or any(a is not b for a, b in zip(graphs.params, params))):
+            del self.graphs[key]  # the trainable parameters changed: capture again
+            graphs = None
+        if graphs is None:
+            if len(self.graphs) >= self.max_shapes:
+                return module(x)
+            graphs = self.graphs[key] = _Graphs(module, x, params, self.warmup)
+        self.replays += 1
+        return _Replay.apply(graphs, x, *params)
+
+    def check(self) -> None:
+        """Raise NonFiniteError if a replayed step fed a NaN or Inf to a quantizer (one sync; a no-op before any
+        replay)."""
+        if self.replays:
+            check_captured_steps(self.module)
+
+    def release(self) -> None:
+        """Free the graphs and their memory pools."""
+        self.graphs.clear()

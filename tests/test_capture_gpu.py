@@ -1,0 +1,135 @@
+"""Training steps replayed from CUDA graphs (trainer.cuda_graph) against the same steps run eagerly: bit-identical
+weights, statistics and counters; eager fallback where a graph does not apply; NaN checks that still fire."""
+import copy
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hdqt_cil import kernels
+from hdqt_cil.experiment import run
+from hdqt_cil.models import build_model
+from hdqt_cil.quant import NonFiniteError, layer_steps, preset, quant_stats, quantize_model
+from hdqt_cil.quant.capture import CapturedTraining
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+              pytest.mark.skipif(torch.cuda.is_available() and not kernels.available(),
+                                 reason=f"kernels unavailable: {kernels.unavailable_reason()}")]
+
+SHAPES = {"mlp": ((561,), 11), "resnet32": ((3, 32, 32), 10)}
+
+
+def make_model(model_name, scheme_name, backend="cupy"):
+    torch.manual_seed(0)
+    shape, classes = SHAPES[model_name]
+    model = build_model(model_name, shape, classes).cuda()
+    if scheme_name != "fp32":
+        quantize_model(model, dataclasses.replace(preset(scheme_name), backend=backend))
+    return model
+
+
+def train(model, call, batches):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for x, y in batches:
+        optimizer.zero_grad()
+        F.cross_entropy(call(x), y).backward()
+        optimizer.step()
+    torch.cuda.synchronize()
+
+
+def make_batches(model_name, sizes, seed=1):
+    shape, classes = SHAPES[model_name]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [(torch.randn(n, *shape, generator=g, device="cuda"), torch.randint(0, classes, (n,), generator=g,
+                                                                               device="cuda")) for n in sizes]
+
+
+def assert_same_state(a, b):
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(p, q), name
+    assert layer_steps(a) == layer_steps(b)
+    assert quant_stats(a) == quant_stats(b)
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_cudnn():
+    before = torch.backends.cudnn.deterministic
+    torch.backends.cudnn.deterministic = True  # FP32's and HOT's float convolutions
+    yield
+    torch.backends.cudnn.deterministic = before
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "resnet32"])
+@pytest.mark.parametrize("scheme_name", ["fp32", "hdqt", "int4", "luq", "hot"])
+def test_graph_steps_equal_eager_steps(model_name, scheme_name):
+    """Three steps on fresh batches, then a shorter last batch (a second captured shape)."""
+    batches = make_batches(model_name, [128, 128, 128, 40])
+    eager = make_model(model_name, scheme_name)
+    graphed = copy.deepcopy(eager)
+    train(eager, eager, batches)
+    captured = CapturedTraining(graphed)
+    train(graphed, captured, batches)
+    captured.check()
+    assert captured.replays == 4 and len(captured.graphs) == 2
+    assert_same_state(eager, graphed)
+
+
+def test_other_calls_run_eagerly_with_the_same_results():
+    """Beyond max_shapes, in eval, under no_grad: the module itself, and the counters stay in step."""
+    batches = make_batches("resnet32", [64, 64, 32, 64])
+    eager = make_model("resnet32", "hdqt")
+    graphed = copy.deepcopy(eager)
+    train(eager, eager, batches)
+    captured = CapturedTraining(graphed, max_shapes=1)
+    train(graphed, captured, batches)
+    assert captured.replays == 3 and len(captured.graphs) == 1
+    assert_same_state(eager, graphed)
+    x = batches[0][0]
+    graphed.eval()
+    with torch.no_grad():
+        assert torch.equal(captured(x), eager.eval()(x))
+    assert captured.replays == 3
+
+
+def test_freezing_parameters_captures_again():
+    batches = make_batches("mlp", [32, 32, 32])
+    eager = make_model("mlp", "hdqt")
+    graphed = copy.deepcopy(eager)
+    captured = CapturedTraining(graphed)
+    for model, call in ((eager, eager), (graphed, captured)):
+        train(model, call, batches[:1])
+        model.classifier.weight.requires_grad_(False)
+        train(model, call, batches[1:])
+    assert captured.replays == 3 and len(captured.graphs) == 1
+    assert_same_state(eager, graphed)
+
+
+def test_a_nan_in_a_replayed_step_names_the_layer():
+    model = make_model("mlp", "hdqt")
+    captured = CapturedTraining(model)
+    (x, y), = make_batches("mlp", [32])
+    train(model, captured, [(x, y)])
+    captured.check()  # finite so far
+    x = x.clone()
+    x[3, 5] = float("nan")
+    train(model, captured, [(x, y)])
+    with pytest.raises(NonFiniteError, match=r"layer '[\w.]+': a non-finite value \(nan\) reached a quantizer "
+                                             r"of the forward pass"):
+        captured.check()
+
+
+@pytest.mark.parametrize("strategy", ["lwf", "icarl", "bic"])
+def test_experiment_with_cuda_graphs_gives_the_same_results(make_cfg, tmp_path, strategy):
+    """The whole run through the plugin: accuracy matrix and per-epoch losses as the eager run's."""
+    overrides = [f"strategy={strategy}", "quant=hdqt", "trainer.epochs=2", "trainer.device=cuda"]
+    if strategy == "bic":
+        overrides.append("strategy.stage_2_epochs=2")
+    eager = run(make_cfg(*overrides), tmp_path / "eager")
+    graphed = run(make_cfg(*overrides, "trainer.cuda_graph=true"), tmp_path / "graphed")
+    assert graphed["status"] == eager["status"] == "complete"
+    np.testing.assert_array_equal(np.array(graphed["acc_matrix"], dtype=float),
+                                  np.array(eager["acc_matrix"], dtype=float))
+    assert graphed["train_loss"] == eager["train_loss"]
