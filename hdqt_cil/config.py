@@ -85,7 +85,7 @@ RULES = [
      "auto, cpu, cuda or cuda:N"),
     ("trainer.num_workers", None, *NON_NEGATIVE_INT),
     ("trainer.checkpoint_every", None, *NON_NEGATIVE_INT),
-    ("trainer.cuda_graph", None, *BOOL),
+    ("trainer.cuda_graph", None, lambda v: v == "auto" or isinstance(v, bool), "auto, true or false"),
     ("trainer.memory_size", None, *NON_NEGATIVE_INT),
     ("benchmark.n_experiences", None, *OPTIONAL_POSITIVE_INT),
     ("benchmark.classes_per_exp", None, *OPTIONAL_POSITIVE_INT),

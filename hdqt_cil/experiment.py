@@ -191,10 +191,10 @@ def _build_strategy(cfg, bench, model, device, run_dir):
     optimizer = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
     plugins = [PredictionRecorder(), TrainingMonitor(), PerExperienceSGD(t.lr, list(t.milestones), t.gamma),
                quantization]
-    if t.cuda_graph:
-        if device.type != "cuda":
-            raise ValueError(f"trainer.cuda_graph=true needs a CUDA device; this run is on {device} "
-                             f"(trainer.device={t.device})")
+    if t.cuda_graph is True and device.type != "cuda":
+        raise ValueError(f"trainer.cuda_graph=true needs a CUDA device; this run is on {device} "
+                         f"(trainer.device={t.device}); use auto or false")
+    if t.cuda_graph is True or t.cuda_graph == "auto" and device.type == "cuda":
         plugins.insert(0, CudaGraphPlugin())  # its NaN check precedes the divergence monitor's
     if cfg.benchmark.get("augment") and cfg.benchmark.augment_on == "gpu":
         plugins.append(BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)))

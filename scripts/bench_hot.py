@@ -3,6 +3,7 @@
     python scripts/bench_hot.py                     # on the GPU machine: the numbers of issue 5
     python scripts/bench_hot.py --quick             # tiny sizes, any device (a smoke check; its times mean nothing)
     python scripts/bench_hot.py --backends auto torch   # HOT with the kernels and with the torch reference
+    python scripts/bench_hot.py --profile           # also: where HOT's ViT backward spends its device time
 
 Cases (one table at the end, every number in OUT/hot_<device>.json):
 - vit-linear: a ViT-B-size Linear stack, 12 blocks of LayerNorm → qkv (768→2304, q+k+v summed: no attention
@@ -10,7 +11,8 @@ Cases (one table at the end, every number in OUT/hot_<device>.json):
   batch 64. Backward time (loss.backward() only, after an untimed forward) under fp32 (TF32 off), bf16 autocast
   and HOT (backend per --backends; LQS calibrated on one batch first).
 - resnet32: one training step (forward, backward, SGD), CIFAR shape, batch 128, fp32 (TF32 off) against HOT
-  (and HOT with quant.abc=pointwise: the 3×3 convs keep their float input).
+  (and HOT with quant.abc=pointwise: the 3×3 convs keep their float input); both also with the forward and backward
+  replayed from CUDA graphs (hdqt_cil.quant.capture, trainer.cuda_graph).
 - memory: per case, peak torch.cuda.max_memory_allocated during a step minus what was allocated before it (model,
   optimizer state, the batch); and bytes saved for the backward per quantized layer kind (saved_tensors_hooks,
   parameters left out), summed over the model, and all that the forward saves with each storage counted once
@@ -37,6 +39,7 @@ from bench_record import save_rows  # noqa: E402
 from hdqt_cil.models import build_model  # noqa: E402
 from hdqt_cil.quant import calibrate_lqs, lqs_choices, preset, quantize_model  # noqa: E402
 from hdqt_cil.quant.backend import resolve_ops  # noqa: E402
+from hdqt_cil.quant.capture import CapturedTraining  # noqa: E402
 
 ROWS = []
 
@@ -184,6 +187,8 @@ def vit_linear(args, device):
 
         seconds = timed(backward, device, args.reps, args.warmup, setup=forward)
         forward_s = timed(lambda _: forward(), device, args.reps, args.warmup)
+        if args.profile and backend is not None and device.type == "cuda":
+            profile_backward(label, forward, backward)
         if reference is None:
             reference = seconds
         row(case, label, "backward", seconds * 1e3, "ms", reference / seconds, "speedup vs fp32")
@@ -205,6 +210,20 @@ def vit_linear(args, device):
         del model
 
 
+def profile_backward(label: str, forward, backward, rows: int = 30) -> None:
+    """Device time of two backward passes by kernel, largest first (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    losses = [forward(), forward()]
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for loss in losses:
+            backward(loss)
+        torch.cuda.synchronize()
+    print(f"\nprofile of two backward passes, vit-linear {label}")
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows), flush=True)
+
+
 def resnet32(args, device):
     case = "resnet32"
     shape, classes = (3, 32, 32), 10
@@ -222,16 +241,23 @@ def resnet32(args, device):
             per_token, layers = _calibrate(model, x, y, F.cross_entropy)
             row(case, label, "LQS per-token layers", per_token, f"of {layers}")
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        captured = CapturedTraining(model) if device.type == "cuda" else None
 
-        def step(_=None):
+        def step(_=None, call=model):
             optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
+            F.cross_entropy(call(x), y).backward()
             optimizer.step()
 
         seconds = timed(step, device, args.reps, args.warmup)
         if reference is None:
             reference = seconds
         row(case, label, "training step", seconds * 1e3, "ms", reference / seconds, "speedup vs fp32")
+        if captured is not None:
+            graphed = timed(lambda _: step(call=captured), device, args.reps, args.warmup)
+            captured.check()
+            captured.release()
+            row(case, label, "training step, CUDA graph", graphed * 1e3, "ms", reference / graphed,
+                "speedup vs fp32")
         peak = peak_bytes(step, device)
         if peak is not None:
             row(case, label, "peak memory of a step", peak / 2**20, "MiB")
@@ -262,6 +288,7 @@ def main():
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--skip", nargs="*", default=[], choices=["vit-linear", "resnet32"])
+    parser.add_argument("--profile", action="store_true", help="print HOT's ViT backward kernel breakdown")
     args = parser.parse_args()
     if args.quick:
         args.blocks, args.batch, args.resnet_batch, args.reps, args.warmup = 1, 2, 4, 1, 1

@@ -10,7 +10,7 @@
 #   bench.log    scripts/bench_kernels.py (its table is printed last)
 #   hot.log      the GPU tests of quant (HOT and the torch reference on CUDA), then scripts/bench_hot.py
 #   bench_kernels_<device>.json, hot_<device>.json, junit.xml
-# Environment: CHECK_TESTS=0 skips the tests, CHECK_BENCH=0 the benchmark, CHECK_HOT=0 the HOT stage,
+# Environment: CHECK_TESTS=0 skips the tests (TEST_FILES names them), CHECK_BENCH=0 the benchmark, CHECK_HOT=0 the HOT stage,
 # BENCH_ARGS passes options to bench_kernels.py, HOT_ARGS to bench_hot.py, PYTEST_ARGS to pytest (e.g. "-k gemm").
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,7 +55,7 @@ EOF
 if [ "${CHECK_TESTS:-1}" = 1 ]; then
   echo "== tests" >>"$log"
   timeout ${TEST_TIMEOUT:-330} $PY -m pytest -p no:cacheprovider -q -rfEs --timeout 150 \
-    --junitxml="$OUT/junit.xml" tests/test_capture_gpu.py tests/test_kernels_gpu.py ${PYTEST_ARGS:-} \
+    --junitxml="$OUT/junit.xml" ${TEST_FILES:-tests/test_capture_gpu.py tests/test_kernels_gpu.py} ${PYTEST_ARGS:-} \
     >>"$log" 2>&1
   echo "pytest exit $?" >>"$log"
   tail -n 60 "$log"

@@ -121,13 +121,26 @@ def test_a_nan_in_a_replayed_step_names_the_layer():
         captured.check()
 
 
-@pytest.mark.parametrize("strategy", ["lwf", "icarl", "bic"])
-def test_experiment_with_cuda_graphs_gives_the_same_results(make_cfg, tmp_path, strategy):
+def test_the_torch_reference_backend_replays_the_same_steps():
+    batches = make_batches("mlp", [64, 64, 64])
+    eager = make_model("mlp", "hdqt", backend="torch")
+    graphed = copy.deepcopy(eager)
+    train(eager, eager, batches)
+    captured = CapturedTraining(graphed)
+    train(graphed, captured, batches)
+    assert captured.replays == 3
+    assert_same_state(eager, graphed)
+
+
+@pytest.mark.parametrize("strategy,quant,extra", [
+    ("lwf", "hdqt", []), ("icarl", "hdqt", []), ("icarl", "hdqt", ["strategy.loss=bce", "strategy.eval_head=nme"]),
+    ("bic", "hdqt", ["strategy.stage_2_epochs=2"]), ("bic", "hot", ["strategy.stage_2_epochs=2"]),
+    ("joint", "int4", []), ("naive", "fp32", []),
+])
+def test_experiment_with_cuda_graphs_gives_the_same_results(make_cfg, tmp_path, strategy, quant, extra):
     """The whole run through the plugin: accuracy matrix and per-epoch losses as the eager run's."""
-    overrides = [f"strategy={strategy}", "quant=hdqt", "trainer.epochs=2", "trainer.device=cuda"]
-    if strategy == "bic":
-        overrides.append("strategy.stage_2_epochs=2")
-    eager = run(make_cfg(*overrides), tmp_path / "eager")
+    overrides = [f"strategy={strategy}", f"quant={quant}", "trainer.epochs=2", "trainer.device=cuda", *extra]
+    eager = run(make_cfg(*overrides, "trainer.cuda_graph=false"), tmp_path / "eager")
     graphed = run(make_cfg(*overrides, "trainer.cuda_graph=true"), tmp_path / "graphed")
     assert graphed["status"] == eager["status"] == "complete"
     np.testing.assert_array_equal(np.array(graphed["acc_matrix"], dtype=float),

@@ -39,6 +39,7 @@ class _Graphs:
         self.grad_y = torch.zeros_like(self.y)
         with torch.cuda.graph(self.backward, pool=pool):
             self.grads = torch.autograd.grad(self.y, params, self.grad_y, allow_unused=True)
+        self.y = self.y.detach()  # drop the captured autograd graph (its nodes would pin the side stream)
         with torch.no_grad():
             for name, b in module.named_buffers():
                 b.copy_(state[name])
