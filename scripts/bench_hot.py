@@ -9,7 +9,8 @@ Cases (one table at the end, every number in OUT/hot_<device>.json):
 - vit-linear: a ViT-B-size Linear stack, 12 blocks of LayerNorm → qkv (768→2304, q+k+v summed: no attention
   matmuls) → proj (768→768) → residual → LayerNorm → fc1 (768→3072) → GELU → fc2 (3072→768) → residual, tokens 197,
   batch 64. Backward time (loss.backward() only, after an untimed forward) under fp32 (TF32 off), bf16 autocast
-  and HOT (backend per --backends; LQS calibrated on one batch first).
+  and HOT (backend per --backends; LQS calibrated on one batch first); fp32 and HOT also with the forward and
+  backward replayed from CUDA graphs.
 - resnet32: one training step (forward, backward, SGD), CIFAR shape, batch 128, fp32 (TF32 off) against HOT
   (and HOT with quant.abc=pointwise: the 3×3 convs keep their float input); both also with the forward and backward
   replayed from CUDA graphs (hdqt_cil.quant.capture, trainer.cuda_graph).
@@ -189,6 +190,12 @@ def vit_linear(args, device):
         forward_s = timed(lambda _: forward(), device, args.reps, args.warmup)
         if args.profile and backend is not None and device.type == "cuda":
             profile_backward(label, forward, backward)
+        if device.type == "cuda" and not bf16:  # the same passes replayed from CUDA graphs (trainer.cuda_graph)
+            captured = CapturedTraining(model)
+            graphed = timed(backward, device, args.reps, args.warmup, setup=lambda: loss_fn(captured(x), target))
+            captured.check()
+            captured.release()
+            row(case, label, "backward, CUDA graph", graphed * 1e3, "ms", reference / graphed, "speedup vs fp32")
         if reference is None:
             reference = seconds
         row(case, label, "backward", seconds * 1e3, "ms", reference / seconds, "speedup vs fp32")

@@ -94,6 +94,23 @@ def test_other_calls_run_eagerly_with_the_same_results():
     assert captured.replays == 3
 
 
+def test_capture_after_eager_steps_whose_graph_is_still_held():
+    """A loss kept from an eager step (avalanche keeps the last one) holds autograd nodes of the default stream."""
+    batches = make_batches("mlp", [32, 32, 32])
+    eager = make_model("mlp", "hdqt")
+    graphed = copy.deepcopy(eager)
+    x, y = batches[0]
+    train(eager, eager, batches[:1])
+    eager(x)  # the extra forward below (it advances the layers' steps)
+    train(eager, eager, batches[1:])
+    train(graphed, graphed, batches[:1])
+    kept = F.cross_entropy(graphed(x), y)
+    captured = CapturedTraining(graphed)
+    train(graphed, captured, batches[1:])
+    assert captured.replays == 2 and kept.grad_fn is not None
+    assert_same_state(eager, graphed)
+
+
 def test_freezing_parameters_captures_again():
     batches = make_batches("mlp", [32, 32, 32])
     eager = make_model("mlp", "hdqt")

@@ -19,27 +19,37 @@ from .layers import check_captured_steps
 
 
 class _Graphs:
-    """The forward and backward graphs of one input shape, with their static input, output and gradients."""
+    """The forward and backward graphs of one input shape, with their static input, output and gradients.
 
-    def __init__(self, module: nn.Module, x: torch.Tensor, params: tuple, warmup: int):
-        self.params = params
+    Warm-up and capture run the module on leaf aliases of its trainable parameters (same storage, so the graphs
+    read the live weights): autograd nodes that earlier eager steps attached to the parameters themselves, and
+    that a kept loss may still hold, belong to the default stream and may not join a capture."""
+
+    def __init__(self, module: nn.Module, x: torch.Tensor, named_params: dict, warmup: int):
+        self.params = tuple(named_params.values())
         self.x = x.detach().clone()
+        aliases = {name: p.detach().requires_grad_() for name, p in named_params.items()}
+        leaves = tuple(aliases.values())
+
+        def run():
+            return torch.func.functional_call(module, aliases, (self.x,))
+
         state = {name: b.clone() for name, b in module.named_buffers()}  # warmup and capture must not count
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(warmup):  # lazy initialisation (kernel loads, cuBLAS handles) stays out of the graphs
-                y = module(self.x)
-                torch.autograd.grad(y, params, torch.zeros_like(y), allow_unused=True)
+                y = run()
+                torch.autograd.grad(y, leaves, torch.zeros_like(y), allow_unused=True)
         torch.cuda.current_stream().wait_stream(side)
         pool = torch.cuda.graph_pool_handle()
         self.forward, self.backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.forward, pool=pool):
-            self.y = module(self.x)
-        self.grad_y = torch.zeros_like(self.y)
+            y = run()
+        self.grad_y = torch.zeros_like(y)
         with torch.cuda.graph(self.backward, pool=pool):
-            self.grads = torch.autograd.grad(self.y, params, self.grad_y, allow_unused=True)
-        self.y = self.y.detach()  # drop the captured autograd graph (its nodes would pin the side stream)
+            self.grads = torch.autograd.grad(y, leaves, self.grad_y, allow_unused=True)
+        self.y = y.detach()
         with torch.no_grad():
             for name, b in module.named_buffers():
                 b.copy_(state[name])
@@ -77,7 +87,8 @@ class CapturedTraining:
         module = self.module
         if not (module.training and torch.is_grad_enabled() and x.is_cuda):
             return module(x)
-        params = tuple(p for p in module.parameters() if p.requires_grad)
+        named = {name: p for name, p in module.named_parameters() if p.requires_grad}
+        params = tuple(named.values())
         key = (tuple(x.shape), x.dtype, x.device)
         graphs = self.graphs.get(key)
         if graphs is not None and (len(graphs.params) != len(params)
@@ -87,7 +98,7 @@ class CapturedTraining:
         if graphs is None:
             if len(self.graphs) >= self.max_shapes:
                 return module(x)
-            graphs = self.graphs[key] = _Graphs(module, x, params, self.warmup)
+            graphs = self.graphs[key] = _Graphs(module, x, named, self.warmup)
         self.replays += 1
         return _Replay.apply(graphs, x, *params)
 
