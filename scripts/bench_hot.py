@@ -190,16 +190,16 @@ def vit_linear(args, device):
         forward_s = timed(lambda _: forward(), device, args.reps, args.warmup)
         if args.profile and backend is not None and device.type == "cuda":
             profile_backward(label, forward, backward)
+        if reference is None:
+            reference = seconds
+        row(case, label, "backward", seconds * 1e3, "ms", reference / seconds, "speedup vs fp32")
+        row(case, label, "forward", forward_s * 1e3, "ms")
         if device.type == "cuda" and not bf16:  # the same passes replayed from CUDA graphs (trainer.cuda_graph)
             captured = CapturedTraining(model)
             graphed = timed(backward, device, args.reps, args.warmup, setup=lambda: loss_fn(captured(x), target))
             captured.check()
             captured.release()
             row(case, label, "backward, CUDA graph", graphed * 1e3, "ms", reference / graphed, "speedup vs fp32")
-        if reference is None:
-            reference = seconds
-        row(case, label, "backward", seconds * 1e3, "ms", reference / seconds, "speedup vs fp32")
-        row(case, label, "forward", forward_s * 1e3, "ms")
         peak = peak_bytes(lambda: backward(forward()), device)
         if peak is not None:
             row(case, label, "peak memory of a step", peak / 2**20, "MiB")
