@@ -14,9 +14,9 @@ from omegaconf import OmegaConf
 
 from .cl.batch_augment import BatchAugment
 from .cl.checkpoint import EpochCheckpoints, ExperienceCheckpoints
+from .cl.cuda_graphs import CudaGraphPlugin
 from .cl.divergence import Diverged, TrainingMonitor
 from .cl.optim import PerExperienceSGD
-from .cl.cuda_graphs import CudaGraphPlugin
 from .cl.quantization import QuantizationPlugin
 from .cl.recorder import PredictionRecorder
 from .cl.strategies import build_strategy
@@ -194,7 +194,7 @@ def _build_strategy(cfg, bench, model, device, run_dir):
     if t.cuda_graph is True and device.type != "cuda":
         raise ValueError(f"trainer.cuda_graph=true needs a CUDA device; this run is on {device} "
                          f"(trainer.device={t.device}); use auto or false")
-    if t.cuda_graph is True or t.cuda_graph == "auto" and device.type == "cuda":
+    if t.cuda_graph and device.type == "cuda":  # true or auto
         plugins.insert(0, CudaGraphPlugin())  # its NaN check precedes the divergence monitor's
     if cfg.benchmark.get("augment") and cfg.benchmark.augment_on == "gpu":
         plugins.append(BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)))

@@ -181,11 +181,11 @@ def _counter_args(counter, device: torch.device) -> tuple:
     reads the layer's current step on every replay; None (nearest rounding) draws nothing."""
     if counter is None:
         return rt.u32(0), rt.u32(0), rt.ptr(None), rt.u32(0)
-    step = counter.step
-    if torch.is_tensor(step):
+    step, on_device = counter.step, torch.is_tensor(counter.step)
+    if on_device:
         step = step.to(device=device, dtype=torch.int64)
-        return rt.u32(counter.seed & _MASK32), rt.u32(counter.role & _MASK32), rt.ptr(step), rt.u32(0)
-    return rt.u32(counter.seed & _MASK32), rt.u32(counter.role & _MASK32), rt.ptr(None), rt.u32(step & _MASK32)
+    return (rt.u32(counter.seed & _MASK32), rt.u32(counter.role & _MASK32), rt.ptr(step if on_device else None),
+            rt.u32(0 if on_device else step & _MASK32))
 
 
 _SIGN_MODES = {"signed": 0, "unsigned": 1, "auto": 2}
