@@ -9,7 +9,8 @@ from hdqt_cil.kernels import _runtime as rt
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="the CuPy wheel brings NVRTC")
 
 # The GEMM is a template: compile every mode of the largest tile and the modes the layers use of the others.
-GEMM_EXPRESSIONS = [rt.gemm_expression("128x128", sat, count, out) for sat, count in rt.GEMM_MODES for out in range(3)]
+GEMM_EXPRESSIONS = [rt.gemm_expression("128x128", sat, count, out) for sat, count in rt.GEMM_MODES
+                    for out in rt.GEMM_OUTS]
 GEMM_EXPRESSIONS += [rt.gemm_expression(config, sat, count, out) for config in rt.GEMM_CONFIGS if config != "128x128"
                      for sat, count, out in ((2, True, 1), (1, True, 1), (4, False, 1))]
 
@@ -74,3 +75,5 @@ def test_torch_backend_fused_ops_are_the_compositions():
     out, count = TORCH_OPS.scaled_int_matmul(a, b, sa, sb, 4, 32, 8, (7, 7), True)
     acc, ref_count = tiled_int_matmul(a, b, 32, 8, (7, 7), True)
     assert torch.equal(out, acc.to(torch.float32) * ((sa * sb) / 4)) and torch.equal(count, ref_count)
+    summed, summed_count = TORCH_OPS.scaled_int_matmul(a, b, sa, sb, 4, 32, 8, (7, 7), True, sum_batch=True)
+    assert torch.equal(summed, out[0] + out[1] + out[2]) and torch.equal(summed_count, ref_count)

@@ -247,6 +247,13 @@ def test_batched_and_broadcast(batch_a, batch_b):
         ref, ref_count = reference_product(a, b, tile, acc_bits)
         assert_same(out, ref)
         assert count.item() == ref_count.item()
+    # scaled, per-sample and per-row scales on a (one stacked product when b has no batch), per-column on b
+    lead = torch.broadcast_shapes(batch_a, batch_b)
+    for sa in (torch.rand((*lead, 1, 1), generator=g, device="cuda"), torch.rand((*lead, m, 1), generator=g,
+                                                                                   device="cuda")):
+        sb = torch.rand((1, n), generator=g, device="cuda")
+        out = kernels.scaled_int_matmul(a, b, sa, sb, 8, 32, 8)
+        assert_same(out, reference_product(a, b, 32, 8, count=False).to(torch.float32) * ((sa * sb) / 8))
 
 
 def test_layouts_and_dtypes_that_need_a_copy():
@@ -310,6 +317,45 @@ def test_scaled_int_matmul_equals_the_layers_epilogue(granularity):
         acc, ref_count = reference_product(a, b, 32, 8)
         assert_same(out, acc.to(torch.float32) * ((sa * sb) / block))
         assert count.item() == ref_count.item()
+
+
+# M x N of 1024 x 640 is 160 tiles of 64 x 64, at least one per SM of an H100 / H200: the batch is summed in the
+# GEMM's epilogue; 70 x 90 is summed by the separate kernel after the per-entry products.
+@pytest.mark.parametrize("shape", [(1024, 640, 197), (70, 90, 300), (1024, 640, 64)], ids=str)
+@pytest.mark.parametrize("tile, acc_bits", [(32, 8), (64, 8), (None, 8), (None, None)], ids=str)
+def test_batch_summed_product_bit_identical(shape, tile, acc_bits):
+    """sum_batch: the batch added in order from +0 (quant.sum_entries), per-entry and per-row/column scales."""
+    from hdqt_cil.quant.backend import TORCH_OPS
+
+    m, n, _ = shape
+    for batch, seed in (((5,), 30), ((1,), 31), ((2, 3), 32)):
+        a, b = int_operands(shape, batch=batch, seed=seed)
+        g = gen(seed)
+        scales = (((*batch, 1, 1), (*batch, 1, 1)), ((*batch, m, 1), (*batch, 1, n)), ((), ()))
+        for sa_shape, sb_shape in scales:
+            sa = torch.rand(sa_shape, generator=g, device="cuda") / 7 - 0.05  # some negative: signed zeros too
+            sb = torch.rand(sb_shape, generator=g, device="cuda") / 3
+            got, count = kernels.scaled_int_matmul(a, b, sa, sb, 16, tile, acc_bits, (8, 15), True, sum_batch=True)
+            ref, ref_count = TORCH_OPS.scaled_int_matmul(a.float(), b.float(), sa, sb, 16, tile, acc_bits, (8, 15),
+                                                         True, sum_batch=True)
+            assert_same(got, ref, f"batch {batch}, scales {sa_shape} {sb_shape}")
+            assert torch.equal(torch.signbit(got), torch.signbit(ref))
+            assert count.item() == ref_count.item()
+            plain = kernels.scaled_int_matmul(a, b, sa, sb, 16, tile, acc_bits, (8, 15), sum_batch=True)
+            assert_same(plain, ref, "without the count (packed mode where eligible)")
+
+
+def test_sum_entries_kernel_keeps_the_order():
+    from hdqt_cil.quant import sum_entries
+
+    g = gen(33)
+    x = torch.randn(64, 33, 70, generator=g, device="cuda") * torch.logspace(-3, 8, 64, device="cuda")[:, None, None]
+    x[0, 0, 0] = -0.0
+    got = kernels.sum_entries(x)
+    ref = sum_entries(x)
+    assert_same(got, ref)
+    assert torch.equal(torch.signbit(got), torch.signbit(ref))
+    assert not torch.equal(ref, x.sum(dim=0)), "inputs too tame: any order would give these bits"
 
 
 # ----------------------------------------------------------------------------------------------------- training
@@ -383,8 +429,8 @@ class CheckedOps:
         return got
 
     def scaled_int_matmul(self, a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
-                          count_saturated=False):
-        args = (a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated)
+                          count_saturated=False, sum_batch=False):
+        args = (a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated, sum_batch)
         got, ref = kernels.scaled_int_matmul(*args), self.ref.scaled_int_matmul(*args)
         self._compare("scaled_int_matmul", args[:8], got, ref)
         return got

@@ -86,3 +86,18 @@ def test_known_bounds_give_the_same_result():
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         tiled_int_matmul(torch.ones(2, 3), torch.ones(3, 2), **kwargs)
+
+
+def test_sum_entries_adds_in_order_from_positive_zero():
+    """The order is the definition (the GPU epilogue keeps it): 1e8 + 1 loses the 1 in float32, so the sum of
+    (1e8, 1, -1e8) is 0 in this order (1 in others); a single -0.0 comes back as +0.0."""
+    from hdqt_cil.quant import sum_entries
+
+    t = torch.tensor([1e8, 1.0, -1e8]).reshape(3, 1, 1)
+    assert sum_entries(t).item() == 0.0
+    assert sum_entries(t.flip(0)).item() == 0.0 and sum_entries(t[[0, 2, 1]]).item() == 1.0
+    zero = sum_entries(torch.tensor([[[-0.0]]]))
+    assert zero.item() == 0.0 and not torch.signbit(zero).item()
+    x = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(0))
+    assert sum_entries(x).shape == (4, 5)
+    assert torch.equal(sum_entries(x), ((((x[0, 0] + 0) + x[0, 1]) + x[0, 2]) + x[1, 0] + x[1, 1]) + x[1, 2])

@@ -9,9 +9,11 @@
                                          the transformed tensor never written (dim must be the last)
     tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated)
                                       -> the reference's tiled_int_matmul on the int8 tensor cores
-    scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated)
+    scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated, sum_batch)
                                       -> float32(tiled_int_matmul(a, b)) * ((scale_a * scale_b) / block), with the
-                                         scaling fused into the GEMM's epilogue (the layers' product, one pass)
+                                         scaling fused into the GEMM's epilogue (the layers' product, one pass);
+                                         sum_batch: summed over the batch in the reference's order, in the
+                                         epilogue too where M x N fills the GPU
 
 Everything takes and returns torch CUDA tensors on torch's current stream. Levels are int8 (the reference holds
 them as float32; the values are equal). What the kernels do not cover (level ranges beyond int8, tiles that are
@@ -313,7 +315,7 @@ def _bounds(a: torch.Tensor, b: torch.Tensor, bounds):
     return tuple(torch.stack([peak(a), peak(b)]).tolist())
 
 
-def _gemm_config(m: int, n: int, k: int, sat: int, count: bool) -> str:
+def _gemm_config(m: int, n: int, k: int, sat: int, count: bool, batch: int = 1) -> str:
     """The CTA tile for a problem (measured on an H100: docs/kernel_notes.md)."""
     if n <= 16:
         return "256x16"
@@ -323,8 +325,8 @@ def _gemm_config(m: int, n: int, k: int, sat: int, count: bool) -> str:
         return "16x128"
     if m <= 32:
         return "32x128"
-    ctas = -(-m // 128) * -(-n // 128)
-    if ctas < rt.sm_count():
+    ctas = batch * -(-m // 128) * -(-n // 128)
+    if min(m, n) < 128 or ctas < rt.sm_count():
         return "64x64"
     return GEMM_LARGE[(sat in (2, 4), count)]
 
@@ -390,7 +392,7 @@ def _scale_operand(scale: torch.Tensor, batch_shape, batch: int, along_last: boo
     return scale, batch_stride, element
 
 
-def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=None, packed=None):
+def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=None, packed=None, sum_batch=False):
     if tile is not None and tile < 1:
         raise ValueError(f"tile={tile} must be a positive number of K elements (or None for the whole K)")
     if acc_bits is not None and acc_bits < 1:
@@ -419,7 +421,10 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
     if fallback is not None:
         if fallback.startswith("tile"):
             warnings.warn(f"hdqt_cil.kernels: {fallback}; using the torch reference", stacklevel=3)
-        return _reference_product(a, b, tile, acc_bits, bounds, count_saturated, scales)
+        return _reference_product(a, b, tile, acc_bits, bounds, count_saturated, scales, sum_batch)
+    if batch > 1 and not sum_batch and math.prod(b.shape[:-2]) == 1 and (scales is None or
+                                                                         math.prod(scales[1].shape[:-2]) == 1):
+        return _stacked_product(a, b, (bound_a, bound_b), tile, acc_bits, count_saturated, scales, config, packed)
 
     saturate = acc_bits is not None and acc_bits < 32  # a 32-bit limit never binds: the sums fit int32
     limit = 2 ** (acc_bits - 1) - 1 if saturate else 0
@@ -437,13 +442,16 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
         if 32 * bound_a * bound_b + limit <= _PACKED_LIMIT and steps32 * 2 * limit <= 2 * _PACKED_LIMIT + 1:
             sat = 4
     out_mode = 2 if scales is not None else (0 if wide >= _FLOAT32_EXACT else 1)
-    config = config or _gemm_config(m, n, k, sat, count)
+    if sum_batch and _tiles(m, n, SUM_BATCH_CONFIG) >= rt.sm_count():
+        out_mode, config = 3, config or SUM_BATCH_CONFIG
+    config = config or _gemm_config(m, n, k, sat, count, batch)
     bm, bn, threads = rt.gemm_tile(config)
     device = a.device
     with _on_device(a):
         a3, lda, batch_a = _operand(a, batch_shape, batch, m, k, transposed=False)
         b3, ldb, batch_b = _operand(b, batch_shape, batch, n, k, transposed=True)
-        out = _empty((*batch_shape, m, n), torch.int32 if out_mode == 0 else torch.float32, device)
+        out_shape = (m, n) if out_mode == 3 else (*batch_shape, m, n)
+        out = _empty(out_shape, torch.int32 if out_mode == 0 else torch.float32, device)
         counter = rt.ZEROS_I64.take(1, device)
         if scales is not None:
             sa, sa_batch, sa_row = _scale_operand(scales[0], batch_shape, batch, along_last=False)
@@ -459,31 +467,71 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
         grid_n, grid_m = -(-n // bn), -(-m // bm)
         pa, pb, po = a3.data_ptr(), b3.data_ptr(), out.data_ptr()
         psa, psb = (0, 0) if sa is None else (sa.data_ptr(), sb.data_ptr())
-        item = 4 if out_mode != 0 else 4
-        for first in range(0, batch, 65535):
-            chunk = min(65535, batch - first)
-            rt.launch(fn, (grid_n, grid_m, chunk), (threads,),
+        # grid z runs the batch (65535 entries a launch); mode 3 runs it inside each CTA
+        chunks = [(0, batch)] if out_mode == 3 else [(f, min(65535, batch - f)) for f in range(0, batch, 65535)]
+        for first, chunk in chunks:
+            rt.launch(fn, (grid_n, grid_m, 1 if out_mode == 3 else chunk), (threads,),
                       (rt.u64(pa + first * batch_a), rt.u64(pb + first * batch_b),
-                       rt.u64(po + first * m * n * item), rt.i32(m), rt.i32(n), rt.i32(k), rt.i64(lda),
+                       rt.u64(po + first * m * n * 4), rt.i32(m), rt.i32(n), rt.i32(k), rt.i64(lda),
                        rt.i64(ldb), rt.i64(batch_a), rt.i64(batch_b), rt.i32(limit), rt.i32(steps),
                        rt.u64(psa + first * sa_batch * 4), rt.i64(sa_batch), rt.i64(sa_row),
                        rt.u64(psb + first * sb_batch * 4), rt.i64(sb_batch), rt.i64(sb_col),
-                       rt.f32(block_div), rt.ptr(counter)),
+                       rt.f32(block_div), rt.ptr(counter), rt.i32(chunk)),
                       smem)
     if out_mode == 0:
         out = out.to(torch.float64)
+    if sum_batch and out_mode == 2:
+        out = sum_entries(out)
     return (out, counter.view(())) if count_saturated else out
 
 
-def _reference_product(a, b, tile, acc_bits, bounds, count_saturated, scales):
-    result = _reference().tiled_int_matmul(a.float() if a.dtype == torch.int8 else a,
-                                           b.float() if b.dtype == torch.int8 else b,
-                                           tile, acc_bits, bounds, count_saturated)
+def _stacked_product(a, b, bounds, tile, acc_bits, count_saturated, scales, config, packed):
+    """A batch (..., M, K) times one right factor (K, N) (and a scale_b without batch) as one (B·M, K) product:
+    full CTA tiles instead of a ragged M per entry, the same values."""
+    batch_shape, (m, k), n = a.shape[:-2], a.shape[-2:], b.shape[-1]
+    if scales is not None:
+        scale_a, scale_b, block = scales
+        if scale_a.numel() > 1:
+            scale_a = scale_a.expand(*batch_shape, m, 1).reshape(-1, 1)
+        scales = (scale_a, scale_b.reshape(scale_b.shape[-2:]) if scale_b.dim() > 2 else scale_b, block)
+    result = _int_matmul(a.reshape(-1, k), b.reshape(k, n), tile, acc_bits, bounds, count_saturated, scales,
+                         config, packed)
+    out, count = result if count_saturated else (result, None)
+    out = out.view(*batch_shape, m, n)
+    return (out, count) if count_saturated else out
+
+
+# The tile of a batch-summed product (mode 3): 32 accumulators and 32 float totals a thread, no spills.
+SUM_BATCH_CONFIG = "64x64"
+
+
+def _tiles(m: int, n: int, config: str) -> int:
+    bm, bn, _ = rt.gemm_tile(config)
+    return -(-m // bm) * -(-n // bn)
+
+
+def sum_entries(t: torch.Tensor) -> torch.Tensor:
+    """`hdqt_cil.quant.sum_entries` of a float32 CUDA tensor (..., M, N): the batch summed in order from +0."""
+    _require_cuda(t)
+    flat = _flat_input(t)
+    size = t.shape[-2] * t.shape[-1]
+    entries = flat.numel() // size if size else 0
+    out = _empty(t.shape[-2:], torch.float32, t.device)
+    if size:
+        with _on_device(t):
+            ctas = min(-(-size // 256), rt.sm_count() * 8)
+            rt.launch(rt.function("quant.cu", "sum_entries_f32"), (ctas,), (256,),
+                      (rt.ptr(flat), rt.u32(entries), rt.u64(size), rt.ptr(out)))
+    return out
+
+
+def _reference_product(a, b, tile, acc_bits, bounds, count_saturated, scales, sum_batch=False):
+    a, b = (a.float() if a.dtype == torch.int8 else a), (b.float() if b.dtype == torch.int8 else b)
     if scales is None:
-        return result
-    acc, saturated = result if count_saturated else (result, None)
-    out = acc.to(torch.float32) * ((scales[0] * scales[1]) / scales[2])
-    return (out, saturated) if count_saturated else out
+        return _reference().tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated)
+    from hdqt_cil.quant.backend import TORCH_OPS  # noqa: PLC0415
+
+    return TORCH_OPS.scaled_int_matmul(a, b, *scales, tile, acc_bits, bounds, count_saturated, sum_batch)
 
 
 def tiled_int_matmul(a: torch.Tensor, b: torch.Tensor, tile: int | None = 32, acc_bits: int | None = 8,
@@ -497,13 +545,16 @@ def tiled_int_matmul(a: torch.Tensor, b: torch.Tensor, tile: int | None = 32, ac
 
 def scaled_int_matmul(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, block: int = 1, tile: int | None = 32,
                       acc_bits: int | None = 8, bounds: tuple[float, float] | None = None,
-                      count_saturated: bool = False):
+                      count_saturated: bool = False, sum_batch: bool = False):
     """float32(tiled_int_matmul(a, b, ...)) * ((scale_a * scale_b) / block), float32, with the scale applied in
-    the GEMM's epilogue: scale_a broadcastable to (..., M, 1), scale_b to (..., 1, N)."""
+    the GEMM's epilogue: scale_a broadcastable to (..., M, 1), scale_b to (..., 1, N). sum_batch: the (M, N) sum
+    over the batch of `hdqt_cil.quant.sum_entries`, inside the GEMM when its M x N tiles fill the GPU (the batch
+    then never written), else by a summing kernel after it."""
     device = a.device
     scale_a = scale_a if torch.is_tensor(scale_a) else torch.tensor(float(scale_a), device=device)
     scale_b = scale_b if torch.is_tensor(scale_b) else torch.tensor(float(scale_b), device=device)
-    return _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, (scale_a, scale_b, block))
+    return _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, (scale_a, scale_b, block),
+                       sum_batch=sum_batch)
 
 
 OPS = SimpleNamespace(name="cupy", block_hadamard=block_hadamard, quantize=quantize,

@@ -18,6 +18,7 @@ HERE = Path(__file__).resolve().parent
 QUANT_KERNELS = tuple(f"{kind}_{t}" for kind in ("absmax", "absmax_had", "quantize", "quantize_had")
                       for t in ("f32", "i8")) + ("hadamard_f32", "hadamard_i8")
 QUANT_KERNELS += tuple(f"group_{had}{t}_r{r}" for had in ("", "had_") for t in ("f32", "i8") for r in (1, 2, 4))
+QUANT_KERNELS += ("sum_entries_f32",)
 PEAK_KERNELS = ("mma_peak_plain", "mma_peak_clamped", "mma_peak_packed")
 # GEMM tile shapes: warps along M, warps along N, m16 blocks per warp, n8 blocks per warp, min CTAs per SM.
 GEMM_CONFIGS = {
@@ -55,8 +56,9 @@ def gemm_tile(config: str) -> tuple[int, int, int]:
 
 # Every expression the CPU compile test instantiates (the runtime compiles what it needs, one variant a module).
 GEMM_MODES = tuple((sat, count) for sat in range(5) for count in (False, True) if count <= (sat in (1, 2, 3)))
+GEMM_OUTS = range(4)  # int32, float32, scaled, scaled and summed over the batch (intmm.cu OUT)
 ALL_GEMM_EXPRESSIONS = tuple(gemm_expression(c, sat, count, out) for c in GEMM_CONFIGS for sat, count in GEMM_MODES
-                             for out in range(3))
+                             for out in GEMM_OUTS)
 
 SOURCES = {"quant.cu": QUANT_KERNELS, "intmm.cu": ALL_GEMM_EXPRESSIONS, "peak.cu": PEAK_KERNELS}
 # IEEE single precision throughout: no contraction into FMA, no flush of subnormals, correctly rounded division.

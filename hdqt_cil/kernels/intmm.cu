@@ -25,7 +25,11 @@
 //        step (padded steps included) comes off at the end. Half the min/max instructions of mode 2.
 // COUNT: count the clamped (tile) sums, |sum| > L, into *count (modes 1-3).
 // OUT: 0 int32 acc, 1 float32(acc), 2 float32(acc) * ((sa * sb) / block_div) with sa per (batch, row) and sb
-//      per (batch, column) through strides (0 for a per-tensor scale).
+//      per (batch, column) through strides (0 for a per-tensor scale), 3 the batch sum of mode 2's products: a
+//      CTA runs all `entries` batch entries of its tile in order and adds each scaled product to a float32
+//      total that starts at +0 (the order of quant/intmm.py sum_entries); gridDim.z is 1, out is (M, N).
+// A batch entry's sums are finished (SAT 1, 3, 4) when its last K step is done, so mode 3 can go on to the next
+// entry in the same pipeline: stage t holds K step t % ktiles of entry t / ktiles.
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -69,6 +73,59 @@ __device__ __forceinline__ void clamp_add(int acc[4], const int t[4], int limit,
     }
 }
 
+// The epilogue of docs/numerics.md: float32(v) * ((sa * sb) / block_div), each operation rounded once.
+__device__ __forceinline__ float scaled(int v, float sa, float sb, float block_div) {
+    return __fmul_rn(__int2float_rn(v), __fdiv_rn(__fmul_rn(sa, sb), block_div));
+}
+
+// Two consecutive outputs of a row: one 8-byte store when the row length is even, else as many as lie inside.
+template <typename T> struct Pair;
+template <> struct Pair<int> { typedef int2 type; };
+template <> struct Pair<float> { typedef float2 type; };
+template <typename T>
+__device__ __forceinline__ void store_pair(T* o, T v0, T v1, bool pairs, bool second) {
+    if (pairs) {
+        typename Pair<T>::type p;
+        p.x = v0;
+        p.y = v1;
+        *reinterpret_cast<typename Pair<T>::type*>(o) = p;
+    } else {
+        o[0] = v0;
+        if (second) o[1] = v1;
+    }
+}
+
+// Turn an entry's running sums into its exact (saturated) total in acc, and reset them for the next entry.
+template <int MI, int NI, int SAT, bool COUNT>
+__device__ __forceinline__ void finish_entry(int acc[MI][NI][4], int tacc[MI][NI][4], u32 packed[MI][NI][2],
+                                             int limit, int k32_steps, u32& saturated) {
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j) {
+            if (SAT == 3) {  // a last tile cut short by the end of K (tacc is 0 when the last tile was complete)
+                clamp_add<COUNT>(acc[i][j], tacc[i][j], limit, saturated);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) tacc[i][j][e] = 0;
+            }
+            if (SAT == 4) {
+                const int bias = limit * k32_steps;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    acc[i][j][2 * h] = (int)(packed[i][j][h] & 0xffffu) - bias;
+                    acc[i][j][2 * h + 1] = (int)(packed[i][j][h] >> 16) - bias;
+                    packed[i][j][h] = 0u;
+                }
+            }
+            if (SAT == 1) {
+                int total[4] = {0, 0, 0, 0};
+                clamp_add<COUNT>(total, acc[i][j], limit, saturated);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][j][e] = total[e];
+            }
+        }
+}
+
 template <int ROWS, int THREADS>
 __device__ __forceinline__ void load_tile(unsigned char* dst, const signed char* src, int row0, int rows, int k0,
                                           int K, i64 ld) {
@@ -93,7 +150,7 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     intmm_kernel(const signed char* __restrict__ A, const signed char* __restrict__ B, void* __restrict__ out,
                  int M, int N, int K, i64 lda, i64 ldb, i64 batch_a, i64 batch_b, int limit, int tile_steps,
                  const float* __restrict__ sa, i64 sa_batch, i64 sa_row, const float* __restrict__ sb,
-                 i64 sb_batch, i64 sb_col, float block_div, u64* __restrict__ count) {
+                 i64 sb_batch, i64 sb_col, float block_div, u64* __restrict__ count, int entries) {
     constexpr int THREADS = WM * WN * 32;
     constexpr int BM = WM * MI * 16;
     constexpr int BN = WN * NI * 8;
@@ -101,13 +158,12 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     static_assert(NI % 2 == 0, "B fragments are loaded two n8 blocks at a time");
     extern __shared__ __align__(128) unsigned char smem[];
 
-    const int batch = blockIdx.z;
+    const int batch = OUT == 3 ? 0 : blockIdx.z;  // mode 3: the first of `entries`; else the one entry
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
-    const signed char* Ab = A + (i64)batch * batch_a;
-    const signed char* Bb = B + (i64)batch * batch_b;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wm = warp / WN, wn = warp % WN;
     const int ktiles = (K + BK - 1) / BK;
+    const int steps = (OUT == 3 ? entries : 1) * ktiles;  // pipeline stages over all entries of this CTA
 
     int acc[MI][NI][4];
     int tacc[MI][NI][4];
@@ -124,16 +180,25 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
         for (int j = 0; j < NI; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = tacc[i][j][e] = 0;
+    float facc[MI][NI][4];  // mode 3's float32 total
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) facc[i][j][e] = 0.0f;
     const int zero[4] = {0, 0, 0, 0};
     u32 saturated = 0u;
 
+    auto load_stage = [&](int stage) {  // K step stage % ktiles of entry batch + stage / ktiles, into its slot
+        const int e = stage / ktiles, k0 = (stage - e * ktiles) * BK;
+        unsigned char* st = smem + (stage % STAGES) * STAGE_BYTES;
+        load_tile<BM, THREADS>(st, A + (i64)(batch + e) * batch_a, m0, M, k0, K, lda);
+        load_tile<BN, THREADS>(st + BM * BK, B + (i64)(batch + e) * batch_b, n0, N, k0, K, ldb);
+    };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < ktiles) {
-            unsigned char* st = smem + s * STAGE_BYTES;
-            load_tile<BM, THREADS>(st, Ab, m0, M, s * BK, K, lda);
-            load_tile<BN, THREADS>(st + BM * BK, Bb, n0, N, s * BK, K, ldb);
-        }
+        if (s < steps) load_stage(s);
         cp_async_commit();
     }
 
@@ -143,19 +208,13 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     const int b_row = wn * NI * 8 + (lane & 7) + (lane >> 4) * 8;
     const int b_chunk = (lane >> 3) & 1;
 
-    for (int kt = 0; kt < ktiles; ++kt) {
+    int kt = 0, entry = batch;  // K step within the current entry
+    for (int stage = 0; stage < steps; ++stage) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();
-        {
-            const int nk = kt + STAGES - 1;
-            if (nk < ktiles) {
-                unsigned char* st = smem + (nk % STAGES) * STAGE_BYTES;
-                load_tile<BM, THREADS>(st, Ab, m0, M, nk * BK, K, lda);
-                load_tile<BN, THREADS>(st + BM * BK, Bb, n0, N, nk * BK, K, ldb);
-            }
-            cp_async_commit();
-        }
-        const unsigned char* sA = smem + (kt % STAGES) * STAGE_BYTES;
+        if (stage + STAGES - 1 < steps) load_stage(stage + STAGES - 1);
+        cp_async_commit();
+        const unsigned char* sA = smem + (stage % STAGES) * STAGE_BYTES;
         const unsigned char* sB = sA + BM * BK;
 #pragma unroll
         for (int ks = 0; ks < BK / 32; ++ks) {
@@ -222,38 +281,37 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
                     for (int j = 0; j < NI; ++j) mma_s8(acc[i][j], af[i], bf[j], acc[i][j]);
             }
         }
+        if (kt + 1 < ktiles) {
+            ++kt;
+            continue;
+        }
+        finish_entry<MI, NI, SAT, COUNT>(acc, tacc, packed, limit, ktiles * (BK / 32), saturated);
+        if (OUT == 3) {  // add this entry's scaled product to the total and start the next entry from 0
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int r = m0 + wm * MI * 16 + i * 16 + (lane >> 2) + half * 8;
+                    const float row_scale = r < M ? sa[(i64)entry * sa_batch + (i64)r * sa_row] : 0.0f;
+#pragma unroll
+                    for (int j = 0; j < NI; ++j)
+#pragma unroll
+                        for (int c = 0; c < 2; ++c) {
+                            const int col = n0 + wn * NI * 8 + j * 8 + (lane & 3) * 2 + c;
+                            int& v = acc[i][j][2 * half + c];
+                            if (r < M && col < N) {
+                                float& f = facc[i][j][2 * half + c];
+                                f = __fadd_rn(f, scaled(v, row_scale, sb[(i64)entry * sb_batch + (i64)col * sb_col],
+                                                        block_div));
+                            }
+                            v = 0;
+                        }
+                }
+        }
+        kt = 0;
+        ++entry;
     }
     cp_async_wait<0>();
-
-    if (SAT == 3) {  // a last tile cut short by the end of K (tacc is 0 when the last tile was complete)
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
-#pragma unroll
-            for (int j = 0; j < NI; ++j) clamp_add<COUNT>(acc[i][j], tacc[i][j], limit, saturated);
-    }
-    if (SAT == 4) {
-        const int bias = limit * ktiles * (BK / 32);
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
-#pragma unroll
-            for (int j = 0; j < NI; ++j)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    acc[i][j][2 * h] = (int)(packed[i][j][h] & 0xffffu) - bias;
-                    acc[i][j][2 * h + 1] = (int)(packed[i][j][h] >> 16) - bias;
-                }
-    }
-    if (SAT == 1) {
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
-#pragma unroll
-            for (int j = 0; j < NI; ++j) {
-                int total[4] = {0, 0, 0, 0};
-                clamp_add<COUNT>(total, acc[i][j], limit, saturated);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[i][j][e] = total[e];
-            }
-    }
 
     // Elements outside M x N hold 0 (zero-filled operands): they are never saturated, so the count is exact.
     if (COUNT) {
@@ -270,8 +328,7 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
         for (int half = 0; half < 2; ++half) {
             const int r = m0 + wm * MI * 16 + i * 16 + (lane >> 2) + half * 8;
             if (r >= M) continue;
-            float row_scale = 1.0f;
-            if (OUT == 2) row_scale = sa[(i64)batch * sa_batch + (i64)r * sa_row];
+            const float row_scale = OUT == 2 ? sa[(i64)batch * sa_batch + (i64)r * sa_row] : 1.0f;
             const i64 row_off = ((i64)batch * M + r) * N;
 #pragma unroll
             for (int j = 0; j < NI; ++j) {
@@ -279,32 +336,19 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
                 if (col >= N) continue;
                 const int v0 = acc[i][j][2 * half], v1 = acc[i][j][2 * half + 1];
                 if (OUT == 0) {
-                    int* o = reinterpret_cast<int*>(out) + row_off + col;
-                    if (pairs) {
-                        *reinterpret_cast<int2*>(o) = make_int2(v0, v1);
-                    } else {
-                        o[0] = v0;
-                        if (col + 1 < N) o[1] = v1;
-                    }
-                } else {
-                    float f0 = __int2float_rn(v0), f1 = __int2float_rn(v1);
-                    if (OUT == 2) {
-                        const float* sbp = sb + (i64)batch * sb_batch;
-                        const float s0 = __fdiv_rn(__fmul_rn(row_scale, sbp[(i64)col * sb_col]), block_div);
-                        f0 = __fmul_rn(f0, s0);
-                        if (col + 1 < N) {
-                            const float s1 = __fdiv_rn(__fmul_rn(row_scale, sbp[(i64)(col + 1) * sb_col]), block_div);
-                            f1 = __fmul_rn(f1, s1);
-                        }
-                    }
-                    float* o = reinterpret_cast<float*>(out) + row_off + col;
-                    if (pairs) {
-                        *reinterpret_cast<float2*>(o) = make_float2(f0, f1);
-                    } else {
-                        o[0] = f0;
-                        if (col + 1 < N) o[1] = f1;
-                    }
+                    store_pair(reinterpret_cast<int*>(out) + row_off + col, v0, v1, pairs, col + 1 < N);
+                    continue;
                 }
+                float f0 = __int2float_rn(v0), f1 = __int2float_rn(v1);
+                if (OUT == 2) {
+                    const float* sbp = sb + (i64)batch * sb_batch;
+                    f0 = scaled(v0, row_scale, sbp[(i64)col * sb_col], block_div);
+                    if (col + 1 < N) f1 = scaled(v1, row_scale, sbp[(i64)(col + 1) * sb_col], block_div);
+                } else if (OUT == 3) {
+                    f0 = facc[i][j][2 * half];
+                    f1 = facc[i][j][2 * half + 1];
+                }
+                store_pair(reinterpret_cast<float*>(out) + row_off + col, f0, f1, pairs, col + 1 < N);
             }
         }
     }

@@ -13,6 +13,7 @@
 // quantize_kernel: s = (max * clip) / qmax (or a given scale), v = t / s, rounding, clamp, int8 levels; the
 //                thread that owns a group's first element writes the group's scale.
 // hadamard_kernel: the transform alone, float32 out.
+// sum_entries_f32: the batch sum of a GEMM's scaled products in the order of intmm.cu's OUT mode 3.
 // Template T: float or signed char input (levels). HAD: whether to transform first.
 
 typedef unsigned int u32;
@@ -456,3 +457,14 @@ GROUP(group_had_f32_r4, float, true, 4)
 GROUP(group_had_i8_r1, signed char, true, 1)
 GROUP(group_had_i8_r2, signed char, true, 2)
 GROUP(group_had_i8_r4, signed char, true, 4)
+
+// out[i] = (((+0 + x[0][i]) + x[1][i]) + ...) + x[entries - 1][i], float32, entries in order (quant/intmm.py
+// sum_entries): for batched products too small in M x N to loop over the batch inside the GEMM.
+extern "C" __global__ void sum_entries_f32(const float* __restrict__ x, u32 entries, u64 size,
+                                           float* __restrict__ out) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < size; i += (u64)gridDim.x * blockDim.x) {
+        float total = 0.0f;
+        for (u32 e = 0; e < entries; ++e) total = __fadd_rn(total, __ldg(x + e * size + i));
+        out[i] = total;
+    }
+}

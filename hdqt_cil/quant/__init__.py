@@ -2,7 +2,7 @@
 from .hadamard import block_hadamard, hadamard_block_size, sequency_order
 from .hla import hla_compress, hla_rank, hla_reconstruct, hla_rows, lp_l1_rank
 from .hot import HotConv2d, HotLinear
-from .intmm import tiled_int_matmul
+from .intmm import sum_entries, tiled_int_matmul
 from .layers import (NonFiniteError, QuantConv2d, QuantLinear, layer_steps, quant_stats, quantize_model,
                      reset_quant_stats, set_layer_steps)
 from .lqs import calibrate_lqs, lqs_choices, lqs_pending
@@ -11,7 +11,7 @@ from .rounding import Counter, counter_uniform, round_nearest, round_stochastic
 from .schemes import HotScheme, Product, Scheme, preset, scheme_from_config
 
 __all__ = [
-    "block_hadamard", "hadamard_block_size", "sequency_order", "tiled_int_matmul", "NonFiniteError",
+    "block_hadamard", "hadamard_block_size", "sequency_order", "sum_entries", "tiled_int_matmul", "NonFiniteError",
     "QuantConv2d", "QuantLinear", "layer_steps", "quant_stats", "quantize_model", "reset_quant_stats",
     "set_layer_steps", "QuantSpec",
     "compute_scale", "dequantize", "quantize", "Counter", "counter_uniform", "round_nearest",

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import torch
 
 from .hadamard import block_hadamard
-from .intmm import tiled_int_matmul
+from .intmm import sum_entries, tiled_int_matmul
 from .quantizers import quantize
 
 
@@ -21,12 +21,15 @@ def hadamard_quantize(x, spec, counter=None, block=None, dim=-1):
     return quantize(block_hadamard(x, dim, block), spec, counter)
 
 
-def scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None, count_saturated=False):
+def scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None, count_saturated=False,
+                      sum_batch=False):
     """float32(tiled_int_matmul(a, b)) * ((scale_a * scale_b) / block): the layers' product with its epilogue in
-    one call (docs/numerics.md "Epilogue"), so that a backend can fuse the scaling into the GEMM."""
+    one call (docs/numerics.md "Epilogue"), so that a backend can fuse the scaling into the GEMM; with sum_batch,
+    summed over the batch by `sum_entries` (the weight gradient of per-sample products)."""
     result = tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated)
     acc, saturated = result if count_saturated else (result, None)
     out = acc.to(torch.float32) * ((scale_a * scale_b) / block)
+    out = sum_entries(out) if sum_batch else out
     return (out, saturated) if count_saturated else out
 
 

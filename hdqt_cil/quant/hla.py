@@ -85,21 +85,23 @@ def _rows_on(n: int, r: int, device: torch.device) -> torch.Tensor:
     return torch.tensor(_rows(n, r), dtype=torch.int64).to(device)
 
 
-def hla_compress(t: torch.Tensor, block: int, rank: int, hadamard=block_hadamard) -> torch.Tensor:
-    """P·t along the last dimension: (..., L) → (..., (L / block) · rank), float32.
+def hla_compress(t: torch.Tensor, block: int, rank: int, hadamard=block_hadamard, dim: int = -1) -> torch.Tensor:
+    """P·t along `dim`: (..., L, ...) → (..., (L / block) · rank, ...), float32.
 
     Each block of `block` consecutive elements is transformed by the unnormalised H_block and its `rank`
     LP_L1 rows are kept (ascending natural index). `hadamard` is the transform to run (a backend's
     block_hadamard; the torch reference by default)."""
-    length = t.shape[-1]
+    length = t.shape[dim]
     if length % block:
         raise ValueError(f"HLA block {block} does not divide the dimension {length}")
-    transformed = hadamard(t, -1, block)
+    if block == 1:  # H_1 = (1) and its one row kept: nothing to transform, nothing to copy
+        return t.to(torch.float32)
+    transformed = hadamard(t, dim, block)
     if rank == block:
         return transformed
-    lead = transformed.shape[:-1]
-    kept = transformed.reshape(*lead, length // block, block).index_select(-1, _rows_on(block, rank, t.device))
-    return kept.reshape(*lead, -1)
+    d = dim % t.dim()
+    kept = transformed.unflatten(d, (length // block, block)).index_select(d + 1, _rows_on(block, rank, t.device))
+    return kept.flatten(d, d + 1)
 
 
 def hla_reconstruct(c: torch.Tensor, block: int, rank: int, hadamard=block_hadamard) -> torch.Tensor:

@@ -6,12 +6,15 @@
                                             the output channels O; G stochastic per tensor or per token (LQS),
                                             W SAWB nearest; no accumulator saturation
     g_W       Q8(P·G)ᵀ · ABC / L'           HLA (block L' = largest power of two dividing L, LP_L1 rows) along
-                                            the tokens; G stochastic; per-sample products summed in float32
+                                            the tokens; G stochastic; per-sample products summed in float32 in
+                                            sample order (sum_entries: in the GEMM's epilogue on the GPU)
 
 Every operand is laid out (batch, rows, K) as in docs/numerics.md "Operand layouts", with the token dimension L:
 a Linear on (M, C) is one batch entry with L = M (the samples: HLA mixes samples, as the authors' code does); a
 Linear on (B, ..., C) has B entries with L the tokens of a sample; a convolution has B entries with L = Ho·Wo
-and K = C·kh·kw (the im2col rows; the input gradient goes back through col2im). Scales: ABC and G in g_W per
+and K = C·kh·kw (the im2col rows; the input gradient goes back through col2im). The weight gradient's operands
+are compressed and quantized where they lie: token-major (B, L, C) for a Linear, token-last (B, C, L) for a
+convolution (`_token_dim`); ABC keeps its levels token-last, rows padded to 16 bytes, as the GEMM reads them. Scales: ABC and G in g_W per
 entry (per sample with a token dimension, per tensor for 2-D inputs); G in g_x per tensor or per (b, l) row.
 All numeric rules are the package's own (block_hadamard, quantize with the max or SAWB scale, counter-based
 stochastic rounding, the exact integer product with its float epilogue), run through `resolve_ops` so that the
@@ -52,21 +55,37 @@ def _hla_shape(layer, length: int) -> tuple[int, int]:
     return block, hla_rank(block, scheme.hla_rank, scheme.hla_rank_ratio)
 
 
+def _tokens_last(t: torch.Tensor, token_dim: int) -> torch.Tensor:
+    """(B, K, R) view of t, whose tokens lie along `token_dim`: how the weight gradient's product reads it."""
+    return t if token_dim == -1 else t.transpose(-1, -2)
+
+
+def _abc_layout(t: torch.Tensor, token_dim: int) -> torch.Tensor:
+    """What ABC keeps: t as (B, K, R), R contiguous in rows of a multiple of 16 elements, so that the GEMM kernel
+    reads the int8 levels in place (16-byte aligned rows); copied here, in the forward, where it is not so."""
+    view = _tokens_last(t, token_dim)
+    tokens = view.shape[-1]
+    if view.stride(-1) == 1 and tokens % 16 == 0:
+        return view
+    rows = view.new_empty(*view.shape[:-1], -(-tokens // 16) * 16)[..., :tokens]
+    return rows.copy_(view)
+
+
 def compressed_input(layer, x: torch.Tensor, step, count: bool, ops, checks: list):
     """ABC: (values (B, K, R), scale or None, block, rank) of x as the weight gradient reads it.
 
     values are int8 levels (abc_bits <= 8) with a per-entry float32 scale, or float32 when abc_bits is None."""
     spec = layer.scheme.input_spec
-    columns = layer._hot_columns(x)
-    block, rank = _hla_shape(layer, columns.shape[-1])
-    compressed = hla_compress(columns, block, rank, ops.block_hadamard)
+    columns, dim = layer._hot_columns(x), layer._token_dim
+    block, rank = _hla_shape(layer, columns.shape[dim])
+    compressed = hla_compress(columns, block, rank, ops.block_hadamard, dim)
     if spec is None:
-        return compressed, None, block, rank
+        return _abc_layout(compressed, dim), None, block, rank
     levels, scale = ops.quantize(compressed, spec, layer._counter("grad_weight.input", step))
     checks.append(("input", compressed, scale))
     if count:
         layer._count("input_clipped", _clipped(compressed, scale, spec), compressed.numel())
-    return _storage(levels, spec), scale, block, rank
+    return _abc_layout(_storage(levels, spec), dim), scale, block, rank
 
 
 def grad_input_rows(layer, g_rows: torch.Tensor, weight: torch.Tensor, per_token: bool, step, count: bool,
@@ -90,23 +109,23 @@ def grad_input_rows(layer, g_rows: torch.Tensor, weight: torch.Tensor, per_token
                                  bounds=(g_spec.level_bound, w_spec.level_bound))
 
 
-def grad_weight_sum(layer, g_cols: torch.Tensor, abc, step, ops, checks: list) -> torch.Tensor:
-    """g_W (O, K): Σ over entries of Q(P·G) (B, O, R) times the ABC operand (B, K, R), / L'."""
+def grad_weight_sum(layer, g: torch.Tensor, abc, step, ops, checks: list) -> torch.Tensor:
+    """g_W (O, K): Σ over entries of Q(P·G) (B, O, R) times the ABC operand (B, K, R), / L'. g is the output
+    gradient in the layer's token layout (`_token_dim`)."""
     x_values, x_scale, block, rank = abc
-    g_spec = layer.scheme.grad_weight_spec
-    g_hla = hla_compress(g_cols, block, rank, ops.block_hadamard)
+    g_spec, dim = layer.scheme.grad_weight_spec, layer._token_dim
+    g_hla = hla_compress(g, block, rank, ops.block_hadamard, dim)
     if g_spec is not None:
         g_levels, g_scale = ops.quantize(g_hla, g_spec, layer._counter("grad_weight.grad_output", step))
-        checks.append(("output gradient", g_cols, g_scale))
+        checks.append(("output gradient", g, g_scale))
     if g_spec is not None and x_scale is not None:
         x_spec = layer.scheme.input_spec
-        per_entry = ops.scaled_int_matmul(g_levels, x_values.transpose(-1, -2), g_scale, x_scale, block, None, None,
-                                          bounds=(g_spec.level_bound, x_spec.level_bound))
-    else:
-        a = g_hla if g_spec is None else g_levels * g_scale
-        b = x_values if x_scale is None else x_values.to(torch.float32) * x_scale
-        per_entry = torch.matmul(a, b.transpose(-1, -2)) / block
-    return per_entry.sum(dim=0)
+        return ops.scaled_int_matmul(_tokens_last(g_levels, dim), x_values.transpose(-1, -2), g_scale, x_scale,
+                                     block, None, None, bounds=(g_spec.level_bound, x_spec.level_bound),
+                                     sum_batch=True)
+    a = _tokens_last(g_hla if g_spec is None else g_levels * g_scale, dim)
+    b = x_values if x_scale is None else x_values.to(torch.float32) * x_scale
+    return (torch.matmul(a, b.transpose(-1, -2)) / block).sum(dim=0)
 
 
 class _HotProduct(torch.autograd.Function):
@@ -137,7 +156,7 @@ class _HotProduct(torch.autograd.Function):
         layer, step, count = ctx.layer, ctx.step, ctx.training
         weight, x_saved, x_scale = ctx.saved_tensors
         ops = resolve_ops(layer.scheme.backend, grad_y.device)
-        g_rows, g_cols = layer._hot_grad_layouts(grad_y.to(torch.float32))
+        g_rows, g_tokens = layer._hot_grad_layouts(grad_y.to(torch.float32))
         checks, grad_x, grad_w, grad_b = [], None, None, None
         if ctx.needs_input_grad[0]:
             rows = grad_input_rows(layer, g_rows, weight, ctx.per_token, step, count, ops, checks)
@@ -147,7 +166,7 @@ class _HotProduct(torch.autograd.Function):
                 abc = (x_saved, x_scale, *ctx.abc)
             else:  # ABC off: the same compressed operand, computed now from the saved input
                 abc = compressed_input(layer, x_saved, step, count, ops, checks)
-            grad_w = grad_weight_sum(layer, g_cols, abc, step, ops, checks).reshape(layer.weight.shape)
+            grad_w = grad_weight_sum(layer, g_tokens, abc, step, ops, checks).reshape(layer.weight.shape)
         if ctx.needs_input_grad[2]:
             grad_b = g_rows.sum(dim=(0, 1))
         layer._check_finite(checks, backward=True)
@@ -194,25 +213,26 @@ class _HotLayer:
 class HotLinear(_HotLayer, QuantLinear):
     """nn.Linear trained by HOT; state-dict keys of nn.Linear plus `lqs_choice`."""
     _torch_class = nn.Linear
+    _token_dim = -2  # the weight gradient's operands are token-major, (B, L, in) and (B, L, out)
 
     def _abc_here(self) -> bool:
         return self.scheme.abc is not False
 
     def _hot_columns(self, x):
-        """(B, in, L): L = the samples of a 2-D input (B = 1), else the tokens of each sample."""
+        """(B, L, in): L = the samples of a 2-D input (B = 1), else the tokens of each sample."""
         x = x.to(torch.float32)
-        rows = x.reshape(1, -1, self.in_features) if x.dim() <= 2 else x.reshape(x.shape[0], -1, self.in_features)
-        return rows.transpose(1, 2)
+        return x.reshape(1, -1, self.in_features) if x.dim() <= 2 else x.reshape(x.shape[0], -1, self.in_features)
 
     def _hot_grad_layouts(self, g):
-        """(B, L, out) for g_x, (B, out, L) for g_W."""
+        """(B, L, out) for g_x and, token-major too, for g_W."""
         rows = g.reshape(1, -1, self.out_features) if g.dim() <= 2 else g.reshape(g.shape[0], -1, self.out_features)
-        return rows, rows.transpose(1, 2)
+        return rows, rows
 
 
 class HotConv2d(_HotLayer, QuantConv2d):
     """nn.Conv2d (groups=1, zero padding) trained by HOT; the backward through im2col / col2im."""
     _torch_class = nn.Conv2d
+    _token_dim = -1  # the weight gradient's operands are token-last, (B, C·kh·kw, L) and (B, out, L)
 
     def _abc_here(self) -> bool:
         abc = self.scheme.abc

@@ -77,3 +77,13 @@ def _result(out: torch.Tensor, saturated, count_saturated: bool):
     if not count_saturated:
         return out
     return out, saturated if saturated is not None else torch.zeros((), dtype=torch.int64, device=out.device)
+
+
+def sum_entries(t: torch.Tensor) -> torch.Tensor:
+    """Σ of t (..., M, N) over its leading dims, (M, N): the matrices added one at a time in t's dtype, in order,
+    to a total that starts at +0 (docs/numerics.md "Epilogue": the order the GEMM kernel keeps when it sums a
+    batch of products, so that both backends give the same bits; torch's sum has no fixed order)."""
+    total = torch.zeros(t.shape[-2:], dtype=t.dtype, device=t.device)
+    for entry in t.reshape(-1, *t.shape[-2:]):
+        total = total + entry
+    return total

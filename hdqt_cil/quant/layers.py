@@ -56,20 +56,23 @@ def _swap_last(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(-1, -2) if t.dim() >= 2 else t
 
 
-def _product(ops, a: _Operand, bt: _Operand, block: int, product: Product):
-    """a (..., M, K) times btᵀ (K along bt's last dim too), scaled back by s_a · s_b / block.
+def _product(ops, a: _Operand, bt: _Operand, block: int, product: Product, sum_batch: bool = False):
+    """a (..., M, K) times btᵀ (K along bt's last dim too), scaled back by s_a · s_b / block; with sum_batch,
+    summed over the leading dims (in order, `sum_entries`, for the integer product).
 
     Returns (result float32, saturated tile sums or None, number of tile sums).
     """
     if not (a.is_integer and bt.is_integer):
         out = torch.matmul(a.dequantized(), bt.dequantized().transpose(-1, -2))
-        return (out / block if block > 1 else out), None, 0
+        out = out / block if block > 1 else out
+        return (out.sum(dim=0) if sum_batch else out), None, 0
     out, saturated = ops.scaled_int_matmul(a.values, bt.values.transpose(-1, -2), a.scale, _swap_last(bt.scale),
                                            block, product.tile, product.acc_bits, bounds=(a.bound, bt.bound),
-                                           count_saturated=True)
-    k = a.values.shape[-1]
+                                           count_saturated=True, sum_batch=sum_batch)
+    lead, (m, k), n = a.values.shape[:-2], a.values.shape[-2:], bt.values.shape[-2]
+    products = math.prod(torch.broadcast_shapes(lead, bt.values.shape[:-2])) * m * n
     tiles = 1 if product.tile is None or product.acc_bits is None else max(1, math.ceil(k / product.tile))
-    return out, saturated, out.numel() * tiles
+    return out, saturated, products * tiles
 
 
 class _QuantLayer:
@@ -246,9 +249,9 @@ class _QuantProduct(torch.autograd.Function):
             qa = grad_output_operand(product, g_cols, block, "grad_weight.grad_output")
             qb = _backward_operand(layer, layer._input_columns(x_values), product.right, x_op, block,
                                    "grad_weight.input", step, ops, checks)
-            per_batch, saturated, sums = _product(ops, qa, qb, block, product)
+            grad_w, saturated, sums = _product(ops, qa, qb, block, product, sum_batch=True)
             layer._count("grad_weight_saturated", saturated, sums)
-            grad_w = per_batch.sum(dim=0).reshape(ctx.w_shape)
+            grad_w = grad_w.reshape(ctx.w_shape)
             grad_w = grad_w if w_keep is None else grad_w * w_keep
         layer._check_finite(checks, backward=True)
         return grad_x, grad_w, None, None, None
