@@ -180,6 +180,36 @@ def gemm_4096(bf16_rate, peak, clamped_peak):
     return results
 
 
+def gemm_batch_summed(bf16_rate):
+    """HOT's weight gradient of a ViT-B MLP layer: 64 samples of (3072 x 197) · (197 x 768), a scale per sample,
+    summed over the samples: in the GEMM's epilogue (mode 3, per tile config) against per-sample products written
+    out and summed by sum_entries_f32. All must give the same bits."""
+    batch, m, n, k = 64, 3072, 768, 197
+    padded = -(-k // 16) * 16  # ABC's row layout: the kernel reads the levels in place
+
+    def levels(rows):
+        return torch.randint(-127, 128, (batch, rows, padded), device="cuda", dtype=torch.int8)[..., :k]
+
+    a, b = levels(m), levels(n).transpose(-1, -2)
+    sa, sb = torch.rand(batch, 1, 1, device="cuda"), torch.rand(batch, 1, 1, device="cuda")
+    ops = 2 * batch * m * n * k
+
+    def written():
+        return kernels.sum_entries(kernels.scaled_int_matmul(a, b, sa, sb, 1, None, None, (127, 127)))
+
+    reference = written()
+    variants = {"per-sample products written, then summed": written}
+    for config in ("64x64", "128x128w", "128x128", "128x128x2"):
+        variants[f"  summed in the epilogue, config {config}"] = (
+            lambda config=config: kernels._int_matmul(a, b, None, None, (127, 127), False, (sa, sb, 1),
+                                                      config=config, sum_batch=True))
+    for name, fn in variants.items():
+        assert torch.equal(fn(), reference), f"{name}: other bits"
+        t = cuda_time(fn, reps=20)
+        row("gemm", f"batch-summed {batch}x{m}x{n}x{k}: {name}", t, "TOP/s", ops / t / 1e12, "TOP/s",
+            baseline="vs bf16", ratio=ops / t / bf16_rate)
+
+
 def layer_shapes(batch=128):
     """(label, a shape, b^T shape, tile, acc_bits): the products of ResNet-32 and the MLP as the layers call them."""
     shapes = []
@@ -341,6 +371,7 @@ def main():
     if not args.steps_only:
         copy_bw, bf16_rate, peak, clamped_peak = ceilings(args.quick)
         gemm_4096(bf16_rate, peak, clamped_peak)
+        gemm_batch_summed(bf16_rate)
         layers(args.quick)
         quantizers(copy_bw, args.quick)
     if not args.skip_steps:

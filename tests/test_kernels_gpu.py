@@ -264,6 +264,11 @@ def test_layouts_and_dtypes_that_need_a_copy():
     for x, y in ((a, b), (at, b), (a[:, 1:], b[1:]), (a.to(torch.int8), b.to(torch.int8))):
         assert_same(kernels.tiled_int_matmul(x, y, 32, 8), reference_product(x, y, 32, 8, count=False))
         assert_same(kernels.tiled_int_matmul(x, y, 32, 8, bounds=(7, 7)), reference_product(x, y, 32, 8, False))
+    # batches of M-major int8 levels on both sides (the transposing kernel), one of them sliced
+    at3 = torch.randint(-7, 8, (3, 130, 200), generator=g, device="cuda", dtype=torch.int8).transpose(-1, -2)
+    b3 = torch.randint(-7, 8, (3, 130, 67), generator=g, device="cuda", dtype=torch.int8)
+    for x, y in ((at3, b3), (at3[:, 5:150], b3[:, :, 3:])):
+        assert_same(kernels.tiled_int_matmul(x, y, 32, 8), reference_product(x, y, 32, 8, count=False))
 
 
 def test_wide_sums_come_back_as_float64_like_the_reference():
@@ -312,7 +317,7 @@ def test_scaled_int_matmul_equals_the_layers_epilogue(granularity):
     shapes = {"tensor": ((), ()), "sample": ((batch, 1, 1), (batch, 1, 1)), "row": ((batch, m, 1), (batch, 1, n))}
     sa = torch.rand(shapes[granularity][0], generator=g, device="cuda") / 7
     sb = torch.rand(shapes[granularity][1], generator=g, device="cuda") / 3
-    for block in (1, 64):
+    for block in (1, 12, 64):  # 12: the epilogue divides (a power of two multiplies by the exact inverse)
         out, count = kernels.scaled_int_matmul(a, b, sa, sb, block, 32, 8, count_saturated=True)
         acc, ref_count = reference_product(a, b, 32, 8)
         assert_same(out, acc.to(torch.float32) * ((sa * sb) / block))
@@ -328,20 +333,21 @@ def test_batch_summed_product_bit_identical(shape, tile, acc_bits):
     from hdqt_cil.quant.backend import TORCH_OPS
 
     m, n, _ = shape
-    for batch, seed in (((5,), 30), ((1,), 31), ((2, 3), 32)):
+    for batch, seed, block in (((5,), 30, 16), ((1,), 31, 16), ((2, 3), 32, 12)):
         a, b = int_operands(shape, batch=batch, seed=seed)
         g = gen(seed)
         scales = (((*batch, 1, 1), (*batch, 1, 1)), ((*batch, m, 1), (*batch, 1, n)), ((), ()))
         for sa_shape, sb_shape in scales:
             sa = torch.rand(sa_shape, generator=g, device="cuda") / 7 - 0.05  # some negative: signed zeros too
             sb = torch.rand(sb_shape, generator=g, device="cuda") / 3
-            got, count = kernels.scaled_int_matmul(a, b, sa, sb, 16, tile, acc_bits, (8, 15), True, sum_batch=True)
-            ref, ref_count = TORCH_OPS.scaled_int_matmul(a.float(), b.float(), sa, sb, 16, tile, acc_bits, (8, 15),
+            got, count = kernels.scaled_int_matmul(a, b, sa, sb, block, tile, acc_bits, (8, 15), True,
+                                                   sum_batch=True)
+            ref, ref_count = TORCH_OPS.scaled_int_matmul(a.float(), b.float(), sa, sb, block, tile, acc_bits, (8, 15),
                                                          True, sum_batch=True)
             assert_same(got, ref, f"batch {batch}, scales {sa_shape} {sb_shape}")
             assert torch.equal(torch.signbit(got), torch.signbit(ref))
             assert count.item() == ref_count.item()
-            plain = kernels.scaled_int_matmul(a, b, sa, sb, 16, tile, acc_bits, (8, 15), sum_batch=True)
+            plain = kernels.scaled_int_matmul(a, b, sa, sb, block, tile, acc_bits, (8, 15), sum_batch=True)
             assert_same(plain, ref, "without the count (packed mode where eligible)")
 
 

@@ -369,8 +369,21 @@ def _operand(t: torch.Tensor, batch_shape, batch: int, rows: int, k: int, transp
     view = full.reshape(-1, rows, k)
     padded = -(-k // 16) * 16
     buffer = torch.empty(view.shape[0], rows, padded, dtype=torch.int8, device=t.device)
-    buffer[:, :, :k].copy_(view)  # integer-valued floats convert exactly
+    if view.dtype == torch.int8 and view.stride(-2) == 1 and rows > 1:  # K-major levels: a transposing kernel
+        _transpose_into(view, buffer)
+    else:
+        buffer[:, :, :k].copy_(view)  # integer-valued floats convert exactly
     return buffer, padded, (padded * rows if view.shape[0] > 1 else 0)
+
+
+def _transpose_into(view: torch.Tensor, buffer: torch.Tensor) -> None:
+    """buffer[b, :, :K] = view[b] for an int8 view (B, rows, K) whose rows are contiguous (a (K, rows) matrix)."""
+    batch, rows, k = view.shape
+    batch_stride = view.stride(0) if batch > 1 else 0
+    with _on_device(view):
+        rt.launch(rt.function("quant.cu", "transpose_i8"), (-(-rows // 64), -(-k // 64), batch), (64, 4),
+                  (rt.ptr(view), rt.u32(k), rt.u32(rows), rt.u64(batch_stride), rt.u64(view.stride(-1)),
+                   rt.ptr(buffer), rt.u64(buffer.stride(0)), rt.u64(buffer.stride(1))))
 
 
 def _scale_operand(scale: torch.Tensor, batch_shape, batch: int, along_last: bool):
@@ -461,6 +474,7 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
             sa = sb = None
             sa_batch = sa_row = sb_batch = sb_col = 0
             block_div = 1.0
+        block_inv = _exact_inverse(block_div)
         smem = (bm + bn) * rt.GEMM_BK * rt.gemm_stages(config)
         fn = rt.function("intmm.cu", rt.gemm_expression(config, sat, count, out_mode), template=True,
                          dynamic_smem=smem)
@@ -476,13 +490,19 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
                        rt.i64(ldb), rt.i64(batch_a), rt.i64(batch_b), rt.i32(limit), rt.i32(steps),
                        rt.u64(psa + first * sa_batch * 4), rt.i64(sa_batch), rt.i64(sa_row),
                        rt.u64(psb + first * sb_batch * 4), rt.i64(sb_batch), rt.i64(sb_col),
-                       rt.f32(block_div), rt.ptr(counter), rt.i32(chunk)),
+                       rt.f32(block_div), rt.f32(block_inv), rt.ptr(counter), rt.i32(chunk)),
                       smem)
     if out_mode == 0:
         out = out.to(torch.float64)
     if sum_batch and out_mode == 2:
         out = sum_entries(out)
     return (out, counter.view(())) if count_saturated else out
+
+
+def _exact_inverse(d: float) -> float:
+    """1/d when d is a power of two (x * (1/d) is then x / d, bit for bit), else 0: the kernel divides."""
+    mantissa, exponent = math.frexp(d)
+    return 2.0 ** (1 - exponent) if mantissa == 0.5 and -125 < exponent < 127 else 0.0
 
 
 def _stacked_product(a, b, bounds, tile, acc_bits, count_saturated, scales, config, packed):

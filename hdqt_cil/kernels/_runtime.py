@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 QUANT_KERNELS = tuple(f"{kind}_{t}" for kind in ("absmax", "absmax_had", "quantize", "quantize_had")
                       for t in ("f32", "i8")) + ("hadamard_f32", "hadamard_i8")
 QUANT_KERNELS += tuple(f"group_{had}{t}_r{r}" for had in ("", "had_") for t in ("f32", "i8") for r in (1, 2, 4))
-QUANT_KERNELS += ("sum_entries_f32",)
+QUANT_KERNELS += ("sum_entries_f32", "transpose_i8")
 PEAK_KERNELS = ("mma_peak_plain", "mma_peak_clamped", "mma_peak_packed")
 # GEMM tile shapes: warps along M, warps along N, m16 blocks per warp, n8 blocks per warp, min CTAs per SM.
 GEMM_CONFIGS = {

@@ -73,9 +73,12 @@ __device__ __forceinline__ void clamp_add(int acc[4], const int t[4], int limit,
     }
 }
 
-// The epilogue of docs/numerics.md: float32(v) * ((sa * sb) / block_div), each operation rounded once.
-__device__ __forceinline__ float scaled(int v, float sa, float sb, float block_div) {
-    return __fmul_rn(__int2float_rn(v), __fdiv_rn(__fmul_rn(sa, sb), block_div));
+// The epilogue's scale of docs/numerics.md, (sa * sb) / block_div, each operation rounded once. block_inv is
+// 1 / block_div when that is a power of two (then the product is the quotient, bit for bit, at a fraction of
+// the cost of an IEEE division), else 0.
+__device__ __forceinline__ float scale_of(float sa, float sb, float block_div, float block_inv) {
+    const float p = __fmul_rn(sa, sb);
+    return block_inv != 0.0f ? __fmul_rn(p, block_inv) : __fdiv_rn(p, block_div);
 }
 
 // Two consecutive outputs of a row: one 8-byte store when the row length is even, else as many as lie inside.
@@ -150,7 +153,8 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     intmm_kernel(const signed char* __restrict__ A, const signed char* __restrict__ B, void* __restrict__ out,
                  int M, int N, int K, i64 lda, i64 ldb, i64 batch_a, i64 batch_b, int limit, int tile_steps,
                  const float* __restrict__ sa, i64 sa_batch, i64 sa_row, const float* __restrict__ sb,
-                 i64 sb_batch, i64 sb_col, float block_div, u64* __restrict__ count, int entries) {
+                 i64 sb_batch, i64 sb_col, float block_div, float block_inv, u64* __restrict__ count,
+                 int entries) {
     constexpr int THREADS = WM * WN * 32;
     constexpr int BM = WM * MI * 16;
     constexpr int BN = WN * NI * 8;
@@ -191,7 +195,7 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     u32 saturated = 0u;
 
     auto load_stage = [&](int stage) {  // K step stage % ktiles of entry batch + stage / ktiles, into its slot
-        const int e = stage / ktiles, k0 = (stage - e * ktiles) * BK;
+        const int e = OUT == 3 ? stage / ktiles : 0, k0 = (stage - e * ktiles) * BK;
         unsigned char* st = smem + (stage % STAGES) * STAGE_BYTES;
         load_tile<BM, THREADS>(st, A + (i64)(batch + e) * batch_a, m0, M, k0, K, lda);
         load_tile<BN, THREADS>(st + BM * BK, B + (i64)(batch + e) * batch_b, n0, N, k0, K, ldb);
@@ -281,37 +285,42 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
                     for (int j = 0; j < NI; ++j) mma_s8(acc[i][j], af[i], bf[j], acc[i][j]);
             }
         }
-        if (kt + 1 < ktiles) {
+        if (OUT != 3 || kt + 1 < ktiles) {
             ++kt;
             continue;
         }
+        // mode 3, the entry's last K step: add its scaled product to the total, start the next entry from 0
         finish_entry<MI, NI, SAT, COUNT>(acc, tacc, packed, limit, ktiles * (BK / 32), saturated);
-        if (OUT == 3) {  // add this entry's scaled product to the total and start the next entry from 0
+        const float* sae = sa + (i64)entry * sa_batch;
+        const float* sbe = sb + (i64)entry * sb_batch;
+        const bool uniform = sa_row == 0 && sb_col == 0;  // one scale for the entry (per sample or tensor)
+        const float entry_scale = uniform ? scale_of(sae[0], sbe[0], block_div, block_inv) : 0.0f;
 #pragma unroll
-            for (int i = 0; i < MI; ++i)
+        for (int i = 0; i < MI; ++i)
 #pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int r = m0 + wm * MI * 16 + i * 16 + (lane >> 2) + half * 8;
-                    const float row_scale = r < M ? sa[(i64)entry * sa_batch + (i64)r * sa_row] : 0.0f;
+            for (int half = 0; half < 2; ++half) {
+                const int r = m0 + wm * MI * 16 + i * 16 + (lane >> 2) + half * 8;
+                const float row_scale = !uniform && r < M ? sae[(i64)r * sa_row] : 0.0f;
 #pragma unroll
-                    for (int j = 0; j < NI; ++j)
+                for (int j = 0; j < NI; ++j)
 #pragma unroll
-                        for (int c = 0; c < 2; ++c) {
-                            const int col = n0 + wn * NI * 8 + j * 8 + (lane & 3) * 2 + c;
-                            int& v = acc[i][j][2 * half + c];
-                            if (r < M && col < N) {
-                                float& f = facc[i][j][2 * half + c];
-                                f = __fadd_rn(f, scaled(v, row_scale, sb[(i64)entry * sb_batch + (i64)col * sb_col],
-                                                        block_div));
-                            }
-                            v = 0;
+                    for (int c = 0; c < 2; ++c) {
+                        const int col = n0 + wn * NI * 8 + j * 8 + (lane & 3) * 2 + c;
+                        int& v = acc[i][j][2 * half + c];
+                        if (r < M && col < N) {
+                            const float s = uniform ? entry_scale
+                                                    : scale_of(row_scale, sbe[(i64)col * sb_col], block_div, block_inv);
+                            float& f = facc[i][j][2 * half + c];
+                            f = __fadd_rn(f, __fmul_rn(__int2float_rn(v), s));
                         }
-                }
-        }
+                        v = 0;
+                    }
+            }
         kt = 0;
         ++entry;
     }
     cp_async_wait<0>();
+    if (OUT != 3) finish_entry<MI, NI, SAT, COUNT>(acc, tacc, packed, limit, ktiles * (BK / 32), saturated);
 
     // Elements outside M x N hold 0 (zero-filled operands): they are never saturated, so the count is exact.
     if (COUNT) {
@@ -342,8 +351,9 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
                 float f0 = __int2float_rn(v0), f1 = __int2float_rn(v1);
                 if (OUT == 2) {
                     const float* sbp = sb + (i64)batch * sb_batch;
-                    f0 = scaled(v0, row_scale, sbp[(i64)col * sb_col], block_div);
-                    if (col + 1 < N) f1 = scaled(v1, row_scale, sbp[(i64)(col + 1) * sb_col], block_div);
+                    f0 = __fmul_rn(f0, scale_of(row_scale, sbp[(i64)col * sb_col], block_div, block_inv));
+                    if (col + 1 < N)
+                        f1 = __fmul_rn(f1, scale_of(row_scale, sbp[(i64)(col + 1) * sb_col], block_div, block_inv));
                 } else if (OUT == 3) {
                     f0 = facc[i][j][2 * half];
                     f1 = facc[i][j][2 * half + 1];

@@ -14,6 +14,7 @@
 //                thread that owns a group's first element writes the group's scale.
 // hadamard_kernel: the transform alone, float32 out.
 // sum_entries_f32: the batch sum of a GEMM's scaled products in the order of intmm.cu's OUT mode 3.
+// transpose_i8: int8 matrices transposed into a row pitch of the caller's choice (the GEMM's operand packing).
 // Template T: float or signed char input (levels). HAD: whether to transform first.
 
 typedef unsigned int u32;
@@ -466,5 +467,25 @@ extern "C" __global__ void sum_entries_f32(const float* __restrict__ x, u32 entr
         float total = 0.0f;
         for (u32 e = 0; e < entries; ++e) total = __fadd_rn(total, __ldg(x + e * size + i));
         out[i] = total;
+    }
+}
+
+// out[b][c][r] = in[b][r][c] for a batch (grid z) of rows x cols int8 matrices with row strides in_ld and out_ld,
+// through a 64 x 64 tile in shared memory, so that both the reads and the writes of a warp are consecutive bytes.
+extern "C" __global__ void __launch_bounds__(256) transpose_i8(const signed char* __restrict__ in, u32 rows, u32 cols,
+                                                              u64 in_batch, u64 in_ld, signed char* __restrict__ out,
+                                                              u64 out_batch, u64 out_ld) {
+    __shared__ signed char tile[64][65];
+    const u32 r0 = blockIdx.y * 64, c0 = blockIdx.x * 64;
+    const signed char* src = in + blockIdx.z * in_batch;
+    signed char* dst = out + blockIdx.z * out_batch;
+    for (u32 y = threadIdx.y; y < 64; y += blockDim.y) {
+        const u32 r = r0 + y, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[y][threadIdx.x] = src[r * in_ld + c];
+    }
+    __syncthreads();
+    for (u32 y = threadIdx.y; y < 64; y += blockDim.y) {
+        const u32 c = c0 + y, r = r0 + threadIdx.x;
+        if (c < cols && r < rows) dst[c * out_ld + r] = tile[threadIdx.x][y];
     }
 }
