@@ -77,3 +77,8 @@ def test_torch_backend_fused_ops_are_the_compositions():
     assert torch.equal(out, acc.to(torch.float32) * ((sa * sb) / 4)) and torch.equal(count, ref_count)
     summed, summed_count = TORCH_OPS.scaled_int_matmul(a, b, sa, sb, 4, 32, 8, (7, 7), True, sum_batch=True)
     assert torch.equal(summed, out[0] + out[1] + out[2]) and torch.equal(summed_count, ref_count)
+    for block in (0, 3, 12, 2.5):  # the epilogue's n is a Hadamard block: a power of two
+        with pytest.raises(ValueError, match="power of two"):
+            TORCH_OPS.scaled_int_matmul(a, b, sa, sb, block)
+        with pytest.raises(ValueError, match="power of two"):
+            kernels.scaled_int_matmul(a, b, sa, sb, block)

@@ -469,12 +469,11 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
         if scales is not None:
             sa, sa_batch, sa_row = _scale_operand(scales[0], batch_shape, batch, along_last=False)
             sb, sb_batch, sb_col = _scale_operand(scales[1], batch_shape, batch, along_last=True)
-            block_div = float(scales[2])
+            block_inv = 1.0 / scales[2]  # exact: a power of two (scaled_int_matmul checked it)
         else:
             sa = sb = None
             sa_batch = sa_row = sb_batch = sb_col = 0
-            block_div = 1.0
-        block_inv = _exact_inverse(block_div)
+            block_inv = 1.0
         smem = (bm + bn) * rt.GEMM_BK * rt.gemm_stages(config)
         fn = rt.function("intmm.cu", rt.gemm_expression(config, sat, count, out_mode), template=True,
                          dynamic_smem=smem)
@@ -490,19 +489,13 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
                        rt.i64(ldb), rt.i64(batch_a), rt.i64(batch_b), rt.i32(limit), rt.i32(steps),
                        rt.u64(psa + first * sa_batch * 4), rt.i64(sa_batch), rt.i64(sa_row),
                        rt.u64(psb + first * sb_batch * 4), rt.i64(sb_batch), rt.i64(sb_col),
-                       rt.f32(block_div), rt.f32(block_inv), rt.ptr(counter), rt.i32(chunk)),
+                       rt.f32(block_inv), rt.ptr(counter), rt.i32(chunk)),
                       smem)
     if out_mode == 0:
         out = out.to(torch.float64)
     if sum_batch and out_mode == 2:
         out = sum_entries(out)
     return (out, counter.view(())) if count_saturated else out
-
-
-def _exact_inverse(d: float) -> float:
-    """1/d when d is a power of two (x * (1/d) is then x / d, bit for bit), else 0: the kernel divides."""
-    mantissa, exponent = math.frexp(d)
-    return 2.0 ** (1 - exponent) if mantissa == 0.5 and -125 < exponent < 127 else 0.0
 
 
 def _stacked_product(a, b, bounds, tile, acc_bits, count_saturated, scales, config, packed):
@@ -570,6 +563,9 @@ def scaled_int_matmul(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, block:
     the GEMM's epilogue: scale_a broadcastable to (..., M, 1), scale_b to (..., 1, N). sum_batch: the (M, N) sum
     over the batch of `hdqt_cil.quant.sum_entries`, inside the GEMM when its M x N tiles fill the GPU (the batch
     then never written), else by a summing kernel after it."""
+    from hdqt_cil.quant.intmm import epilogue_block  # noqa: PLC0415 (the reference imports its config helpers)
+
+    block = epilogue_block(block)
     device = a.device
     scale_a = scale_a if torch.is_tensor(scale_a) else torch.tensor(float(scale_a), device=device)
     scale_b = scale_b if torch.is_tensor(scale_b) else torch.tensor(float(scale_b), device=device)

@@ -24,7 +24,7 @@
 //        halves never carry: the caller guarantees |t| + L < 2^15 and k32 steps * 2L < 2^16); the bias L per k32
 //        step (padded steps included) comes off at the end. Half the min/max instructions of mode 2.
 // COUNT: count the clamped (tile) sums, |sum| > L, into *count (modes 1-3).
-// OUT: 0 int32 acc, 1 float32(acc), 2 float32(acc) * ((sa * sb) / block_div) with sa per (batch, row) and sb
+// OUT: 0 int32 acc, 1 float32(acc), 2 float32(acc) * ((sa * sb) / n) with sa per (batch, row) and sb
 //      per (batch, column) through strides (0 for a per-tensor scale), 3 the batch sum of mode 2's products: a
 //      CTA runs all `entries` batch entries of its tile in order and adds each scaled product to a float32
 //      total that starts at +0 (the order of quant/intmm.py sum_entries); gridDim.z is 1, out is (M, N).
@@ -73,12 +73,10 @@ __device__ __forceinline__ void clamp_add(int acc[4], const int t[4], int limit,
     }
 }
 
-// The epilogue's scale of docs/numerics.md, (sa * sb) / block_div, each operation rounded once. block_inv is
-// 1 / block_div when that is a power of two (then the product is the quotient, bit for bit, at a fraction of
-// the cost of an IEEE division), else 0.
-__device__ __forceinline__ float scale_of(float sa, float sb, float block_div, float block_inv) {
-    const float p = __fmul_rn(sa, sb);
-    return block_inv != 0.0f ? __fmul_rn(p, block_inv) : __fdiv_rn(p, block_div);
+// The epilogue's scale of docs/numerics.md, (sa * sb) / n, each operation rounded once. n is a power of two (a
+// Hadamard block), so the quotient is the product with block_inv = 1 / n, bit for bit, without an IEEE division.
+__device__ __forceinline__ float scale_of(float sa, float sb, float block_inv) {
+    return __fmul_rn(__fmul_rn(sa, sb), block_inv);
 }
 
 // Two consecutive outputs of a row: one 8-byte store when the row length is even, else as many as lie inside.
@@ -153,7 +151,7 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     intmm_kernel(const signed char* __restrict__ A, const signed char* __restrict__ B, void* __restrict__ out,
                  int M, int N, int K, i64 lda, i64 ldb, i64 batch_a, i64 batch_b, int limit, int tile_steps,
                  const float* __restrict__ sa, i64 sa_batch, i64 sa_row, const float* __restrict__ sb,
-                 i64 sb_batch, i64 sb_col, float block_div, float block_inv, u64* __restrict__ count,
+                 i64 sb_batch, i64 sb_col, float block_inv, u64* __restrict__ count,
                  int entries) {
     constexpr int THREADS = WM * WN * 32;
     constexpr int BM = WM * MI * 16;
@@ -294,7 +292,7 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
         const float* sae = sa + (i64)entry * sa_batch;
         const float* sbe = sb + (i64)entry * sb_batch;
         const bool uniform = sa_row == 0 && sb_col == 0;  // one scale for the entry (per sample or tensor)
-        const float entry_scale = uniform ? scale_of(sae[0], sbe[0], block_div, block_inv) : 0.0f;
+        const float entry_scale = uniform ? scale_of(sae[0], sbe[0], block_inv) : 0.0f;
 #pragma unroll
         for (int i = 0; i < MI; ++i)
 #pragma unroll
@@ -308,8 +306,7 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
                         const int col = n0 + wn * NI * 8 + j * 8 + (lane & 3) * 2 + c;
                         int& v = acc[i][j][2 * half + c];
                         if (r < M && col < N) {
-                            const float s = uniform ? entry_scale
-                                                    : scale_of(row_scale, sbe[(i64)col * sb_col], block_div, block_inv);
+                            const float s = uniform ? entry_scale : scale_of(row_scale, sbe[(i64)col * sb_col], block_inv);
                             float& f = facc[i][j][2 * half + c];
                             f = __fadd_rn(f, __fmul_rn(__int2float_rn(v), s));
                         }
@@ -351,9 +348,9 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
                 float f0 = __int2float_rn(v0), f1 = __int2float_rn(v1);
                 if (OUT == 2) {
                     const float* sbp = sb + (i64)batch * sb_batch;
-                    f0 = __fmul_rn(f0, scale_of(row_scale, sbp[(i64)col * sb_col], block_div, block_inv));
+                    f0 = __fmul_rn(f0, scale_of(row_scale, sbp[(i64)col * sb_col], block_inv));
                     if (col + 1 < N)
-                        f1 = __fmul_rn(f1, scale_of(row_scale, sbp[(i64)(col + 1) * sb_col], block_div, block_inv));
+                        f1 = __fmul_rn(f1, scale_of(row_scale, sbp[(i64)(col + 1) * sb_col], block_inv));
                 } else if (OUT == 3) {
                     f0 = facc[i][j][2 * half];
                     f1 = facc[i][j][2 * half + 1];

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import torch
 
 from .hadamard import block_hadamard
-from .intmm import sum_entries, tiled_int_matmul
+from .intmm import epilogue_block, sum_entries, tiled_int_matmul
 from .quantizers import quantize
 
 
@@ -26,6 +26,7 @@ def scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, boun
     """float32(tiled_int_matmul(a, b)) * ((scale_a * scale_b) / block): the layers' product with its epilogue in
     one call (docs/numerics.md "Epilogue"), so that a backend can fuse the scaling into the GEMM; with sum_batch,
     summed over the batch by `sum_entries` (the weight gradient of per-sample products)."""
+    block = epilogue_block(block)
     result = tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated)
     acc, saturated = result if count_saturated else (result, None)
     out = acc.to(torch.float32) * ((scale_a * scale_b) / block)

@@ -79,6 +79,15 @@ def _result(out: torch.Tensor, saturated, count_saturated: bool):
     return out, saturated if saturated is not None else torch.zeros((), dtype=torch.int64, device=out.device)
 
 
+def epilogue_block(block: int) -> int:
+    """`block`, the n of the epilogue's (s_a · s_b) / n, checked to be a power of two (a Hadamard block or 1): then
+    / n is exact scaling, equal to * (1/n) bit for bit, on every device and in the kernels (torch on CUDA divides
+    by a Python number through its reciprocal, which differs from the quotient for other n)."""
+    if isinstance(block, bool) or int(block) != block or block < 1 or int(block) & (int(block) - 1):
+        raise ValueError(f"the epilogue's block must be a power of two (1, 2, 4, ...); got {block}")
+    return int(block)
+
+
 def sum_entries(t: torch.Tensor) -> torch.Tensor:
     """Σ of t (..., M, N) over its leading dims, (M, N): the matrices added one at a time in t's dtype, in order,
     to a total that starts at +0 (docs/numerics.md "Epilogue": the order the GEMM kernel keeps when it sums a
