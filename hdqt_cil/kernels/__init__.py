@@ -14,6 +14,7 @@
                                          scaling fused into the GEMM's epilogue (the layers' product, one pass);
                                          sum_batch: summed over the batch in the reference's order, in the
                                          epilogue too where M x N fills the GPU
+    sum_entries(t)                    -> the reference's sum_entries (the batch of (..., M, N) in order from +0)
 
 Everything takes and returns torch CUDA tensors on torch's current stream. Levels are int8 (the reference holds
 them as float32; the values are equal). What the kernels do not cover (level ranges beyond int8, tiles that are
@@ -578,4 +579,4 @@ OPS = SimpleNamespace(name="cupy", block_hadamard=block_hadamard, quantize=quant
                       scaled_int_matmul=scaled_int_matmul)
 
 __all__ = ["available", "unavailable_reason", "OPS", "quantize", "block_hadamard", "hadamard_quantize",
-           "tiled_int_matmul", "scaled_int_matmul", "MAX_HADAMARD_BLOCK"]
+           "tiled_int_matmul", "scaled_int_matmul", "sum_entries", "MAX_HADAMARD_BLOCK"]

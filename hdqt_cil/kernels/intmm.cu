@@ -306,7 +306,8 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
                         const int col = n0 + wn * NI * 8 + j * 8 + (lane & 3) * 2 + c;
                         int& v = acc[i][j][2 * half + c];
                         if (r < M && col < N) {
-                            const float s = uniform ? entry_scale : scale_of(row_scale, sbe[(i64)col * sb_col], block_inv);
+                            const float s =
+                                uniform ? entry_scale : scale_of(row_scale, sbe[(i64)col * sb_col], block_inv);
                             float& f = facc[i][j][2 * half + c];
                             f = __fadd_rn(f, __fmul_rn(__int2float_rn(v), s));
                         }

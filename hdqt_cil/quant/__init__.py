@@ -11,7 +11,8 @@ from .rounding import Counter, counter_uniform, round_nearest, round_stochastic
 from .schemes import HotScheme, Product, Scheme, preset, scheme_from_config
 
 __all__ = [
-    "block_hadamard", "hadamard_block_size", "sequency_order", "sum_entries", "tiled_int_matmul", "NonFiniteError",
+    "block_hadamard", "hadamard_block_size", "sequency_order", "sum_entries", "tiled_int_matmul",
+    "NonFiniteError",
     "QuantConv2d", "QuantLinear", "layer_steps", "quant_stats", "quantize_model", "reset_quant_stats",
     "set_layer_steps", "QuantSpec",
     "compute_scale", "dequantize", "quantize", "Counter", "counter_uniform", "round_nearest",

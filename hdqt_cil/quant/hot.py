@@ -14,8 +14,9 @@ a Linear on (M, C) is one batch entry with L = M (the samples: HLA mixes samples
 Linear on (B, ..., C) has B entries with L the tokens of a sample; a convolution has B entries with L = Ho·Wo
 and K = C·kh·kw (the im2col rows; the input gradient goes back through col2im). The weight gradient's operands
 are compressed and quantized where they lie: token-major (B, L, C) for a Linear, token-last (B, C, L) for a
-convolution (`_token_dim`); ABC keeps its levels token-last, rows padded to 16 bytes, as the GEMM reads them. Scales: ABC and G in g_W per
-entry (per sample with a token dimension, per tensor for 2-D inputs); G in g_x per tensor or per (b, l) row.
+convolution (`_token_dim`); ABC keeps its levels token-last, rows padded to 16 bytes, as the GEMM reads them.
+Scales: ABC and G in g_W per entry (per sample with a token dimension, per tensor for 2-D inputs); G in g_x
+per tensor or per (b, l) row.
 All numeric rules are the package's own (block_hadamard, quantize with the max or SAWB scale, counter-based
 stochastic rounding, the exact integer product with its float epilogue), run through `resolve_ops` so that the
 CuPy kernels take them where they apply.
