@@ -62,6 +62,32 @@ def test_lp_l1_beyond_powers_of_four_and_the_rank_options():
         hla_rank(16, rank=4, rank_ratio=0.5)
 
 
+@pytest.mark.parametrize("length,block,rank", [(64, 16, 10), (48, 16, 3), (7, 1, 1), (16, 16, 16)])
+def test_hla_along_any_dim_is_the_last_dims_moved(length, block, rank):
+    """A token-major (B, L, C) tensor compressed along L gives the same bits as its (B, C, L) transpose along
+    the last dim, transposed back (the two layouts HOT's Linear and conv layers compress in)."""
+    x = torch.randn(3, length, 5, generator=torch.Generator().manual_seed(length))
+    along_tokens = hla_compress(x, block, rank, dim=-2)
+    assert along_tokens.shape == (3, length // block * rank, 5)
+    assert torch.equal(along_tokens, hla_compress(x.transpose(1, 2), block, rank).transpose(1, 2))
+
+
+def test_abc_keeps_levels_token_last_in_16_byte_rows():
+    """What the GEMM kernel reads in place: int8 (B, C, R) with R contiguous and rows of a multiple of 16 bytes,
+    for a Linear over 197 tokens (L' = 1: R = 197) and over 48 samples of a 2-D input (L' = 16, 10 rows kept)."""
+    layer = quantize_model(nn.Linear(24, 32), preset("hot"))
+    for x, entries, tokens in ((torch.randn(4, 197, 24), 4, 197), (torch.randn(48, 24), 1, 48 // 16 * 10)):
+        saved = []
+
+        def keep(t):
+            saved.append(t)
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            layer(x.requires_grad_())
+        (levels,) = [t for t in saved if t.dtype == torch.int8]
+        assert levels.shape == (entries, 24, tokens) and levels.stride(-1) == 1 and levels.stride(-2) % 16 == 0
+
+
 @pytest.mark.parametrize("length,block,rank", [(64, 16, 10), (48, 16, 3), (32, 32, 10), (16, 16, 16)])
 def test_hla_is_an_orthogonal_projection(length, block, rank):
     p = hla_projection(length, block, rank)
