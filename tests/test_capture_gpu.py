@@ -2,6 +2,7 @@
 weights, statistics and counters; eager fallback where a graph does not apply; NaN checks that still fire."""
 import copy
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
@@ -109,6 +110,15 @@ def test_capture_after_eager_steps_whose_graph_is_still_held():
     train(graphed, captured, batches[1:])
     assert captured.replays == 2 and kept.grad_fn is not None
     assert_same_state(eager, graphed)
+
+
+def test_capture_keeps_autograd_on_one_stream():
+    """No AccumulateGrad node made on the warm-up stream may serve the capture (torch warns of a stream mismatch
+    and an extra synchronisation when one does)."""
+    model = make_model("mlp", "hdqt")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*AccumulateGrad node's stream")
+        train(model, CapturedTraining(model), make_batches("mlp", [128, 128, 128]))
 
 
 def test_freezing_parameters_captures_again():

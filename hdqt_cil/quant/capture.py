@@ -41,6 +41,9 @@ class _Graphs:
             for _ in range(warmup):  # lazy initialisation (kernel loads, cuBLAS handles) stays out of the graphs
                 y = run()
                 torch.autograd.grad(y, leaves, torch.zeros_like(y), allow_unused=True)
+        # the warm-up's graph holds the aliases' AccumulateGrad nodes, made on the side stream: let it go, so that
+        # the capture makes its own on the capture stream
+        del y
         torch.cuda.current_stream().wait_stream(side)
         pool = torch.cuda.graph_pool_handle()
         self.forward, self.backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
