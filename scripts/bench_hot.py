@@ -104,12 +104,12 @@ def peak_bytes(step, device) -> int | None:
 
 
 def saved_bytes(model: nn.Module, forward) -> dict[str, int]:
-    """Bytes saved for the backward during forward(), by layer kind ('qkv', 'fc1', 'conv 3x3', ...), the
-    model's parameters left out; tensors saved outside a Linear/Conv2d (norms, activations) count as 'other'.
-    'distinct' is the memory really held: each storage once (a conv's input that a ReLU saved as its output is
-    one tensor, counted under both kinds but once here)."""
+    """Bytes of memory saved for the backward during forward(), by layer kind ('qkv', 'fc1', 'conv 3x3', ...):
+    each storage a saved tensor lies in (padding included) once per kind, the model's parameters left out;
+    tensors saved outside a Linear/Conv2d (norms, activations) count as 'other'. 'distinct' counts each storage
+    once in all (a conv's input that a ReLU saved as its output is counted under both kinds but once here)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    current, totals, storages = [], defaultdict(int), {}
+    current, storages, by_kind = [], {}, defaultdict(dict)
     hooks = []
     for name, module in model.named_modules():
         if isinstance(module, (nn.Linear, nn.Conv2d)):
@@ -123,8 +123,8 @@ def saved_bytes(model: nn.Module, forward) -> dict[str, int]:
     def pack(t):
         storage = t.untyped_storage()
         if storage.data_ptr() not in params:
-            totals[current[-1] if current else "other"] += t.numel() * t.element_size()
             storages[storage.data_ptr()] = storage.nbytes()
+            by_kind[current[-1] if current else "other"][storage.data_ptr()] = storage.nbytes()
         return t
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -133,7 +133,7 @@ def saved_bytes(model: nn.Module, forward) -> dict[str, int]:
     finally:
         for hook in hooks:
             hook.remove()
-    return {**totals, "distinct": sum(storages.values())}
+    return {**{kind: sum(sizes.values()) for kind, sizes in by_kind.items()}, "distinct": sum(storages.values())}
 
 
 def row(case, variant, metric, value, unit, ratio=None, vs=""):

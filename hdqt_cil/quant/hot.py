@@ -14,7 +14,8 @@ a Linear on (M, C) is one batch entry with L = M (the samples: HLA mixes samples
 Linear on (B, ..., C) has B entries with L the tokens of a sample; a convolution has B entries with L = Ho·Wo
 and K = C·kh·kw (the im2col rows; the input gradient goes back through col2im). The weight gradient's operands
 are compressed and quantized where they lie: token-major (B, L, C) for a Linear, token-last (B, C, L) for a
-convolution (`_token_dim`); ABC keeps its levels token-last, rows padded to 16 bytes, as the GEMM reads them.
+convolution (`_token_dim`); ABC keeps its levels token-last, rows padded to 16 bytes where that costs at most
+1/8 more memory (the GEMM then reads them in place).
 Scales: ABC and G in g_W per entry (per sample with a token dimension, per tensor for 2-D inputs); G in g_x
 per tensor or per (b, l) row.
 All numeric rules are the package's own (block_hadamard, quantize with the max or SAWB scale, counter-based
@@ -61,14 +62,21 @@ def _tokens_last(t: torch.Tensor, token_dim: int) -> torch.Tensor:
     return t if token_dim == -1 else t.transpose(-1, -2)
 
 
+# ABC pads its rows to 16 elements (the GEMM kernel then reads the int8 levels in place, 16-byte aligned) only
+# where that costs at most 1/8 more memory; shorter rows stay compact and the backward packs them.
+_ABC_PAD_LIMIT = 9 / 8
+
+
 def _abc_layout(t: torch.Tensor, token_dim: int) -> torch.Tensor:
-    """What ABC keeps: t as (B, K, R), R contiguous in rows of a multiple of 16 elements, so that the GEMM kernel
-    reads the int8 levels in place (16-byte aligned rows); copied here, in the forward, where it is not so."""
+    """What ABC keeps: t as (B, K, R), R contiguous, in rows padded to a multiple of 16 elements where that
+    costs at most 1/8 more memory (`_ABC_PAD_LIMIT`), else compact; copied here, in the forward, if t is not so."""
     view = _tokens_last(t, token_dim)
     tokens = view.shape[-1]
-    if view.stride(-1) == 1 and tokens % 16 == 0:
+    padded = -(-tokens // 16) * 16
+    row = padded if padded <= tokens * _ABC_PAD_LIMIT else tokens
+    if view.stride(-1) == 1 and (view.shape[-2] == 1 or view.stride(-2) == row):
         return view
-    rows = view.new_empty(*view.shape[:-1], -(-tokens // 16) * 16)[..., :tokens]
+    rows = view.new_empty(*view.shape[:-1], row)[..., :tokens]
     return rows.copy_(view)
 
 
