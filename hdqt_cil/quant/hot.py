@@ -68,8 +68,9 @@ _ABC_PAD_LIMIT = 9 / 8
 
 
 def _abc_layout(t: torch.Tensor, token_dim: int) -> torch.Tensor:
-    """What ABC keeps: t as (B, K, R), R contiguous, in rows padded to a multiple of 16 elements where that
-    costs at most 1/8 more memory (`_ABC_PAD_LIMIT`), else compact; copied here, in the forward, if t is not so."""
+    """What ABC keeps of integer levels: t as (B, K, R), R contiguous, in rows padded to a multiple of 16 elements
+    where that costs at most 1/8 more memory (`_ABC_PAD_LIMIT`), else compact; copied here, in the forward, if t
+    is not so."""
     view = _tokens_last(t, token_dim)
     tokens = view.shape[-1]
     padded = -(-tokens // 16) * 16
@@ -88,8 +89,8 @@ def compressed_input(layer, x: torch.Tensor, step, count: bool, ops, checks: lis
     columns, dim = layer._hot_columns(x), layer._token_dim
     block, rank = _hla_shape(layer, columns.shape[dim])
     compressed = hla_compress(columns, block, rank, ops.block_hadamard, dim)
-    if spec is None:
-        return _abc_layout(compressed, dim), None, block, rank
+    if spec is None:  # float32, read by torch's matmul in any layout
+        return _tokens_last(compressed, dim), None, block, rank
     levels, scale = ops.quantize(compressed, spec, layer._counter("grad_weight.input", step))
     checks.append(("input", compressed, scale))
     if count:
