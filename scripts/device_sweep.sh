@@ -7,8 +7,9 @@
 #   .device_data/kernel_cache   compiled cubins (scripts/gpu_check.sh says how to fill it): no compiling per job
 #   .device_data/runs_*.tgz     run folders of earlier calls (their runs.tgz), unpacked under the results root
 #                               without overwriting: finished runs are skipped, so a sweep can name all seeds
-# The results root (/tmp/runs) outlives a call while the machine stays warm: a sweep cut by the call's time limit
-# resumes its unfinished runs from their checkpoints when run again (runs.tgz leaves checkpoints out).
+# A sweep cut by the call's time limit resumes its unfinished runs from their checkpoints when run again: from the
+# results root (/tmp/runs) while the machine stays warm, else from runs_checkpoints.tgz (unfinished runs'
+# checkpoints, ~4 MB a ResNet-32 run) carried back with that call's runs.tgz as .device_data/runs_*.tgz.
 # SWEEP_TIMEOUT=seconds stops the sweep (its job processes too) in time to leave the tables and runs.tgz.
 set -euo pipefail
 out=${OUT:-device_out}
@@ -31,4 +32,6 @@ echo "sweep exit $status after $(( $(date +%s) - start )) s" | tee -a "$out/devi
 tail -5 "$out/sweep.log"
 python3 scripts/make_tables.py /tmp/runs --out "$out" || true
 tar czf "$out/runs.tgz" --exclude=checkpoints -C /tmp runs
+unfinished=$(cd /tmp && find runs -type d -name checkpoints)
+[ -z "$unfinished" ] || tar czf "$out/runs_checkpoints.tgz" -C /tmp $unfinished
 exit $status
