@@ -9,7 +9,7 @@
 #                               without overwriting: finished runs are skipped, so a sweep can name all seeds
 # A sweep cut by the call's time limit resumes its unfinished runs from their checkpoints when run again: from the
 # results root (/tmp/runs) while the machine stays warm, else from runs_checkpoints.tgz (unfinished runs'
-# checkpoints, ~4 MB a ResNet-32 run) carried back with that call's runs.tgz as .device_data/runs_*.tgz.
+# checkpoints, a few MB a ResNet-32 run) carried back with that call's runs.tgz as .device_data/runs_*.tgz.
 # SWEEP_TIMEOUT=seconds stops the sweep (its job processes too) in time to leave the tables and runs.tgz.
 set -euo pipefail
 out=${OUT:-device_out}
