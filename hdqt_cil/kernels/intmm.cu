@@ -166,6 +166,10 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     const int wm = warp / WN, wn = warp % WN;
     const int ktiles = (K + BK - 1) / BK;
     const int steps = (OUT == 3 ? entries : 1) * ktiles;  // pipeline stages over all entries of this CTA
+    // Where this lane's accumulator acc[i][j][2 * half + c] lies in the output (the m16n8 fragment layout):
+    // row out_row(i, half), column out_col(j) + c.
+    auto out_row = [&](int i, int half) { return m0 + wm * MI * 16 + i * 16 + (lane >> 2) + half * 8; };
+    auto out_col = [&](int j) { return n0 + wn * NI * 8 + j * 8 + (lane & 3) * 2; };
 
     int acc[MI][NI][4];
     int tacc[MI][NI][4];
@@ -297,13 +301,13 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
         for (int i = 0; i < MI; ++i)
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-                const int r = m0 + wm * MI * 16 + i * 16 + (lane >> 2) + half * 8;
+                const int r = out_row(i, half);
                 const float row_scale = !uniform && r < M ? sae[(i64)r * sa_row] : 0.0f;
 #pragma unroll
                 for (int j = 0; j < NI; ++j)
 #pragma unroll
                     for (int c = 0; c < 2; ++c) {
-                        const int col = n0 + wn * NI * 8 + j * 8 + (lane & 3) * 2 + c;
+                        const int col = out_col(j) + c;
                         int& v = acc[i][j][2 * half + c];
                         if (r < M && col < N) {
                             const float s =
@@ -333,13 +337,13 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     for (int i = 0; i < MI; ++i) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            const int r = m0 + wm * MI * 16 + i * 16 + (lane >> 2) + half * 8;
+            const int r = out_row(i, half);
             if (r >= M) continue;
             const float row_scale = OUT == 2 ? sa[(i64)batch * sa_batch + (i64)r * sa_row] : 1.0f;
             const i64 row_off = ((i64)batch * M + r) * N;
 #pragma unroll
             for (int j = 0; j < NI; ++j) {
-                const int col = n0 + wn * NI * 8 + j * 8 + (lane & 3) * 2;
+                const int col = out_col(j);
                 if (col >= N) continue;
                 const int v0 = acc[i][j][2 * half], v1 = acc[i][j][2 * half + 1];
                 if (OUT == 0) {
