@@ -109,7 +109,7 @@ def saved_bytes(model: nn.Module, forward) -> dict[str, int]:
     tensors saved outside a Linear/Conv2d (norms, activations) count as 'other'. 'distinct' counts each storage
     once in all (a conv's input that a ReLU saved as its output is counted under both kinds but once here)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    current, storages, by_kind = [], {}, defaultdict(dict)
+    current, by_kind = [], defaultdict(dict)
     hooks = []
     for name, module in model.named_modules():
         if isinstance(module, (nn.Linear, nn.Conv2d)):
@@ -123,7 +123,6 @@ def saved_bytes(model: nn.Module, forward) -> dict[str, int]:
     def pack(t):
         storage = t.untyped_storage()
         if storage.data_ptr() not in params:
-            storages[storage.data_ptr()] = storage.nbytes()
             by_kind[current[-1] if current else "other"][storage.data_ptr()] = storage.nbytes()
         return t
     try:
@@ -133,7 +132,8 @@ def saved_bytes(model: nn.Module, forward) -> dict[str, int]:
     finally:
         for hook in hooks:
             hook.remove()
-    return {**{kind: sum(sizes.values()) for kind, sizes in by_kind.items()}, "distinct": sum(storages.values())}
+    distinct = {ptr: size for sizes in by_kind.values() for ptr, size in sizes.items()}
+    return {**{kind: sum(sizes.values()) for kind, sizes in by_kind.items()}, "distinct": sum(distinct.values())}
 
 
 def row(case, variant, metric, value, unit, ratio=None, vs=""):
