@@ -11,8 +11,7 @@
 //                and a NaN compares above +inf, so a NaN propagates into the scale as in torch.amax), and
 //                whether any element is negative (signedness 'auto').
 // quantize_kernel: s = (max * clip) / qmax (or a given scale), v = t / s, rounding, clamp, int8 levels; the
-//                thread that owns a group's first element writes the group's scale. Each CTA walks its range
-//                backwards: the steps absmax read last are the ones still in L2, so they are read first.
+//                thread that owns a group's first element writes the group's scale.
 // hadamard_kernel: the transform alone, float32 out.
 // sum_entries_f32: the batch sum of a GEMM's scaled products in the order of intmm.cu's OUT mode 3.
 // transpose_i8: int8 matrices transposed into a row pitch of the caller's choice (the GEMM's operand packing).
@@ -247,9 +246,8 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
     const float low = is_signed ? -signed_max : 0.0f;
     u32 group = NO_GROUP;
     float s = 1.0f;
-    const u32 steps = stop > start ? (stop - start + E - 1u) / E : 0u;
-    for (u32 step = steps; step-- > 0u;) {
-        const u32 i0 = start + step * E + 8u * threadIdx.x;
+    for (u32 base = start; base < stop; base += E) {
+        const u32 i0 = base + 8u * threadIdx.x;
         float v[8];
         Loader<T>::load8(x, i0, stop, vec, v);
         if (HAD) butterfly(v, logn, smem);
