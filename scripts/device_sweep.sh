@@ -8,13 +8,13 @@
 #   .device_data/runs_*.tgz     run folders of earlier calls (their runs.tgz), unpacked under the results root
 #                               without overwriting: finished runs are skipped, so a sweep can name all seeds
 # A sweep cut by the call's time limit resumes its unfinished runs from their checkpoints when run again: from the
-# results root (/tmp/runs) while the machine stays warm, else from runs_checkpoints.tgz (unfinished runs'
+# results root (/tmp/runs) while the machine stays warm, else from runs_ckpt_<run>.tgz (one unfinished run's
 # checkpoints, a few MB a ResNet-32 run) carried back with that call's runs.tgz as .device_data/runs_*.tgz.
 # SWEEP_TIMEOUT=seconds stops the sweep (its job processes too) in time to leave the tables and runs.tgz.
 set -euo pipefail
 out=${OUT:-device_out}
 mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+[ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HDQT_DATA=$PWD/data HDQT_RESULTS=/tmp/runs
 [ -d .device_data/kernel_cache ] && export HDQT_KERNEL_CACHE=$PWD/.device_data/kernel_cache
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/device.txt"
@@ -32,6 +32,9 @@ echo "sweep exit $status after $(( $(date +%s) - start )) s" | tee -a "$out/devi
 tail -5 "$out/sweep.log"
 python3 scripts/make_tables.py /tmp/runs --out "$out" || true
 tar czf "$out/runs.tgz" --exclude=checkpoints -C /tmp runs
-unfinished=$(cd /tmp && find runs -type d -name checkpoints)
-[ -z "$unfinished" ] || tar czf "$out/runs_checkpoints.tgz" -C /tmp $unfinished
+# One archive per unfinished run: a returned file may hold 16 MiB, a ResNet-32 run's checkpoints 4-8 MB.
+for ckpt in $(cd /tmp && find runs -type d -name checkpoints); do
+  run=${ckpt%/checkpoints}
+  tar czf "$out/runs_ckpt_$(echo "${run#runs/}" | tr / _).tgz" -C /tmp "$ckpt"
+done
 exit $status
