@@ -69,6 +69,7 @@ RULES = [
     ("resume", None, *BOOL),
     ("on_divergence", None, *_one_of("stop", "continue")),
     ("logging.progress", None, *_one_of("auto", "on", "off")),
+    ("logging.epochs", None, lambda v: v == "auto" or NON_NEGATIVE_INT[0](v), "auto or a non-negative integer"),
     ("logging.csv", None, *BOOL),
     ("logging.tensorboard", None, *BOOL),
     ("trainer.epochs", None, *POSITIVE_INT),

@@ -61,9 +61,20 @@ def claim_run_dir(run_dir: Path, cfg_dict: dict, overwrite: bool) -> str:
     return state
 
 
+def _show_bars(cfg) -> bool:
+    return cfg.logging.progress == "on" or (cfg.logging.progress == "auto" and sys.stdout.isatty())
+
+
+def epoch_log_every(cfg) -> int:
+    """Epochs between progress lines: `logging.epochs`, where auto is about ten lines an experience when no bars
+    are drawn and none when they are."""
+    if cfg.logging.epochs != "auto":
+        return cfg.logging.epochs
+    return 0 if _show_bars(cfg) else -(-cfg.trainer.epochs // 10)
+
+
 def _evaluator(cfg, run_dir: Path) -> EvaluationPlugin:
-    show_bars = cfg.logging.progress == "on" or (cfg.logging.progress == "auto" and sys.stdout.isatty())
-    loggers = [InteractiveLogger()] if show_bars else []
+    loggers = [InteractiveLogger()] if _show_bars(cfg) else []
     if cfg.logging.csv:
         loggers.append(CSVLogger(log_folder=str(run_dir / "csv")))
     if cfg.logging.tensorboard:
@@ -189,7 +200,8 @@ def _build_strategy(cfg, bench, model, device, run_dir):
     quantization = QuantizationPlugin(cfg.quant)
     quantization.apply(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
-    plugins = [PredictionRecorder(), TrainingMonitor(), PerExperienceSGD(t.lr, list(t.milestones), t.gamma),
+    plugins = [PredictionRecorder(), TrainingMonitor(epoch_log_every(cfg)),
+               PerExperienceSGD(t.lr, list(t.milestones), t.gamma),
                quantization]
     if t.cuda_graph is True and device.type != "cuda":
         raise ValueError(f"trainer.cuda_graph=true needs a CUDA device; this run is on {device} "

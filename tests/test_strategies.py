@@ -1,5 +1,7 @@
 """Every strategy trains on a real (small) benchmark on the CPU and yields well-formed results."""
 import json
+import logging
+import re
 
 import numpy as np
 import pytest
@@ -38,6 +40,20 @@ def test_finished_run_is_reused_and_different_config_refused(make_cfg, tmp_path)
     assert again == first
     with pytest.raises(FileExistsError, match="different config.*tag="):
         run(make_cfg("strategy=naive", "trainer.epochs=2"), run_dir)
+
+
+@pytest.mark.parametrize("every, epochs, logged", [("auto", 3, [1, 2, 3]), ("auto", 25, [3, 6, 9, 12, 15, 18, 21, 24]),
+                                                   (2, 5, [2, 4]), (0, 3, [])])
+def test_epoch_progress_lines(make_cfg, tmp_path, caplog, every, epochs, logged):
+    cfg = make_cfg("strategy=naive", f"trainer.epochs={epochs}", f"logging.epochs={every}",
+                   "benchmark.n_experiences=2", "trainer.device=cpu")
+    with caplog.at_level(logging.INFO, logger="hdqt_cil.cl.divergence"):
+        summary = run(cfg, tmp_path / "run")
+    lines = [r.getMessage() for r in caplog.records if r.name == "hdqt_cil.cl.divergence"]
+    expected = [f"experience {k}, epoch {e}/{epochs}: mean training loss {summary['train_loss'][k - 1][e - 1]:.4f}"
+                for k in (1, 2) for e in logged]
+    assert [line.split(" (")[0] for line in lines] == expected
+    assert all(re.search(r"\(\d+\.\d\d s an epoch\)$", line) for line in lines)
 
 
 def test_cuda_graphs_on_the_cpu_are_refused_before_training(make_cfg, tmp_path):

@@ -1,9 +1,13 @@
-"""Watches training once per epoch: records the mean loss, and stops when the loss or the weights stop being
-finite, naming where it was first seen."""
+"""Watches training once per epoch: records the mean loss, logs progress, and stops when the loss or the weights
+stop being finite, naming where it was first seen."""
+import logging
 import math
+import time
 
 import torch
 from avalanche.core import SupervisedPlugin
+
+log = logging.getLogger(__name__)
 
 
 class Diverged(RuntimeError):
@@ -18,15 +22,19 @@ class TrainingMonitor(SupervisedPlugin):
     """Per-iteration work stays on the device (a check per step would synchronise the GPU every step); at an
     epoch's end one transfer gives the mean loss, and a non-finite loss or the first parameter holding
     NaN/Inf (by its qualified name, i.e. the layer) raises `Diverged`. `losses[k]` lists experience k's
-    per-epoch mean training losses."""
+    per-epoch mean training losses. Every `log_every` epochs (0: never) a log line gives the loss and the time
+    an epoch takes, so a long experience shows progress where no progress bars are drawn (sweeps, clusters)."""
 
-    def __init__(self):
+    def __init__(self, log_every: int = 0):
         super().__init__()
+        self.log_every = log_every
         self.losses: list[list[float]] = []
         self._sum = self._count = None
+        self._since = self._epochs_since = None
 
     def before_training_exp(self, strategy, **kwargs):
         self.losses.append([])
+        self._since, self._epochs_since = time.perf_counter(), 0
 
     def epoch_state(self):
         """What an epoch checkpoint keeps of this plugin (cl/checkpoint.py)."""
@@ -53,3 +61,9 @@ class TrainingMonitor(SupervisedPlugin):
         if not math.isfinite(mean):
             raise Diverged(experience, epoch, "loss")
         self.losses[-1].append(mean)
+        self._epochs_since += 1
+        if self.log_every and epoch % self.log_every == 0:
+            now = time.perf_counter()
+            log.info("experience %d, epoch %d/%d: mean training loss %.4f (%.2f s an epoch)", experience + 1, epoch,
+                     strategy.train_epochs, mean, (now - self._since) / self._epochs_since)
+            self._since, self._epochs_since = now, 0
