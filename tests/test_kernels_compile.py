@@ -82,3 +82,20 @@ def test_torch_backend_fused_ops_are_the_compositions():
             TORCH_OPS.scaled_int_matmul(a, b, sa, sb, block)
         with pytest.raises(ValueError, match="power of two"):
             kernels.scaled_int_matmul(a, b, sa, sb, block)
+
+
+def test_resource_report_names_every_kernel_with_its_figures():
+    """scripts/kernel_resources.py reads ptxas' registers, spills and shared memory off NVRTC's log."""
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.spec_from_file_location("kernel_resources", rt.HERE.parents[1] / "scripts" /
+                                                  "kernel_resources.py")
+    resources = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(resources)
+    rows = {r["kernel"]: r for r in resources.report("quant.cu", rt.QUANT_KERNELS, "sm_90")}
+    assert set(rows) == set(rt.QUANT_KERNELS)
+    assert all(0 < r["registers"] <= 255 for r in rows.values())
+    assert rows["transpose_i8"]["smem bytes"] == 64 * 65  # its static tile: 64 rows of 64 bytes plus one of padding
+    gemm = rt.gemm_expression("64x64", 2, True, 1)
+    (row,) = resources.report("intmm.cu", (gemm,), "sm_90")
+    assert row["kernel"] == gemm and row["registers"] > 0

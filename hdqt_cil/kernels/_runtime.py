@@ -98,6 +98,27 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HDQT_KERNEL_CACHE", Path.home() / ".cache" / "hdqt_cil" / "kernels"))
 
 
+def nvrtc_compile(name: str, expressions: tuple[str, ...], arch: str, *extra: str) -> tuple[bytes, dict, str]:
+    """(cubin, {expression: lowered name}, NVRTC's log) of source `name`, uncached; `extra` options are added
+    after NVRTC_OPTIONS (e.g. --ptxas-options=-v for registers and spills)."""
+    from cupy_backends.cuda.libs import nvrtc  # noqa: PLC0415
+
+    program = nvrtc.createProgram(source(name), name, [], [])
+    try:
+        for expression in expressions:
+            if "<" in expression:
+                nvrtc.addNameExpression(program, expression)
+        try:
+            nvrtc.compileProgram(program, [f"--gpu-architecture={arch}", *NVRTC_OPTIONS, *extra])
+        except Exception as err:
+            raise RuntimeError(f"{name} does not compile: {err}\n{nvrtc.getProgramLog(program)}") from err
+        lowered = {e: (nvrtc.getLoweredName(program, e) if "<" in e else e) for e in expressions}
+        log = nvrtc.getProgramLog(program)
+        return nvrtc.getCUBIN(program), lowered, log.decode() if isinstance(log, bytes) else log
+    finally:
+        nvrtc.destroyProgram(program)
+
+
 def compile_cubin(name: str, expressions: tuple[str, ...], arch: str) -> tuple[bytes, dict]:
     """(cubin, {expression: lowered name}) of source `name` for `arch` (e.g. 'sm_90'), through NVRTC with
     NVRTC_OPTIONS; cached on disk by a hash of everything that goes in. Needs no GPU."""
@@ -112,19 +133,8 @@ def compile_cubin(name: str, expressions: tuple[str, ...], arch: str) -> tuple[b
             return pickle.loads(path.read_bytes())
         except Exception:  # noqa: BLE001 (a torn or foreign file: compile again)
             pass
-    program = nvrtc.createProgram(text, name, [], [])
-    try:
-        for expression in expressions:
-            if "<" in expression:
-                nvrtc.addNameExpression(program, expression)
-        try:
-            nvrtc.compileProgram(program, [f"--gpu-architecture={arch}", *NVRTC_OPTIONS])
-        except Exception as err:
-            raise RuntimeError(f"{name} does not compile: {err}\n{nvrtc.getProgramLog(program)}") from err
-        lowered = {e: (nvrtc.getLoweredName(program, e) if "<" in e else e) for e in expressions}
-        result = (nvrtc.getCUBIN(program), lowered)
-    finally:
-        nvrtc.destroyProgram(program)
+    cubin, lowered, _ = nvrtc_compile(name, expressions, arch)
+    result = (cubin, lowered)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
