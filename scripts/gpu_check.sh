@@ -5,7 +5,7 @@
 # .whl holds the project's wheels (scripts/prepare_device.sh), installed from it (hdqt_cil.quant reads its config
 # with omegaconf; the tests' conftest composes configs with hydra; the CUDA-graph tests run whole experiments).
 # Logs and the benchmark JSON go to $OUT (at most 8 files):
-#   check.log    device, kernel resource usage (registers, spills), pytest of tests/test_kernels_gpu.py and
+#   check.log    device, whether the kernels load, pytest of tests/test_kernels_gpu.py and
 #                tests/test_capture_gpu.py
 #   bench.log    scripts/bench_kernels.py (its table is printed last)
 #   hot.log      the GPU tests of quant (HOT and the torch reference on CUDA), then scripts/bench_hot.py
@@ -37,19 +37,8 @@ fi
   start=$SECONDS
   $PY -c "from hdqt_cil.kernels import _runtime as rt; print(rt.precompile(12), 'modules')"
   echo "compiled in $((SECONDS - start)) s"
-  echo "== kernel resources (compiled here by NVRTC through CuPy)"
-  $PY - <<'EOF'
-import torch
-from hdqt_cil import kernels
-from hdqt_cil.kernels import _runtime as rt
-print("available:", kernels.available(), kernels.unavailable_reason())
-for name in rt.QUANT_KERNELS:
-    print(f"  {name:18s}", rt.kernel_resources("quant.cu", name))
-for config in rt.GEMM_CONFIGS:
-    for sat, count, out in ((2, False, 1), (4, False, 1), (2, True, 1), (1, True, 1), (0, False, 1)):
-        expr = rt.gemm_expression(config, sat, count, out)
-        print(f"  {expr:60s}", rt.kernel_resources("intmm.cu", expr, template=True))
-EOF
+  # Registers and spills per kernel come from ptxas on the CPU, before a call: scripts/kernel_resources.py.
+  $PY -c "from hdqt_cil import kernels; print('available:', kernels.available(), kernels.unavailable_reason())"
 } >>"$log" 2>&1
 
 if [ "${CHECK_TESTS:-1}" = 1 ]; then

@@ -183,15 +183,6 @@ def function(name: str, kernel: str, template: bool = False, dynamic_smem: int =
     return entry[0]
 
 
-def kernel_resources(name: str, kernel: str, template: bool = False) -> dict:
-    """Registers and local (spill) bytes per thread of a kernel on the current device."""
-    from cupy_backends.cuda.api import driver  # noqa: PLC0415
-
-    fn = function(name, kernel, template)
-    return {"regs": driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_NUM_REGS, fn.ptr),
-            "local": driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn.ptr)}
-
-
 def _compile_job(job) -> str:
     name, expressions, arch = job
     compile_cubin(name, expressions, arch)
