@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs ON the lent GPU machine, from the repository root (after scripts/prepare_device.sh here, with .whl and
 # .device_data carried): installs the wheels, makes the HAR feature files from the carried raw archives,
-# runs one Hydra sweep with JOBS processes at once, and leaves the run folders (runs.tgz), the tables and
+# runs one Hydra sweep with JOBS processes at once, and leaves the run folders (runs.tgz), the tables (tables.tgz) and
 # the log under $OUT.   Usage: JOBS=12 bash scripts/device_sweep.sh <run.py overrides...>
 # Carried extras it uses when present:
 #   .device_data/kernel_cache   compiled cubins (scripts/gpu_check.sh says how to fill it): no compiling per job
@@ -30,7 +30,9 @@ timeout "${SWEEP_TIMEOUT:-0}" python3 run.py -m hydra/launcher=gpus hydra.launch
   >"$out/sweep.log" 2>&1 || status=$?
 echo "sweep exit $status after $(( $(date +%s) - start )) s" | tee -a "$out/device.txt"
 tail -5 "$out/sweep.log"
-python3 scripts/make_tables.py /tmp/runs --out "$out" || true
+# The tables go in one archive (the sweep prints them too): a call returns at most 8 files, and each unfinished
+# run adds one below.
+python3 scripts/make_tables.py /tmp/runs --out /tmp/tables && tar czf "$out/tables.tgz" -C /tmp tables || true
 tar czf "$out/runs.tgz" --exclude=checkpoints -C /tmp runs
 # One archive per unfinished run: a returned file may hold 16 MiB, a ResNet-32 run's checkpoints 4-8 MB.
 for ckpt in $(cd /tmp && find runs -type d -name checkpoints); do
