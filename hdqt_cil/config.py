@@ -12,7 +12,7 @@ def run_path(benchmark, model, strategy, quant, tag, seed) -> str:
 
 # Keys that may differ between two runs of the same experiment: they change how, not what, is computed.
 RUN_INDEPENDENT = ("overwrite", "resume", "on_divergence", "logging", "results_root", "data_root")
-RUN_INDEPENDENT_TRAINER = ("device", "num_workers", "checkpoint_every", "cuda_graph")
+RUN_INDEPENDENT_TRAINER = ("device", "num_workers", "checkpoint_every", "cuda_graph", "deterministic")
 
 
 def comparable_config(cfg_dict: dict) -> dict:
@@ -87,6 +87,7 @@ RULES = [
     ("trainer.num_workers", None, *NON_NEGATIVE_INT),
     ("trainer.checkpoint_every", None, *NON_NEGATIVE_INT),
     ("trainer.cuda_graph", None, lambda v: v == "auto" or isinstance(v, bool), "auto, true or false"),
+    ("trainer.deterministic", None, *BOOL),
     ("trainer.memory_size", None, *NON_NEGATIVE_INT),
     ("benchmark.n_experiences", None, *OPTIONAL_POSITIVE_INT),
     ("benchmark.classes_per_exp", None, *OPTIONAL_POSITIVE_INT),

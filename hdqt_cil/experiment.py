@@ -1,8 +1,10 @@
 """cfg → benchmark, model, quantization, strategy → train/evaluate each experience → results in the run folder."""
 import logging
-from functools import partial
+import os
 import sys
 import time
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -112,6 +114,26 @@ def _write_results(run_dir: Path, summary: dict) -> None:
     write_atomic(run_dir / "accuracy_matrix.csv", "\n".join(lines) + "\n")
 
 
+@contextmanager
+def deterministic_kernels(enabled: bool):
+    """torch's deterministic algorithms, cuDNN's and cuBLAS's included, for one run, then the previous settings
+    again. Without them FP32 GPU runs differ between machines (cuDNN's backward orders its sums freely); an op
+    with no deterministic implementation warns, naming itself, instead of failing the run."""
+    if not enabled:
+        yield
+        return
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when the process first calls cuBLAS
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2:]
+
+
 def run(cfg, run_dir, job_num: int = 0) -> dict:
     """Run one experiment into `run_dir` (job `job_num` of a sweep); return its summary.
 
@@ -119,8 +141,12 @@ def run(cfg, run_dir, job_num: int = 0) -> dict:
     or (trainer.checkpoint_every) inside one (unless resume=false); a finished folder is reused as it is (unless
     overwrite=true).
     """
-    run_dir = Path(run_dir)
     validate(cfg)
+    with deterministic_kernels(cfg.trainer.deterministic):
+        return _run(cfg, Path(run_dir), job_num)
+
+
+def _run(cfg, run_dir: Path, job_num: int) -> dict:
     RNGManager.set_random_seeds(cfg.seed)
     device = resolve_device(cfg.trainer.device, job_num)
     bench = build_benchmark(cfg.benchmark, cfg.seed)

@@ -82,6 +82,7 @@ def test_unknown_member_lists_choices(make_cfg):
     (["on_divergence=ignore"], "on_divergence='ignore' must be one of stop, continue"),
     (["logging.progress=sometimes"], "logging.progress='sometimes' must be one of auto, on, off"),
     (["logging.epochs=-1"], "logging.epochs=-1 must be auto or a non-negative integer"),
+    (["trainer.deterministic=yes"], "trainer.deterministic='yes' must be true or false"),
     (["benchmark.n_experiences=0"], "benchmark.n_experiences=0 must be a positive integer or null"),
     (["benchmark.classes_per_exp=2"], "set exactly one of benchmark.n_experiences and benchmark.classes_per_exp"),
     (["benchmark=hapt", "benchmark.split=kfold"], "benchmark.split='kfold' must be one of subject, random"),

@@ -1,6 +1,7 @@
 """Every strategy trains on a real (small) benchmark on the CPU and yields well-formed results."""
 import json
 import logging
+import os
 import re
 
 import numpy as np
@@ -54,6 +55,34 @@ def test_epoch_progress_lines(make_cfg, tmp_path, caplog, every, epochs, logged)
                 for k in (1, 2) for e in logged]
     assert [line.split(" (")[0] for line in lines] == expected
     assert all(re.search(r"\(\d+\.\d\d s an epoch\)$", line) for line in lines)
+
+
+def test_deterministic_kernels_hold_for_the_run_only(make_cfg, tmp_path, monkeypatch):
+    import torch  # noqa: PLC0415
+
+    from hdqt_cil import experiment  # noqa: PLC0415
+
+    seen = []
+    body = experiment._run
+
+    def watched(*args):
+        seen.append((torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.cudnn.deterministic,
+                     torch.backends.cudnn.benchmark, os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
+        return body(*args)
+
+    monkeypatch.setattr(experiment, "_run", watched)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cudnn.benchmark)
+    cfg = ("strategy=naive", "trainer.epochs=1", "trainer.device=cpu", "benchmark.n_experiences=2")
+    deterministic = run(make_cfg(*cfg, "trainer.deterministic=true"), tmp_path / "run")
+    assert seen[0] == (True, True, True, False, ":4096:8")
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark) == before
+    # a run-independent setting: the same folder serves either
+    assert run(make_cfg(*cfg), tmp_path / "run") == deterministic
+    assert seen[1][0] == before[0]
 
 
 def test_cuda_graphs_on_the_cpu_are_refused_before_training(make_cfg, tmp_path):
