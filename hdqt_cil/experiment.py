@@ -3,7 +3,7 @@ import logging
 import os
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -115,13 +115,10 @@ def _write_results(run_dir: Path, summary: dict) -> None:
 
 
 @contextmanager
-def deterministic_kernels(enabled: bool):
+def deterministic_kernels():
     """torch's deterministic algorithms, cuDNN's and cuBLAS's included, for one run, then the previous settings
     again. Without them FP32 GPU runs differ between machines (cuDNN's backward orders its sums freely); an op
     with no deterministic implementation warns, naming itself, instead of failing the run."""
-    if not enabled:
-        yield
-        return
     saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when the process first calls cuBLAS
@@ -142,7 +139,7 @@ def run(cfg, run_dir, job_num: int = 0) -> dict:
     overwrite=true).
     """
     validate(cfg)
-    with deterministic_kernels(cfg.trainer.deterministic):
+    with deterministic_kernels() if cfg.trainer.deterministic else nullcontext():
         return _run(cfg, Path(run_dir), job_num)
 
 

@@ -14,7 +14,8 @@
 set -euo pipefail
 out=${OUT:-device_out}
 mkdir -p "$out"
-[ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+[ -d /tmp/site ] ||  # a warm machine keeps the wheels of its first call
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HDQT_DATA=$PWD/data HDQT_RESULTS=/tmp/runs
 [ -d .device_data/kernel_cache ] && export HDQT_KERNEL_CACHE=$PWD/.device_data/kernel_cache
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/device.txt"

@@ -46,7 +46,7 @@ def main() -> None:
     print(f"| kernel ({args.arch}) | registers | spill stores | spill loads | smem bytes |\n|---|---|---|---|---|")
     for name, expressions in jobs:
         for row in sorted(report(name, expressions, args.arch), key=lambda r: r["kernel"]):
-            print(f"| {row['kernel']} | " + " | ".join(str(row.get(k, 0)) for k in FIGURES) + " |")
+            print(f"| {row['kernel']} | " + " | ".join(str(row[k]) for k in FIGURES) + " |")
 
 
 if __name__ == "__main__":

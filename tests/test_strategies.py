@@ -6,7 +6,9 @@ import re
 
 import numpy as np
 import pytest
+import torch
 
+from hdqt_cil import experiment
 from hdqt_cil.experiment import run
 
 STRATEGIES = ["naive", "lwf", "icarl", "bic", "joint"]
@@ -58,10 +60,6 @@ def test_epoch_progress_lines(make_cfg, tmp_path, caplog, every, epochs, logged)
 
 
 def test_deterministic_kernels_hold_for_the_run_only(make_cfg, tmp_path, monkeypatch):
-    import torch  # noqa: PLC0415
-
-    from hdqt_cil import experiment  # noqa: PLC0415
-
     seen = []
     body = experiment._run
 

@@ -133,8 +133,7 @@ def compile_cubin(name: str, expressions: tuple[str, ...], arch: str) -> tuple[b
             return pickle.loads(path.read_bytes())
         except Exception:  # noqa: BLE001 (a torn or foreign file: compile again)
             pass
-    cubin, lowered, _ = nvrtc_compile(name, expressions, arch)
-    result = (cubin, lowered)
+    result = nvrtc_compile(name, expressions, arch)[:2]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
