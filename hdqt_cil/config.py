@@ -26,6 +26,12 @@ def comparable_config(cfg_dict: dict) -> dict:
     return out
 
 
+def scaled_milestones(milestones, full_epochs, epochs) -> list:
+    """A schedule's milestones (for `full_epochs` a task) moved to the same fractions of `epochs`, so that
+    shortening a paper schedule with `trainer.epochs=N` alone keeps where its learning rate drops."""
+    return sorted({max(1, round(m * epochs / full_epochs)) for m in milestones})
+
+
 def gpu_count() -> int:
     """GPUs visible to this process, at least 1 (a sweep's default parallelism)."""
     import torch
@@ -34,7 +40,7 @@ def gpu_count() -> int:
 
 
 def register_resolvers() -> None:
-    for name, fn in (("run_path", run_path), ("gpu_count", gpu_count)):
+    for name, fn in (("run_path", run_path), ("scaled_milestones", scaled_milestones), ("gpu_count", gpu_count)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
 

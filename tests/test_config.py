@@ -113,3 +113,22 @@ def test_run_folder_names_the_run(make_cfg):
     assert run_path(cfg.benchmark.name, cfg.model.name, cfg.strategy.name, cfg.quant.name, cfg.tag, cfg.seed) \
         == "digits-mlp/bic/fp32-acc12/seed3"
     assert Path(run_path("hapt", "mlp", "icarl", "hdqt", "", 0)).parts[-1] == "seed0"
+
+
+@pytest.mark.parametrize("experiment, epochs, milestones", [
+    ("cifar10_paper", None, [60, 100, 140]),
+    ("cifar10_paper", 40, [14, 24, 33]),
+    ("cifar100_paper", 8, [3, 5, 7]),
+    ("har_paper", 30, [15]),
+    ("har_paper", 1, [1]),
+])
+def test_shortened_paper_schedule_keeps_milestone_fractions(make_cfg, experiment, epochs, milestones):
+    overrides = [f"+experiment={experiment}"] + ([f"trainer.epochs={epochs}"] if epochs else [])
+    cfg = make_cfg(*overrides)
+    assert list(cfg.trainer.milestones) == milestones
+    validate(cfg)
+
+
+def test_explicit_milestones_replace_the_scaled_ones(make_cfg):
+    cfg = make_cfg("+experiment=cifar10_paper", "trainer.epochs=8", "trainer.milestones=[4]")
+    assert list(cfg.trainer.milestones) == [4]
