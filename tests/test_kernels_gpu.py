@@ -301,8 +301,12 @@ def test_every_gemm_config(config):
                 else:
                     assert_same(got, ref, f"{config} {tile} {acc_bits}")
         if low == -7:  # the packed mode must have been eligible here; compare it with the plain one too
-            plain = kernels._int_matmul(a, b, 32, 8, None, False, None, config=config, packed=False)
-            assert_same(kernels._int_matmul(a, b, 32, 8, None, False, None, config=config), plain, "packed")
+            for count in (False, True):
+                plain = kernels._int_matmul(a, b, 32, 8, None, count, None, config=config, packed=False)
+                got = kernels._int_matmul(a, b, 32, 8, None, count, None, config=config)
+                assert_same(got[0] if count else got, plain[0] if count else plain, f"packed, count={count}")
+                if count:
+                    assert got[1].item() == plain[1].item()
         sa = torch.rand((*batch, shape[0], 1), device="cuda")
         sb = torch.rand((*batch, 1, shape[1]), device="cuda")
         got = kernels._int_matmul(a, b, 32, 8, None, False, (sa, sb, 16), config=config)

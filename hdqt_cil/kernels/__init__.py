@@ -451,7 +451,7 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
     else:
         sat, steps = 3, tile // 32
     count = count_saturated and sat > 0
-    if sat == 2 and not count and packed is not False:
+    if sat == 2 and packed is not False:
         steps32 = -(-k // rt.GEMM_BK) * (rt.GEMM_BK // 32)
         if 32 * bound_a * bound_b + limit <= _PACKED_LIMIT and steps32 * 2 * limit <= 2 * _PACKED_LIMIT + 1:
             sat = 4

@@ -23,7 +23,7 @@
 //        min(max(t + L, 0), 2L) = clamp(t) + L in [0, 2L], and accumulated two at a time with one 32-bit add (the
 //        halves never carry: the caller guarantees |t| + L < 2^15 and k32 steps * 2L < 2^16); the bias L per k32
 //        step (padded steps included) comes off at the end. Half the min/max instructions of mode 2.
-// COUNT: count the clamped (tile) sums, |sum| > L, into *count (modes 1-3).
+// COUNT: count the clamped (tile) sums, |sum| > L, into *count (mode 4: a halfword the clamp changed).
 // OUT: 0 int32 acc, 1 float32(acc), 2 float32(acc) * ((sa * sb) / n) with sa per (batch, row) and sb
 //      per (batch, column) through strides (0 for a per-tensor scale), 3 the batch sum of mode 2's products: a
 //      CTA runs all `entries` batch entries of its tile in order and adds each scaled product to a float32
@@ -195,6 +195,7 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
             for (int e = 0; e < 4; ++e) facc[i][j][e] = 0.0f;
     const int zero[4] = {0, 0, 0, 0};
     u32 saturated = 0u;
+    u32 clamped2 = 0u;  // mode 4's count, per halfword; moved into `saturated` every K step, before it can wrap
 
     auto load_stage = [&](int stage) {  // K step stage % ktiles of entry batch + stage / ktiles, into its slot
         const int e = OUT == 3 ? stage / ktiles : 0, k0 = (stage - e * ktiles) * BK;
@@ -257,8 +258,16 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
                             u32 p = __byte_perm((u32)t[2 * h], (u32)t[2 * h + 1], 0x5410);
-                            p = __viaddmax_s16x2(p, bias2, 0u);  // max(t + L, 0) per halfword
-                            p = __vimin_s16x2_relu(p, span2);    // min(., 2L)
+                            if (COUNT) {
+                                // t + L per halfword (max with -2^15 changes nothing), clamped to [0, 2L]; a
+                                // halfword the clamp changed is a saturated tile sum
+                                const u32 shifted = __viaddmax_s16x2(p, bias2, 0x80008000u);
+                                p = __vimin_s16x2_relu(shifted, span2);
+                                clamped2 += __vsetne2(p, shifted);
+                            } else {
+                                p = __viaddmax_s16x2(p, bias2, 0u);  // max(t + L, 0) per halfword
+                                p = __vimin_s16x2_relu(p, span2);    // min(., 2L)
+                            }
                             packed[i][j][h] += p;
                         }
                     }
@@ -286,6 +295,10 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
 #pragma unroll
                     for (int j = 0; j < NI; ++j) mma_s8(acc[i][j], af[i], bf[j], acc[i][j]);
             }
+        }
+        if (SAT == 4 && COUNT) {
+            saturated += (clamped2 & 0xffffu) + (clamped2 >> 16);
+            clamped2 = 0u;
         }
         if (OUT != 3 || kt + 1 < ktiles) {
             ++kt;
