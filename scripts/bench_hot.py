@@ -36,7 +36,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_record import save_rows  # noqa: E402
+from bench_record import print_device_profile, save_rows  # noqa: E402
 from hdqt_cil.models import build_model  # noqa: E402
 from hdqt_cil.quant import calibrate_lqs, lqs_choices, preset, quantize_model  # noqa: E402
 from hdqt_cil.quant.backend import resolve_ops  # noqa: E402
@@ -217,18 +217,14 @@ def vit_linear(args, device):
         del model
 
 
-def profile_backward(label: str, forward, backward, rows: int = 30) -> None:
-    """Device time of two backward passes by kernel, largest first (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
+def profile_backward(label: str, forward, backward) -> None:
+    """Device time of two backward passes by kernel, largest first."""
     losses = [forward(), forward()]
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+
+    def passes():
         for loss in losses:
             backward(loss)
-        torch.cuda.synchronize()
-    print(f"\nprofile of two backward passes, vit-linear {label}")
-    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows), flush=True)
+    print_device_profile(f"two backward passes, vit-linear {label}", passes)
 
 
 def resnet32(args, device):

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_record import save_rows  # noqa: E402
+from bench_record import print_device_profile, save_rows  # noqa: E402
 from hdqt_cil import kernels  # noqa: E402
 from hdqt_cil.kernels import _runtime as rt  # noqa: E402
 
@@ -157,7 +157,7 @@ def gemm_4096(bf16_rate, peak, clamped_peak):
             target=">= 0.5x bf16" if name.startswith("tiled") else None, of_mma_peak=rate / peak,
             of_clamped_peak=rate / clamped_peak)
     reference = kernels.tiled_int_matmul(*sets[0][:1], sets[0][1].t(), 32, 8, bounds=(7, 15))
-    for config in ("128x128", "128x128x2", "128x128w", "256x128", "256x128s4"):
+    for config in (c for c in rt.GEMM_CONFIGS if min(rt.gemm_tile(c)[:2]) >= 128):
         for label, tile, acc, count, packed in (("tile 32 packed", 32, 8, False, True),
                                                 ("tile 32 plain", 32, 8, False, False),
                                                 ("tile 32 + count", 32, 8, True, False),
@@ -263,7 +263,8 @@ def quantizers(copy_bw, quick: bool):
         quantizers_of(n_el, copy_bw)
 
 
-def quantizers_of(n_el: int, copy_bw):
+def quantizer_cases(n_el: int):
+    """(name, call, reads of the input) of every quantizer row, on n_el float32 elements."""
     from hdqt_cil.quant import QuantSpec
     from hdqt_cil.quant.rounding import Counter
 
@@ -285,6 +286,11 @@ def quantizers_of(n_el: int, copy_bw):
             x16k, QuantSpec(4, "signed", "max", 1.0, "sample", **sr), counter), 1),
         ("Hadamard(1024) alone (float32 out)", lambda: kernels.block_hadamard(x, -1), 1),
     ]
+    return cases
+
+
+def quantizers_of(n_el: int, copy_bw):
+    cases = quantizer_cases(n_el)
     mib = n_el * 4 >> 20
     for name, fn, reads in cases:
         t = cuda_time(fn, reps=20)
@@ -299,9 +305,10 @@ def quantizers_of(n_el: int, copy_bw):
 # ------------------------------------------------------------------------------------------------ steps
 
 
-def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch=128, graph=False) -> float:
-    """Median seconds of one SGD step (forward, cross-entropy, backward, update); with `graph`, the forward and
-    backward replayed from CUDA graphs (hdqt_cil.quant.capture, what trainer.cuda_graph=true runs)."""
+def training_step(model_name: str, scheme_name: str, backend: str, batch=128, graph=False):
+    """One SGD step (forward, cross-entropy, backward, update) as a function, after three warm-up steps; with
+    `graph`, the forward and backward replayed from CUDA graphs (hdqt_cil.quant.capture, what
+    trainer.cuda_graph=true runs). Returns (step, the captured module or None)."""
     from hdqt_cil.models import build_model
     from hdqt_cil.quant import preset, quantize_model
     from hdqt_cil.quant.capture import CapturedTraining
@@ -324,15 +331,28 @@ def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch
     for _ in range(3):
         one()
     torch.cuda.synchronize()
+    return one, call if graph else None
+
+
+def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch=128, graph=False) -> float:
+    """Median seconds of one training step (training_step)."""
+    one, captured = training_step(model_name, scheme_name, backend, batch, graph)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         one()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    if graph:
-        call.check()
+    if captured is not None:
+        captured.check()
     return statistics.median(times)
+
+
+def profile_steps(model_name: str = "resnet32") -> None:
+    """Where a step's device time goes: two eager steps by kernel, FP32 and HDQT on the kernels."""
+    for scheme, backend in (("fp32", "torch"), ("hdqt", "cupy")):
+        one, _ = training_step(model_name, scheme, backend)
+        print_device_profile(f"two eager {model_name} {scheme} steps", lambda: (one(), one()))
 
 
 def training_steps(quick: bool):
@@ -358,15 +378,43 @@ def training_steps(quick: bool):
                 target="<= 2.0x fp32, >= 10x reference" if scheme == "hdqt" else None)
 
 
+def repeat_case(spec: str, times: int = 3) -> None:
+    """Run one case a few times, untimed, for a profiler to attach to (scripts/gpu_check.sh NCU_CASES):
+    'gemm:CONFIG:SAT' (the 4096^3 product, intmm.cu's saturation mode) or 'quantize:NAME' (the first 128 MiB
+    quantizer row whose name, spaces written as '_', starts with NAME)."""
+    kind, _, what = spec.partition(":")
+    if kind == "gemm":
+        config, sat = what.split(":")
+        tile, acc = (32, 8) if int(sat) in (2, 4) else (None, None)
+        a = torch.randint(-7, 8, (4096, 4096), device="cuda", dtype=torch.int8)
+        b = torch.randint(0, 16, (4096, 4096), device="cuda", dtype=torch.int8).t()
+
+        def fn():
+            kernels._int_matmul(a, b, tile, acc, (7, 15), False, None, config=config, packed=int(sat) == 4)
+    elif kind == "quantize":
+        fn = next(call for name, call, _ in quantizer_cases(1 << 25) if name.replace(" ", "_").startswith(what))
+    else:
+        raise SystemExit(f"unknown case kind {kind!r} in {spec!r}: use gemm:CONFIG:SAT or quantize:NAME")
+    for _ in range(times):
+        fn()
+    torch.cuda.synchronize()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(ROOT / "results" / "bench"))
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
     parser.add_argument("--skip-steps", action="store_true", help="no training-step timings")
     parser.add_argument("--steps-only", action="store_true", help="only the training-step timings")
+    parser.add_argument("--profile-steps", action="store_true", help="print the device time of a ResNet-32 step "
+                        "by kernel (FP32 and HDQT, eager)")
+    parser.add_argument("--repeat-case", metavar="CASE", help="only run CASE three times, for a profiler "
+                        "(gemm:CONFIG:SAT or quantize:NAME)")
     args = parser.parse_args()
     if not kernels.available():
         sys.exit(f"kernels unavailable: {kernels.unavailable_reason()}")
+    if args.repeat_case:
+        return repeat_case(args.repeat_case)
     import cupy
 
     props = torch.cuda.get_device_properties(0)
@@ -383,6 +431,8 @@ def main():
         quantizers(copy_bw, args.quick)
     if not args.skip_steps:
         training_steps(args.quick)
+    if args.profile_steps:
+        profile_steps()
 
     path = save_rows(args.out, "bench_kernels", device, header, started, ROWS)
     print(f"\n{header}\n")

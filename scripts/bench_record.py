@@ -14,3 +14,19 @@ def save_rows(out_dir, prefix: str, device: str, header: str, started: float, ro
     path.write_text(json.dumps({"device": device, "header": header, "command": " ".join(sys.argv),
                                 "seconds": time.time() - started, "rows": rows}, indent=1))
     return path
+
+
+def print_device_profile(title: str, fn, rows: int = 30) -> None:
+    """Device time of fn() by kernel, largest first, and how many kernels it launched (torch.profiler; kernels
+    launched through CuPy on torch's stream are recorded too)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.device_time for e in kernels)
+    print(f"\nprofile: {title}: {len(kernels)} device ops, {busy / 1e3:.2f} ms of device time")
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows), flush=True)

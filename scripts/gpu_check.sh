@@ -12,6 +12,8 @@
 #   bench_kernels_<device>.json, hot_<device>.json, junit.xml
 # Environment: CHECK_TESTS=0 skips the tests (TEST_FILES names them), CHECK_BENCH=0 the benchmark, CHECK_HOT=0 the HOT stage,
 # BENCH_ARGS passes options to bench_kernels.py, HOT_ARGS to bench_hot.py, PYTEST_ARGS to pytest (e.g. "-k gemm").
+# NCU_CASES="gemm:256x128:4 quantize:Hadamard" profiles those cases of bench_kernels.py --repeat-case with Nsight
+# Compute (the six launches after the first two: stall reasons, issue slots, pipes, memory) into ncu.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -67,3 +69,12 @@ if [ "${CHECK_HOT:-1}" = 1 ]; then
   } >"$OUT/hot.log" 2>&1
   tail -n 60 "$OUT/hot.log"
 fi
+
+for case in ${NCU_CASES:-}; do
+  echo "== ncu: $case" >>"$OUT/ncu.log"
+  timeout 150 ncu --clock-control none --launch-skip 2 --launch-count 6 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
+    $PY scripts/bench_kernels.py --repeat-case "$case" >>"$OUT/ncu.log" 2>&1
+done
+[ -n "${NCU_CASES:-}" ] && grep -E "^== ncu|^  [a-z_]+.*\(|Duration|Issue Slots Busy|No Eligible|Executed Ipc A|Achieved Occupancy|Memory Throughput|Registers Per" "$OUT/ncu.log" | head -120

@@ -368,6 +368,34 @@ def test_sum_entries_kernel_keeps_the_order():
     assert not torch.equal(ref, x.sum(dim=0)), "inputs too tame: any order would give these bits"
 
 
+# ----------------------------------------------------------------------------------------------------- col2im
+
+COL2IM_CASES = [  # x shape, kernel, padding, dilation, stride
+    ((128, 16, 32, 32), (3, 3), (1, 1), (1, 1), (1, 1)),  # ResNet-32's stages
+    ((128, 32, 16, 16), (3, 3), (1, 1), (1, 1), (2, 2)),
+    ((3, 5, 7, 9), (1, 1), (0, 0), (1, 1), (1, 1)),
+    ((2, 3, 11, 13), (5, 3), (2, 1), (1, 2), (2, 3)),
+    ((1, 1, 4, 4), (3, 3), (3, 3), (2, 2), (1, 1)),  # more padding than input
+]
+
+
+@pytest.mark.parametrize("x_shape, kernel, padding, dilation, stride", COL2IM_CASES)
+def test_col2im_bit_identical(x_shape, kernel, padding, dilation, stride):
+    from hdqt_cil.quant.col2im import col2im, conv_output_size
+
+    out_h, out_w = conv_output_size(x_shape, kernel, padding, dilation, stride)
+    k = x_shape[1] * kernel[0] * kernel[1]
+    g = gen(41)
+    rows = torch.randn(x_shape[0], out_h * out_w, k, generator=g, device="cuda")
+    rows *= torch.logspace(-20, 20, k, device="cuda")  # magnitudes far apart: the order of the adds shows
+    rows[0, 0, 0] = -0.0
+    got = kernels.col2im(rows, x_shape, kernel, padding, dilation, stride)
+    ref = col2im(rows, x_shape, kernel, padding, dilation, stride)
+    assert got.stride() == ref.stride()
+    assert_same(got, ref, f"{x_shape} {kernel}")
+    assert torch.equal(torch.signbit(got), torch.signbit(ref))
+
+
 # ----------------------------------------------------------------------------------------------------- training
 
 
@@ -443,6 +471,12 @@ class CheckedOps:
         args = (a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated, sum_batch)
         got, ref = kernels.scaled_int_matmul(*args), self.ref.scaled_int_matmul(*args)
         self._compare("scaled_int_matmul", args[:8], got, ref)
+        return got
+
+    def col2im(self, rows, x_shape, kernel_size, padding, dilation, stride):
+        args = (rows, x_shape, kernel_size, padding, dilation, stride)
+        got, ref = kernels.col2im(*args), self.ref.col2im(*args)
+        self._compare("col2im", args, got, ref)
         return got
 
 

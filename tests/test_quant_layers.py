@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hdqt_cil.quant import (NonFiniteError, QuantConv2d, QuantLinear, preset, quant_stats, quantize_model,
+from hdqt_cil.quant import (NonFiniteError, QuantConv2d, QuantLinear, col2im, preset, quant_stats, quantize_model,
                             reset_quant_stats, scheme_from_config)
 
 F32 = torch.float32
@@ -102,7 +102,8 @@ def test_conv_geometry_matches_unfold_fold_and_conv2d(kernel, stride, padding, d
     geometry = dict(kernel_size=kernel, dilation=dilation, padding=padding, stride=stride)
     columns = F.unfold(x, **geometry)
     assert torch.equal(layer._input_columns(x), columns)
-    torch.testing.assert_close(layer._grad_input(columns.transpose(1, 2), x.shape), F.fold(columns, (9, 11), **geometry))
+    grad_x = col2im(columns.transpose(1, 2), x.shape, layer.kernel_size, layer.padding, layer.dilation, layer.stride)
+    torch.testing.assert_close(grad_x, F.fold(columns, (9, 11), **geometry))
     wide = quantize_model(layer, scheme_from_config({"name": "hdqt", "bits": 16, "acc_bits": None, "fwd_clip": 1.0}))
     xi, xf = x.clone().requires_grad_(), x.clone().requires_grad_()
     y, expected = wide(xi), conv(xf)

@@ -51,7 +51,7 @@ def _probe() -> str:
     if not torch.cuda.is_available():
         return "torch sees no CUDA device"
     try:
-        rt.function("quant.cu", "quantize_f32")
+        rt.function("quant.cu", "quantize_f32_nearest")
     except Exception as err:  # noqa: BLE001
         return f"the kernels do not compile or load ({type(err).__name__}: {err})"
     return ""
@@ -143,7 +143,7 @@ def _flat_grid(n_el: int, logn: int) -> tuple[int, int, int, int]:
 # Single-pass quantization (one CTA per scale group, the group in registers): groups of GROUP_MIN..GROUP_MAX
 # elements, or a whole tensor up to GROUP_MAX; (threads, rounds) by group size.
 GROUP_MIN, GROUP_MAX = 1024, 32768
-_GROUP_SHAPES = ((2048, 256, 1), (4096, 512, 1), (8192, 1024, 1), (16384, 1024, 2), (32768, 1024, 4))
+_GROUP_SHAPES = ((1024, 128, 1), (2048, 256, 1), (4096, 512, 1), (8192, 1024, 1), (16384, 1024, 2), (32768, 1024, 4))
 
 
 def _group_shape(group: int, logn: int) -> tuple[int, int]:
@@ -200,10 +200,11 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
     n_el = x.numel()
     group = _group_size(shape, spec.granularity)
     groups = n_el // group
-    rounding = 0 if spec.rounding == "nearest" else (2 if spec.grid == "log2" else 1)
-    if rounding and counter is None:
+    stochastic = spec.rounding != "nearest"
+    rounding = "log2" if stochastic and spec.grid == "log2" else spec.rounding  # quant.cu's name suffix
+    if stochastic and counter is None:
         raise ValueError("stochastic rounding needs a Counter (seed, step, role) for its random bits")
-    key = _counter_args(counter if rounding else None, x.device)
+    key = _counter_args(counter if stochastic else None, x.device)
     sign_mode = _SIGN_MODES[spec.signedness]
     suffix = ("had_" if logn else "") + _suffix(x)
     device = x.device
@@ -215,13 +216,13 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
         scale = _empty(groups, torch.float32, device)
         threads, rounds = _group_shape(group, logn)
         smem = threads * 8 * 4 if (1 << logn) > 256 else 0
-        fn = rt.function("quant.cu", f"group_{suffix}_r{rounds}")
+        fn = rt.function("quant.cu", f"group_{suffix}_r{rounds}_{rounding}")
         # Large groups: persistent CTAs, one wave, each loading its next group while finishing the current one.
         # Small CTAs (groups up to 2048): one CTA per group measured faster (docs/kernel_notes.md, v4).
         ctas = groups if threads <= 256 else min(groups, rt.sm_count() * rt.ctas_per_sm(fn, threads, smem))
         rt.launch(fn, (ctas,), (threads,),
                   (rt.ptr(x), rt.u32(group), rt.u32(groups), rt.i32(logn), rt.i32(sign_mode), rt.f32(spec.signed_max),
-                   rt.f32(spec.unsigned_max), rt.f32(spec.clip), rt.i32(rounding), *key, rt.ptr(levels), rt.ptr(scale)),
+                   rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key, rt.ptr(levels), rt.ptr(scale)),
                   smem)
         return levels, scale.view(scale_shape)
 
@@ -240,10 +241,10 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
             transformed = original if original is not None else x.view(shape)
         scale_in = _reference().compute_scale(transformed, spec).reshape(-1).contiguous()
         scale = scale_in
-    rt.launch(rt.function("quant.cu", f"quantize_{suffix}"), (ctas,), (threads,),
+    rt.launch(rt.function("quant.cu", f"quantize_{suffix}_{rounding}"), (ctas,), (threads,),
               (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks),
                rt.ptr(scale_in), rt.ptr(negative), rt.i32(sign_mode), rt.f32(spec.signed_max),
-               rt.f32(spec.unsigned_max), rt.f32(spec.clip), rt.i32(rounding), *key, rt.ptr(levels),
+               rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key, rt.ptr(levels),
                rt.ptr(None if scale_in is not None else scale)),
               smem)
     return levels, scale.view(scale_shape)
@@ -574,9 +575,37 @@ def scaled_int_matmul(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, block:
                        sum_batch=sum_batch)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# col2im
+
+
+def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride) -> torch.Tensor:
+    """As `hdqt_cil.quant.col2im.col2im`, bit for bit: one thread per input element adds its patches' contributions
+    in the reference's order (col2im.cu), where the reference adds kh·kw strided views one after the other."""
+    _require_cuda(rows)
+    from hdqt_cil.quant.col2im import conv_output_size  # noqa: PLC0415 (the reference imports its config helpers)
+
+    (kh, kw), (ph, pw), (dh, dw), (sh, sw) = kernel_size, padding, dilation, stride
+    batch, channels, height, width = x_shape
+    out_h, out_w = conv_output_size(x_shape, kernel_size, padding, dilation, stride)
+    total = batch * channels * height * width
+    if total == 0 or rows.numel() >= _MAX_ELEMENTS:
+        return _reference().col2im(rows, x_shape, kernel_size, padding, dilation, stride)
+    with _on_device(rows):
+        src = rows.to(torch.float32).contiguous()
+        out = _empty((batch, channels, height + 2 * ph, width + 2 * pw), torch.float32, rows.device)
+        threads = 256
+        ctas = min(-(-total // threads), rt.sm_count() * (2048 // threads))
+        rt.launch(rt.function("col2im.cu", "col2im_f32"), (ctas,), (threads,),
+                  (rt.ptr(src), rt.u32(channels), rt.u32(height), rt.u32(width), rt.u32(out_h), rt.u32(out_w),
+                   rt.i32(kh), rt.i32(kw), rt.i32(ph), rt.i32(pw), rt.i32(dh), rt.i32(dw), rt.i32(sh), rt.i32(sw),
+                   rt.u64(total), rt.ptr(out)))
+    return out[:, :, ph:ph + height, pw:pw + width]
+
+
 OPS = SimpleNamespace(name="cupy", block_hadamard=block_hadamard, quantize=quantize,
                       tiled_int_matmul=tiled_int_matmul, hadamard_quantize=hadamard_quantize,
-                      scaled_int_matmul=scaled_int_matmul)
+                      scaled_int_matmul=scaled_int_matmul, col2im=col2im)
 
 __all__ = ["available", "unavailable_reason", "OPS", "quantize", "block_hadamard", "hadamard_quantize",
-           "tiled_int_matmul", "scaled_int_matmul", "sum_entries", "MAX_HADAMARD_BLOCK"]
+           "tiled_int_matmul", "scaled_int_matmul", "sum_entries", "col2im", "MAX_HADAMARD_BLOCK"]

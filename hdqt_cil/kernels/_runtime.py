@@ -15,9 +15,12 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 # Kernels of each source, as the names (or template instantiations) that a compile must produce.
-QUANT_KERNELS = tuple(f"{kind}_{t}" for kind in ("absmax", "absmax_had", "quantize", "quantize_had")
-                      for t in ("f32", "i8")) + ("hadamard_f32", "hadamard_i8")
-QUANT_KERNELS += tuple(f"group_{had}{t}_r{r}" for had in ("", "had_") for t in ("f32", "i8") for r in (1, 2, 4))
+ROUNDINGS = ("nearest", "stochastic", "log2")  # quant.cu's kernel name suffixes, by rounding
+QUANT_KERNELS = tuple(f"absmax_{had}{t}" for had in ("", "had_") for t in ("f32", "i8"))
+QUANT_KERNELS += tuple(f"quantize_{had}{t}_{r}" for had in ("", "had_") for t in ("f32", "i8") for r in ROUNDINGS)
+QUANT_KERNELS += ("hadamard_f32", "hadamard_i8")
+QUANT_KERNELS += tuple(f"group_{had}{t}_r{n}_{r}" for had in ("", "had_") for t in ("f32", "i8") for n in (1, 2, 4)
+                       for r in ROUNDINGS)
 QUANT_KERNELS += ("sum_entries_f32", "transpose_i8")
 PEAK_KERNELS = ("mma_peak_plain", "mma_peak_clamped", "mma_peak_packed")
 # GEMM tile shapes: warps along M, warps along N, m16 blocks per warp, n8 blocks per warp, min CTAs per SM.
@@ -60,7 +63,8 @@ GEMM_OUTS = range(4)  # int32, float32, scaled, scaled and summed over the batch
 ALL_GEMM_EXPRESSIONS = tuple(gemm_expression(c, sat, count, out) for c in GEMM_CONFIGS for sat, count in GEMM_MODES
                              for out in GEMM_OUTS)
 
-SOURCES = {"quant.cu": QUANT_KERNELS, "intmm.cu": ALL_GEMM_EXPRESSIONS, "peak.cu": PEAK_KERNELS}
+SOURCES = {"quant.cu": QUANT_KERNELS, "intmm.cu": ALL_GEMM_EXPRESSIONS, "peak.cu": PEAK_KERNELS,
+           "col2im.cu": ("col2im_f32",)}
 # IEEE single precision throughout: no contraction into FMA, no flush of subnormals, correctly rounded division.
 # (CuPy's own RawModule appends -ftz=true to every compile, which flushes subnormal inputs and maxima: these
 # sources are therefore compiled here with NVRTC directly and only loaded through CuPy.)

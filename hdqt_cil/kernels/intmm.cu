@@ -109,6 +109,10 @@ __device__ __forceinline__ void finish_entry(int acc[MI][NI][4], int tacc[MI][NI
 #pragma unroll
                 for (int e = 0; e < 4; ++e) tacc[i][j][e] = 0;
             }
+            if (SAT == 2) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][j][e] -= limit * k32_steps;
+            }
             if (SAT == 4) {
                 const int bias = limit * k32_steps;
 #pragma unroll
@@ -246,7 +250,12 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
                     for (int j = 0; j < NI; ++j) {
                         int t[4];
                         mma_s8(t, af[i], bf[j], zero);
-                        clamp_add<COUNT>(acc[i][j], t, limit, saturated);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int c = __viaddmin_s32_relu(t[e], limit, 2 * limit);  // clamp(t) + L
+                            if (COUNT) saturated += (c != t[e] + limit) ? 1u : 0u;
+                            acc[i][j][e] += c;
+                        }
                     }
             } else if (SAT == 4) {
 #pragma unroll
@@ -257,18 +266,17 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
                         mma_s8(t, af[i], bf[j], zero);
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
-                            u32 p = __byte_perm((u32)t[2 * h], (u32)t[2 * h + 1], 0x5410);
+                            const u32 p = __byte_perm((u32)t[2 * h], (u32)t[2 * h + 1], 0x5410);
                             if (COUNT) {
-                                // t + L per halfword (max with -2^15 changes nothing), clamped to [0, 2L]; a
-                                // halfword the clamp changed is a saturated tile sum
+                                // t + L per halfword (a max with -2^15 changes nothing), then clamped to [0, 2L];
+                                // min(shifted ^ clamped, 1) is 1 in a halfword the clamp changed
                                 const u32 shifted = __viaddmax_s16x2(p, bias2, 0x80008000u);
-                                p = __vimin_s16x2_relu(shifted, span2);
-                                clamped2 += __vsetne2(p, shifted);
+                                const u32 c = __vimin_s16x2_relu(shifted, span2);
+                                clamped2 += __viaddmin_u16x2(shifted ^ c, 0u, 0x00010001u);
+                                packed[i][j][h] += c;
                             } else {
-                                p = __viaddmax_s16x2(p, bias2, 0u);  // max(t + L, 0) per halfword
-                                p = __vimin_s16x2_relu(p, span2);    // min(., 2L)
+                                packed[i][j][h] += __viaddmin_s16x2_relu(p, bias2, span2);  // clamp(t) + L
                             }
-                            packed[i][j][h] += p;
                         }
                     }
             } else if (SAT == 3) {

@@ -206,34 +206,36 @@ __device__ __forceinline__ void absmax_body(const T* __restrict__ x, u32 n_el, u
     if (__syncthreads_or(negative) && threadIdx.x == 0) atomicOr(neg_flag, 1u);
 }
 
-// rounding: 0 nearest (half to even), 1 stochastic, 2 stochastic on the radix-2 grid (log2).
-__device__ __forceinline__ float round_level(float v, int rounding, u32 index, u32 key) {
-    if (rounding == 0) return rintf(v);
+// ROUNDING: 0 nearest (half to even), 1 stochastic, 2 stochastic on the radix-2 grid (log2); a template
+// parameter, so that each kernel holds one rounding's instructions and no branch between them.
+template <int ROUNDING>
+__device__ __forceinline__ float round_level(float v, u32 index, u32 key) {
+    if (ROUNDING == 0) return rintf(v);
     const float u = counter_u(index, key);
     const float m = fabsf(v);
-    float lower, gap;
-    if (rounding == 1) {
+    float lower, up;
+    if (ROUNDING == 1) {
         lower = floorf(m);
-        gap = 1.0f;
+        up = (u < __fsub_rn(m, lower)) ? 1.0f : 0.0f;  // the fraction (its quotient by a gap of 1)
     } else {
         int e;
         frexpf(m, &e);
         const float power = ldexpf(1.0f, e - 1);
         const bool below_one = m < 1.0f;
         lower = below_one ? 0.0f : power;
-        gap = below_one ? 1.0f : power;
+        const float gap = below_one ? 1.0f : power;
+        up = (u < __fdiv_rn(__fsub_rn(m, lower), gap)) ? gap : 0.0f;
     }
-    const float up = (u < __fdiv_rn(__fsub_rn(m, lower), gap)) ? 1.0f : 0.0f;
     const float sign = (v > 0.0f) ? 1.0f : ((v < 0.0f) ? -1.0f : 0.0f);
-    return __fmul_rn(sign, __fadd_rn(lower, __fmul_rn(gap, up)));
+    return __fmul_rn(sign, __fadd_rn(lower, up));
 }
 
 // sign_mode: 0 signed, 1 unsigned, 2 auto (*neg_flag). With scale_in, the scales are given (SAWB); else from peaks.
-template <typename T, bool HAD>
+template <typename T, bool HAD, int ROUNDING>
 __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el, u32 G, u32 range, int logn,
                                               const u32* __restrict__ peaks, const float* __restrict__ scale_in,
                                               const u32* __restrict__ neg_flag, int sign_mode, float signed_max,
-                                              float unsigned_max, float clip, int rounding, u32 key,
+                                              float unsigned_max, float clip, u32 key,
                                               signed char* __restrict__ out, float* __restrict__ scale_out) {
     extern __shared__ float smem[];
     const u32 E = blockDim.x * 8u;
@@ -270,7 +272,7 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
                 }
                 if (scale_out != nullptr && i < stop && i == g * G) scale_out[g] = s;
             }
-            const float r = round_level(__fdiv_rn(v[j], s), rounding, i, key);
+            const float r = round_level<ROUNDING>(__fdiv_rn(v[j], s), i, key);
             q[j] = (signed char)__float2int_rn(fminf(fmaxf(r, low), high));
         }
         if (vec && i0 + 8 <= stop) {
@@ -331,9 +333,9 @@ __device__ __forceinline__ u32 block_max(u32 m, u32* s_warp) {
 // scale and levels in a single pass over the input (no second read, no zeroed work buffer). Persistent CTAs
 // stride over the groups and load the next group while the current one is reduced and quantized. For groups of up
 // to 8 * 1024 * ROUNDS elements; 'auto' signedness only when the group is the whole tensor.
-template <typename T, bool HAD, int ROUNDS>
+template <typename T, bool HAD, int ROUNDS, int ROUNDING>
 __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, u32 groups, int logn, int sign_mode,
-                                           float signed_max, float unsigned_max, float clip, int rounding, u32 key,
+                                           float signed_max, float unsigned_max, float clip, u32 key,
                                            signed char* __restrict__ out, float* __restrict__ scale_out) {
     extern __shared__ float smem[];
     __shared__ u32 s_warp[32];
@@ -381,7 +383,7 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, u32 g
                 signed char q[8];
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
-                    const float level = round_level(__fdiv_rn(v[r][j], s), rounding, i0 + j, key);
+                    const float level = round_level<ROUNDING>(__fdiv_rn(v[r][j], s), i0 + j, key);
                     q[j] = (signed char)__float2int_rn(fminf(fmaxf(level, low), high));
                 }
                 if (vec && i0 + 8 <= stop) {
@@ -406,22 +408,26 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, u32 g
     }
 }
 
-// Entry points (extern "C": fixed names for CuPy). Suffix: input type (f32 / i8), 'had' = transform first.
+// Entry points (extern "C": fixed names for CuPy). Suffix: 'had' = transform first, the input type (f32 / i8),
+// the group kernels' rounds, and the rounding of the quantizers (nearest / stochastic / log2).
 #define ABSMAX(NAME, T, HAD)                                                                                  \
     extern "C" __global__ void NAME(const T* x, u32 n_el, u32 G, u32 range, int logn, u32* peaks,            \
                                     u32* neg_flag) {                                                         \
         absmax_body<T, HAD>(x, n_el, G, range, logn, peaks, neg_flag);                                        \
     }
-#define QUANTIZE(NAME, T, HAD)                                                                                \
+#define QUANTIZE(NAME, T, HAD, ROUNDING)                                                                      \
     extern "C" __global__ void NAME(const T* x, u32 n_el, u32 G, u32 range, int logn, const u32* peaks,      \
                                     const float* scale_in, const u32* neg_flag, int sign_mode,                \
-                                    float signed_max, float unsigned_max, float clip, int rounding, u32 seed,  \
-                                    u32 role, const long long* step_at, u32 step, signed char* out,           \
-                                    float* scale_out) {                                                      \
-        quantize_body<T, HAD>(x, n_el, G, range, logn, peaks, scale_in, neg_flag, sign_mode, signed_max,      \
-                              unsigned_max, clip, rounding, counter_key(seed, role, step_at, step), out,      \
-                              scale_out);                                                             \
+                                    float signed_max, float unsigned_max, float clip, u32 seed, u32 role,     \
+                                    const long long* step_at, u32 step, signed char* out, float* scale_out) { \
+        quantize_body<T, HAD, ROUNDING>(x, n_el, G, range, logn, peaks, scale_in, neg_flag, sign_mode,        \
+                                        signed_max, unsigned_max, clip, counter_key(seed, role, step_at, step), \
+                                        out, scale_out);                                                     \
     }
+#define QUANTIZE_ROUNDINGS(NAME, T, HAD)                                                                      \
+    QUANTIZE(NAME##_nearest, T, HAD, 0)                                                                       \
+    QUANTIZE(NAME##_stochastic, T, HAD, 1)                                                                    \
+    QUANTIZE(NAME##_log2, T, HAD, 2)
 #define HADAMARD(NAME, T)                                                                                     \
     extern "C" __global__ void NAME(const T* x, u32 n_el, u32 range, int logn, float* out) {                 \
         hadamard_body<T>(x, n_el, range, logn, out);                                                          \
@@ -431,33 +437,38 @@ ABSMAX(absmax_f32, float, false)
 ABSMAX(absmax_i8, signed char, false)
 ABSMAX(absmax_had_f32, float, true)
 ABSMAX(absmax_had_i8, signed char, true)
-QUANTIZE(quantize_f32, float, false)
-QUANTIZE(quantize_i8, signed char, false)
-QUANTIZE(quantize_had_f32, float, true)
-QUANTIZE(quantize_had_i8, signed char, true)
+QUANTIZE_ROUNDINGS(quantize_f32, float, false)
+QUANTIZE_ROUNDINGS(quantize_i8, signed char, false)
+QUANTIZE_ROUNDINGS(quantize_had_f32, float, true)
+QUANTIZE_ROUNDINGS(quantize_had_i8, signed char, true)
 HADAMARD(hadamard_f32, float)
 HADAMARD(hadamard_i8, signed char)
 
-#define GROUP(NAME, T, HAD, ROUNDS)                                                                           \
-    extern "C" __global__ void __launch_bounds__(1024) NAME(const T* x, u32 G, u32 groups, int logn, int sign_mode, float signed_max,  \
-                                    float unsigned_max, float clip, int rounding, u32 seed, u32 role,         \
-                                    const long long* step_at, u32 step, signed char* out, float* scale_out) { \
-        group_body<T, HAD, ROUNDS>(x, G, groups, logn, sign_mode, signed_max, unsigned_max, clip, rounding,   \
-                                   counter_key(seed, role, step_at, step), out, scale_out);                  \
+#define GROUP(NAME, T, HAD, ROUNDS, ROUNDING)                                                                 \
+    extern "C" __global__ void __launch_bounds__(1024)                                                        \
+        NAME(const T* x, u32 G, u32 groups, int logn, int sign_mode, float signed_max, float unsigned_max,    \
+             float clip, u32 seed, u32 role, const long long* step_at, u32 step, signed char* out,            \
+             float* scale_out) {                                                                              \
+        group_body<T, HAD, ROUNDS, ROUNDING>(x, G, groups, logn, sign_mode, signed_max, unsigned_max, clip,   \
+                                             counter_key(seed, role, step_at, step), out, scale_out);         \
     }
+#define GROUP_ROUNDINGS(NAME, T, HAD, ROUNDS)                                                                 \
+    GROUP(NAME##_nearest, T, HAD, ROUNDS, 0)                                                                  \
+    GROUP(NAME##_stochastic, T, HAD, ROUNDS, 1)                                                               \
+    GROUP(NAME##_log2, T, HAD, ROUNDS, 2)
 
-GROUP(group_f32_r1, float, false, 1)
-GROUP(group_f32_r2, float, false, 2)
-GROUP(group_f32_r4, float, false, 4)
-GROUP(group_i8_r1, signed char, false, 1)
-GROUP(group_i8_r2, signed char, false, 2)
-GROUP(group_i8_r4, signed char, false, 4)
-GROUP(group_had_f32_r1, float, true, 1)
-GROUP(group_had_f32_r2, float, true, 2)
-GROUP(group_had_f32_r4, float, true, 4)
-GROUP(group_had_i8_r1, signed char, true, 1)
-GROUP(group_had_i8_r2, signed char, true, 2)
-GROUP(group_had_i8_r4, signed char, true, 4)
+GROUP_ROUNDINGS(group_f32_r1, float, false, 1)
+GROUP_ROUNDINGS(group_f32_r2, float, false, 2)
+GROUP_ROUNDINGS(group_f32_r4, float, false, 4)
+GROUP_ROUNDINGS(group_i8_r1, signed char, false, 1)
+GROUP_ROUNDINGS(group_i8_r2, signed char, false, 2)
+GROUP_ROUNDINGS(group_i8_r4, signed char, false, 4)
+GROUP_ROUNDINGS(group_had_f32_r1, float, true, 1)
+GROUP_ROUNDINGS(group_had_f32_r2, float, true, 2)
+GROUP_ROUNDINGS(group_had_f32_r4, float, true, 4)
+GROUP_ROUNDINGS(group_had_i8_r1, signed char, true, 1)
+GROUP_ROUNDINGS(group_had_i8_r2, signed char, true, 2)
+GROUP_ROUNDINGS(group_had_i8_r4, signed char, true, 4)
 
 // out[i] = (((+0 + x[0][i]) + x[1][i]) + ...) + x[entries - 1][i], float32, entries in order (quant/intmm.py
 // sum_entries): for batched products too small in M x N to loop over the batch inside the GEMM.

@@ -1,7 +1,7 @@
 """Which implementation runs the numeric primitives: the torch reference of this package or the CuPy kernels.
 
 `hdqt_cil.kernels` (optional) provides `available() -> bool` and `OPS`, a namespace with `block_hadamard`,
-`quantize` and `tiled_int_matmul` of the same signatures and bit-identical results (docs/numerics.md, "Backends"),
+`quantize`, `tiled_int_matmul` and `col2im` of the same signatures and bit-identical results (docs/numerics.md, "Backends"),
 and the fused `hadamard_quantize` and `scaled_int_matmul`, whose torch versions below are compositions of the
 reference functions (same results, unfused).
 """
@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import torch
 
+from .col2im import col2im
 from .hadamard import block_hadamard
 from .intmm import epilogue_block, sum_entries, tiled_int_matmul
 from .quantizers import quantize
@@ -36,7 +37,7 @@ def scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, boun
 
 TORCH_OPS = SimpleNamespace(name="torch", block_hadamard=block_hadamard, quantize=quantize,
                             tiled_int_matmul=tiled_int_matmul, hadamard_quantize=hadamard_quantize,
-                            scaled_int_matmul=scaled_int_matmul)
+                            scaled_int_matmul=scaled_int_matmul, col2im=col2im)
 
 
 @lru_cache(maxsize=1)

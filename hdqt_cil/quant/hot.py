@@ -170,7 +170,7 @@ class _HotProduct(torch.autograd.Function):
         checks, grad_x, grad_w, grad_b = [], None, None, None
         if ctx.needs_input_grad[0]:
             rows = grad_input_rows(layer, g_rows, weight, ctx.per_token, step, count, ops, checks)
-            grad_x = layer._grad_input(rows, ctx.x_shape)
+            grad_x = layer._grad_input(rows, ctx.x_shape, ops)
         if ctx.needs_input_grad[1]:
             if ctx.abc is not None:
                 abc = (x_saved, x_scale, *ctx.abc)

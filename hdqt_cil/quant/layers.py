@@ -1,10 +1,10 @@
 """QuantLinear / QuantConv2d: every product of the layer an integer product defined by a Scheme (docs/quant.md).
 
 A convolution is im2col (K in `F.unfold`'s (channel, kh, kw) order) followed by the products of a linear layer;
-the input gradient goes back through col2im (`F.fold`'s sum of overlapping patches) in float. Operands are laid out as (batch, rows, K) with
-the contraction over the last dimension: the conv's backward products run per sample (batch = the samples,
-as the authors vmap), a linear layer's as one batch entry. FP32 master weights stay the parameters; bias, the
-sum of per-sample weight gradients and everything outside these layers stay float.
+the input gradient goes back through col2im (the sum of overlapping patches in float, quant/col2im.py). Operands
+are laid out as (batch, rows, K) with the contraction over the last dimension: the conv's backward products run
+per sample (batch = the samples, as the authors vmap), a linear layer's as one batch entry. FP32 master weights
+stay the parameters; bias, the sum of per-sample weight gradients and everything outside these layers stay float.
 """
 import math
 import warnings
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .backend import resolve_ops
+from .col2im import conv_output_size
 from .hadamard import hadamard_block_size
 from .quantizers import QuantSpec, level_range
 from .rounding import Counter
@@ -241,7 +242,7 @@ class _QuantProduct(torch.autograd.Function):
                                    step, ops, checks)
             rows, saturated, sums = _product(ops, qa, qb, block, product)
             layer._count("grad_input_saturated", saturated, sums)
-            grad_x = layer._grad_input(rows, ctx.x_shape)
+            grad_x = layer._grad_input(rows, ctx.x_shape, ops)
             grad_x = grad_x if x_keep is None else grad_x * x_keep
         if ctx.needs_input_grad[1]:
             product = scheme.grad_weight
@@ -282,7 +283,7 @@ class QuantLinear(_QuantLayer, nn.Linear):
     def _input_columns(self, x):
         return x.reshape(1, -1, self.in_features).transpose(1, 2)
 
-    def _grad_input(self, rows, x_shape):
+    def _grad_input(self, rows, x_shape, ops):
         return rows.reshape(x_shape)
 
 
@@ -311,8 +312,7 @@ class QuantConv2d(_QuantLayer, nn.Conv2d):
         return padded.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)[..., ::dh, ::dw]
 
     def _output_size(self, x_shape):
-        return tuple((size + 2 * p - d * (k - 1) - 1) // s + 1 for size, p, d, k, s in
-                     zip(x_shape[-2:], self.padding, self.dilation, self.kernel_size, self.stride))
+        return conv_output_size(x_shape, self.kernel_size, self.padding, self.dilation, self.stride)
 
     def _forward_rows(self, x):
         """(B·L, K) im2col rows; K in (channel, kh, kw) order as the weight's (out, K) view (and F.unfold)."""
@@ -333,18 +333,9 @@ class QuantConv2d(_QuantLayer, nn.Conv2d):
         patches = self._patches(x)
         return patches.permute(0, 1, 4, 5, 2, 3).reshape(x.shape[0], self.weight[0].numel(), -1)
 
-    def _grad_input(self, rows, x_shape):
-        """col2im of (B, L, K): each kernel offset's columns added into the padded input gradient (float)."""
-        (ph, pw), (dh, dw), (kh, kw), (sh, sw) = self.padding, self.dilation, self.kernel_size, self.stride
-        batch, channels, height, width = x_shape
-        out_h, out_w = self._output_size(x_shape)
-        cols = rows.reshape(batch, out_h, out_w, channels, kh, kw).permute(0, 3, 4, 5, 1, 2)
-        grad = rows.new_zeros(batch, channels, height + 2 * ph, width + 2 * pw)
-        for i in range(kh):
-            for j in range(kw):
-                grad[:, :, i * dh:i * dh + sh * (out_h - 1) + 1:sh, j * dw:j * dw + sw * (out_w - 1) + 1:sw].add_(
-                    cols[:, :, i, j])
-        return grad[:, :, ph:ph + height, pw:pw + width]
+    def _grad_input(self, rows, x_shape, ops):
+        """col2im of (B, L, K) (quant/col2im.py)."""
+        return ops.col2im(rows, x_shape, self.kernel_size, self.padding, self.dilation, self.stride)
 
 
 def _layer_classes(scheme) -> dict:
