@@ -588,18 +588,19 @@ def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride) 
     (kh, kw), (ph, pw), (dh, dw), (sh, sw) = kernel_size, padding, dilation, stride
     batch, channels, height, width = x_shape
     out_h, out_w = conv_output_size(x_shape, kernel_size, padding, dilation, stride)
-    total = batch * channels * height * width
-    if total == 0 or rows.numel() >= _MAX_ELEMENTS:
+    positions = height * width
+    if (batch * channels * positions == 0 or rows.numel() >= _MAX_ELEMENTS or batch * channels >= _MAX_ELEMENTS
+            or positions > 65535 * 256):  # the grid's y dimension
         return _reference().col2im(rows, x_shape, kernel_size, padding, dilation, stride)
     with _on_device(rows):
         src = rows.to(torch.float32).contiguous()
         out = _empty((batch, channels, height + 2 * ph, width + 2 * pw), torch.float32, rows.device)
-        threads = 256
-        ctas = min(-(-total // threads), rt.sm_count() * (2048 // threads))
-        rt.launch(rt.function("col2im.cu", "col2im_f32"), (ctas,), (threads,),
+        threads = min(256, -(-positions // 32) * 32)
+        name = "col2im_f32_unit" if (sh, sw) == (1, 1) else "col2im_f32"
+        rt.launch(rt.function("col2im.cu", name), (batch * channels, -(-positions // threads)), (threads,),
                   (rt.ptr(src), rt.u32(channels), rt.u32(height), rt.u32(width), rt.u32(out_h), rt.u32(out_w),
                    rt.i32(kh), rt.i32(kw), rt.i32(ph), rt.i32(pw), rt.i32(dh), rt.i32(dw), rt.i32(sh), rt.i32(sw),
-                   rt.u64(total), rt.ptr(out)))
+                   rt.ptr(out)))
     return out[:, :, ph:ph + height, pw:pw + width]
 
 
