@@ -13,7 +13,7 @@ from hdqt_cil import kernels
 from hdqt_cil.experiment import run
 from hdqt_cil.models import build_model
 from hdqt_cil.quant import NonFiniteError, layer_steps, preset, quant_stats, quantize_model
-from hdqt_cil.quant.capture import CapturedTraining
+from hdqt_cil.quant.capture import CapturedInference, CapturedTraining
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -157,6 +157,23 @@ def test_the_torch_reference_backend_replays_the_same_steps():
     train(graphed, captured, batches)
     assert captured.replays == 3
     assert_same_state(eager, graphed)
+
+
+@pytest.mark.parametrize("scheme_name", ["hdqt", "luq", "hot"])
+def test_captured_inference_equals_the_eager_forward(scheme_name):
+    """An old model's forward (eval, no gradients) replayed from graphs: the eager bits, two shapes captured, a
+    third run eagerly, and no training state moved."""
+    model = make_model("resnet32", scheme_name).eval()
+    wrapped = CapturedInference(model)
+    steps = layer_steps(model)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    with torch.no_grad():
+        for batch in (32, 32, 7, 32, 7, 5):
+            x = torch.randn(batch, 3, 32, 32, generator=g, device="cuda")
+            assert torch.equal(wrapped(x), model(x)), batch
+    assert len(wrapped.graphs) == 2 and wrapped.replays == 5
+    assert layer_steps(model) == steps
+    wrapped.check()
 
 
 @pytest.mark.parametrize("strategy,quant,extra", [

@@ -3,13 +3,17 @@ import json
 import logging
 import os
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from hdqt_cil import experiment
+from hdqt_cil.cl.cuda_graphs import CudaGraphPlugin
 from hdqt_cil.experiment import run
+from hdqt_cil.quant.capture import CapturedInference
 
 STRATEGIES = ["naive", "lwf", "icarl", "bic", "joint"]
 VARIANTS = {"bic": ["strategy.stage_2_epochs=2"], "icarl-bce": ["strategy.loss=bce", "strategy.eval_head=nme"]}
@@ -87,6 +91,27 @@ def test_cuda_graphs_on_the_cpu_are_refused_before_training(make_cfg, tmp_path):
     with pytest.raises(ValueError, match=r"trainer.cuda_graph=true needs a CUDA device; this run is on cpu"):
         run(make_cfg("trainer.cuda_graph=true", "trainer.device=cpu"), tmp_path / "run")
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_cuda_graph_plugin_lends_the_old_models_out_for_an_experience_only():
+    """The old model of LwF/iCaRL (`old_model`) and BiC (`model_old`) is called through CapturedInference while an
+    experience trains (eagerly on the CPU: same outputs) and is a plain module again when it ends, for the
+    checkpoint; a model the plugin replaced in the meantime is left alone."""
+    lwf, bic = SimpleNamespace(old_model=nn.Linear(3, 2)), SimpleNamespace(model_old=nn.Linear(3, 2))
+    old_lwf, old_bic = lwf.old_model, bic.model_old
+    strategy = SimpleNamespace(model=nn.Linear(3, 2), forward=lambda: None, plugins=[lwf, bic], is_training=True)
+    plugin = CudaGraphPlugin()
+    plugin.before_training_exp(strategy)
+    assert isinstance(lwf.old_model, CapturedInference) and isinstance(bic.model_old, CapturedInference)
+    x = torch.randn(4, 3)
+    with torch.no_grad():
+        assert torch.equal(lwf.old_model(x), old_lwf(x))
+    assert lwf.old_model.weight is old_lwf.weight
+    newer = nn.Linear(3, 2)
+    bic.model_old = newer  # as BiC's own after_training_exp would, had it run first
+    plugin.after_training_exp(strategy)
+    assert lwf.old_model is old_lwf and bic.model_old is newer
+    assert not plugin.teachers
 
 
 def test_classes_not_divisible_by_tasks_is_refused_before_training(make_cfg, tmp_path):

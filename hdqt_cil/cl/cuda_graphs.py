@@ -1,19 +1,26 @@
-"""trainer.cuda_graph: every training iteration's forward and backward replayed from CUDA graphs (quant/capture.py).
+"""trainer.cuda_graph: every training iteration's forward and backward replayed from CUDA graphs (quant/capture.py),
+and the forward of the old model that LwF, iCaRL and BiC distil from.
 
-The strategy's `forward` is routed through `CapturedTraining` for the length of each training experience; eval,
-the old models kept for distillation and BiC's bias stage run eagerly as before. A NaN or Inf reaching a quantizer
-inside a replayed step cannot raise at once (that would need a sync per step): it is checked at each epoch's end,
-before the divergence monitor and the epoch checkpoint see the epoch.
+The strategy's `forward` is routed through `CapturedTraining` for the length of each training experience, and the
+plugins' old model (`old_model` of LwFPlugin, `model_old` of avalanche's BiCPlugin) through `CapturedInference`;
+both are handed back before the experience's end, so checkpoints pickle plain modules. Eval and BiC's bias stage
+run eagerly as before. A NaN or Inf reaching a quantizer inside a replay cannot raise at once (that would need a
+sync per step): it is checked at each epoch's end, before the divergence monitor and the epoch checkpoint see the
+epoch.
 """
 from avalanche.core import SupervisedPlugin
+from torch import nn
 
-from ..quant.capture import CapturedTraining
+from ..quant.capture import CapturedInference, CapturedTraining
+
+TEACHERS = ("old_model", "model_old")  # the plugins' attributes that hold an old model to distil from
 
 
 class CudaGraphPlugin(SupervisedPlugin):
     def __init__(self):
         super().__init__()
         self.captured: CapturedTraining | None = None
+        self.teachers: list[tuple[object, str, CapturedInference]] = []
 
     def before_training_exp(self, strategy, **kwargs):
         self.captured = captured = CapturedTraining(strategy.model)
@@ -22,11 +29,25 @@ class CudaGraphPlugin(SupervisedPlugin):
         def forward():
             return captured(strategy.mb_x) if strategy.is_training else eager()
         strategy.forward = forward
+        for plugin in strategy.plugins:
+            for name in TEACHERS:
+                teacher = getattr(plugin, name, None)
+                if isinstance(teacher, nn.Module):
+                    wrapped = CapturedInference(teacher)
+                    setattr(plugin, name, wrapped)
+                    self.teachers.append((plugin, name, wrapped))
 
     def after_training_epoch(self, strategy, **kwargs):
         self.captured.check()
+        for _, _, wrapped in self.teachers:
+            wrapped.check()
 
     def after_training_exp(self, strategy, **kwargs):
         self.captured.release()
         self.captured = None
         del strategy.forward  # the class's own again
+        for plugin, name, wrapped in self.teachers:
+            if getattr(plugin, name) is wrapped:  # not yet replaced by this experience's model
+                setattr(plugin, name, wrapped.module)
+            wrapped.release()
+        self.teachers = []

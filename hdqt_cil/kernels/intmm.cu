@@ -16,13 +16,14 @@
 // Each warp computes (MI * 16) x (NI * 8) with mma.sync.m16n8k32.row.col.s32.s8.s8.s32; fragments by ldmatrix.x4.
 //
 // SAT: 0 no saturation (the MMA accumulates in place), 1 one clamp of the whole-K sum at the end (tile=None),
-//      2 tile = 32: every k32 MMA starts from C = 0, its result is clamped and added to the int32 total,
+//      2 tile = 32: every k32 MMA starts from C = 0; one DPX op gives its clamped sum plus L,
+//        max(min(t + L, 2L), 0) = clamp(t) + L, which is added to the int32 total; the bias L per k32 step
+//        (padded steps included) comes off at the end.
 //      3 tile = 32 * tile_steps: the MMA chain of a tile accumulates in a per-tile register set, clamped at the
 //        tile's end (the last tile may be shorter: K is zero-padded to the 128-byte step, zeros add nothing).
-//      4 tile = 32, packed: two k32 sums per 32-bit register (PRMT), clamped with per-halfword DPX ops as
-//        min(max(t + L, 0), 2L) = clamp(t) + L in [0, 2L], and accumulated two at a time with one 32-bit add (the
-//        halves never carry: the caller guarantees |t| + L < 2^15 and k32 steps * 2L < 2^16); the bias L per k32
-//        step (padded steps included) comes off at the end. Half the min/max instructions of mode 2.
+//      4 tile = 32, packed: two k32 sums per 32-bit register (PRMT), clamped plus L by one per-halfword DPX op
+//        as in mode 2, and accumulated two at a time with one 32-bit add (the halves never carry: the caller
+//        guarantees |t| + L < 2^15 and k32 steps * 2L < 2^16); the bias comes off at the end, as in mode 2.
 // COUNT: count the clamped (tile) sums, |sum| > L, into *count (mode 4: a halfword the clamp changed).
 // OUT: 0 int32 acc, 1 float32(acc), 2 float32(acc) * ((sa * sb) / n) with sa per (batch, row) and sb
 //      per (batch, column) through strides (0 for a per-tensor scale), 3 the batch sum of mode 2's products: a

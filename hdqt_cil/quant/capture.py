@@ -76,6 +76,68 @@ class _Replay(torch.autograd.Function):
         return None, None, *(None if g is None else g.detach() for g in graphs.grads)
 
 
+class _InferenceGraph:
+    """The forward graph of one input shape, without gradients, with its static input and output."""
+
+    def __init__(self, module: nn.Module, x: torch.Tensor, warmup: int):
+        self.x = x.detach().clone()
+        state = {name: b.clone() for name, b in module.named_buffers()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad():
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    module(self.x)
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.y = module(self.x)
+            for name, b in module.named_buffers():
+                b.copy_(state[name])
+
+
+class CapturedInference:
+    """Call `module` through CUDA graphs where an inference call allows it: in eval mode, without gradients, on a
+    CUDA input of a shape captured before (up to `max_shapes`); anything else runs the module eagerly. For the
+    old model that distillation strategies run on every training batch, whose quantized forward is otherwise
+    as host-bound as an eager step. Other attributes are the module's."""
+
+    def __init__(self, module: nn.Module, max_shapes: int = 2, warmup: int = 2):
+        if max_shapes < 1 or warmup < 1:
+            raise ValueError(f"max_shapes={max_shapes} and warmup={warmup} must both be >= 1")
+        self.module, self.max_shapes, self.warmup = module, max_shapes, warmup
+        self.graphs: dict[tuple, _InferenceGraph] = {}
+        self.replays = 0
+
+    def __getattr__(self, name):  # only for names the wrapper lacks
+        if name == "module":
+            raise AttributeError(name)
+        return getattr(self.module, name)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        module = self.module
+        if module.training or torch.is_grad_enabled() or not x.is_cuda:
+            return module(x)
+        key = (tuple(x.shape), x.dtype, x.device)
+        graph = self.graphs.get(key)
+        if graph is None:
+            if len(self.graphs) >= self.max_shapes:
+                return module(x)
+            graph = self.graphs[key] = _InferenceGraph(module, x, self.warmup)
+        graph.x.copy_(x)
+        graph.graph.replay()
+        self.replays += 1
+        return graph.y.clone()  # the next replay overwrites the static output
+
+    def check(self) -> None:
+        """Raise NonFiniteError if a replayed forward fed a NaN or Inf to a quantizer (one sync)."""
+        if self.replays:
+            check_captured_steps(self.module)
+
+    def release(self) -> None:
+        self.graphs.clear()
+
+
 class CapturedTraining:
     """Call `module` through CUDA graphs where a training call allows it (module docstring)."""
 
