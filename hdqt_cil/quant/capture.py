@@ -10,7 +10,8 @@ replays the graphs captured for that input shape (captured on first sight, up to
 else (eval, no_grad, other shapes, a changed set of trainable parameters) runs the module eagerly. torch's
 `make_graphed_callables` does the same capture but warms up on uninitialised gradients (a NaN there trips the
 layers' finite checks) and replaces the module's `forward`, which copies of the module (an old model kept for
-distillation) would inherit.
+distillation) would inherit. `CapturedInference(module)` does the same for eval calls without gradients (such an
+old model's forward, which distillation runs on every training batch).
 """
 import torch
 from torch import nn
@@ -96,18 +97,33 @@ class _InferenceGraph:
                 b.copy_(state[name])
 
 
-class CapturedInference:
+class _Captured:
+    """What both captures share: graphs by input shape (up to `max_shapes`, each warmed up `warmup` times), the
+    count of replays, the finite check after them and the release of the graphs."""
+
+    def __init__(self, module: nn.Module, max_shapes: int = 2, warmup: int = 3):
+        if max_shapes < 1 or warmup < 1:
+            raise ValueError(f"max_shapes={max_shapes} and warmup={warmup} must both be >= 1")
+        self.module, self.max_shapes, self.warmup = module, max_shapes, warmup
+        self.graphs: dict[tuple, object] = {}
+        self.replays = 0
+
+    def check(self) -> None:
+        """Raise NonFiniteError if a replay fed a NaN or Inf to a quantizer (one sync; a no-op before any
+        replay)."""
+        if self.replays:
+            check_captured_steps(self.module)
+
+    def release(self) -> None:
+        """Free the graphs and their memory pools."""
+        self.graphs.clear()
+
+
+class CapturedInference(_Captured):
     """Call `module` through CUDA graphs where an inference call allows it: in eval mode, without gradients, on a
     CUDA input of a shape captured before (up to `max_shapes`); anything else runs the module eagerly. For the
     old model that distillation strategies run on every training batch, whose quantized forward is otherwise
     as host-bound as an eager step. Other attributes are the module's."""
-
-    def __init__(self, module: nn.Module, max_shapes: int = 2, warmup: int = 2):
-        if max_shapes < 1 or warmup < 1:
-            raise ValueError(f"max_shapes={max_shapes} and warmup={warmup} must both be >= 1")
-        self.module, self.max_shapes, self.warmup = module, max_shapes, warmup
-        self.graphs: dict[tuple, _InferenceGraph] = {}
-        self.replays = 0
 
     def __getattr__(self, name):  # only for names the wrapper lacks
         if name == "module":
@@ -129,24 +145,9 @@ class CapturedInference:
         self.replays += 1
         return graph.y.clone()  # the next replay overwrites the static output
 
-    def check(self) -> None:
-        """Raise NonFiniteError if a replayed forward fed a NaN or Inf to a quantizer (one sync)."""
-        if self.replays:
-            check_captured_steps(self.module)
 
-    def release(self) -> None:
-        self.graphs.clear()
-
-
-class CapturedTraining:
+class CapturedTraining(_Captured):
     """Call `module` through CUDA graphs where a training call allows it (module docstring)."""
-
-    def __init__(self, module: nn.Module, max_shapes: int = 2, warmup: int = 3):
-        if max_shapes < 1 or warmup < 1:
-            raise ValueError(f"max_shapes={max_shapes} and warmup={warmup} must both be >= 1")
-        self.module, self.max_shapes, self.warmup = module, max_shapes, warmup
-        self.graphs: dict[tuple, _Graphs] = {}
-        self.replays = 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         module = self.module
@@ -166,13 +167,3 @@ class CapturedTraining:
             graphs = self.graphs[key] = _Graphs(module, x, named, self.warmup)
         self.replays += 1
         return _Replay.apply(graphs, x, *params)
-
-    def check(self) -> None:
-        """Raise NonFiniteError if a replayed step fed a NaN or Inf to a quantizer (one sync; a no-op before any
-        replay)."""
-        if self.replays:
-            check_captured_steps(self.module)
-
-    def release(self) -> None:
-        """Free the graphs and their memory pools."""
-        self.graphs.clear()
