@@ -1,6 +1,7 @@
 """Benchmark of the CuPy kernels (hdqt_cil.kernels) on the GPU, against baselines measured in the same run.
 
-    python scripts/bench_kernels.py [--out results/bench] [--quick] [--skip-steps | --steps-only]
+    python scripts/bench_kernels.py [--out results/bench] [--quick] [--skip-steps | --steps-only] [--profile-steps]
+    python scripts/bench_kernels.py --repeat-case gemm:256x128:4      # one case, untimed, under a profiler
 
 Rows (one table at the end, JSON with every number to OUT/bench_kernels_<device>.json):
   ceilings  device-to-device copy bandwidth (bytes read + written), torch bf16 matmul 4096^3, the int8
@@ -272,7 +273,7 @@ def quantizer_cases(n_el: int):
     x16k = x.view(-1, 16, 1024)  # samples of 16384 elements (a conv layer's G at batch 128: L x out)
     counter = Counter(1, 2, 3)
     sr = dict(rounding="stochastic")
-    cases = [
+    return [
         ("quantize per tensor, nearest (HDQT fwd)", lambda: kernels.quantize(x, QuantSpec(4, "auto", "max", 0.975)), 2),
         ("quantize per tensor, stochastic", lambda: kernels.quantize(
             x, QuantSpec(4, "signed", "max", 1.0, "tensor", **sr), counter), 2),
@@ -286,7 +287,6 @@ def quantizer_cases(n_el: int):
             x16k, QuantSpec(4, "signed", "max", 1.0, "sample", **sr), counter), 1),
         ("Hadamard(1024) alone (float32 out)", lambda: kernels.block_hadamard(x, -1), 1),
     ]
-    return cases
 
 
 def quantizers_of(n_el: int, copy_bw):
