@@ -112,7 +112,7 @@ __device__ __forceinline__ void finish_entry(int acc[MI][NI][4], int tacc[MI][NI
             }
             if (SAT == 2) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) acc[i][j][e] -= limit * k32_steps;
+                for (int e = 0; e < 4; ++e) acc[i][j][e] = (int)((u32)acc[i][j][e] - (u32)limit * (u32)k32_steps);
             }
             if (SAT == 4) {
                 const int bias = limit * k32_steps;
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
                         for (int e = 0; e < 4; ++e) {
                             const int c = __viaddmin_s32_relu(t[e], limit, 2 * limit);  // clamp(t) + L
                             if (COUNT) saturated += (c != t[e] + limit) ? 1u : 0u;
-                            acc[i][j][e] += c;
+                            acc[i][j][e] = (int)((u32)acc[i][j][e] + (u32)c);  // biased partial sums may wrap
                         }
                     }
             } else if (SAT == 4) {
