@@ -457,18 +457,15 @@ HADAMARD(hadamard_i8, signed char)
     GROUP(NAME##_stochastic, T, HAD, ROUNDS, 1)                                                               \
     GROUP(NAME##_log2, T, HAD, ROUNDS, 2)
 
-GROUP_ROUNDINGS(group_f32_r1, float, false, 1)
-GROUP_ROUNDINGS(group_f32_r2, float, false, 2)
-GROUP_ROUNDINGS(group_f32_r4, float, false, 4)
-GROUP_ROUNDINGS(group_i8_r1, signed char, false, 1)
-GROUP_ROUNDINGS(group_i8_r2, signed char, false, 2)
-GROUP_ROUNDINGS(group_i8_r4, signed char, false, 4)
-GROUP_ROUNDINGS(group_had_f32_r1, float, true, 1)
-GROUP_ROUNDINGS(group_had_f32_r2, float, true, 2)
-GROUP_ROUNDINGS(group_had_f32_r4, float, true, 4)
-GROUP_ROUNDINGS(group_had_i8_r1, signed char, true, 1)
-GROUP_ROUNDINGS(group_had_i8_r2, signed char, true, 2)
-GROUP_ROUNDINGS(group_had_i8_r4, signed char, true, 4)
+#define GROUP_ALL(NAME, T, HAD)                                                                               \
+    GROUP_ROUNDINGS(NAME##_r1, T, HAD, 1)                                                                     \
+    GROUP_ROUNDINGS(NAME##_r2, T, HAD, 2)                                                                     \
+    GROUP_ROUNDINGS(NAME##_r4, T, HAD, 4)
+
+GROUP_ALL(group_f32, float, false)
+GROUP_ALL(group_i8, signed char, false)
+GROUP_ALL(group_had_f32, float, true)
+GROUP_ALL(group_had_i8, signed char, true)
 
 // out[i] = (((+0 + x[0][i]) + x[1][i]) + ...) + x[entries - 1][i], float32, entries in order (quant/intmm.py
 // sum_entries): for batched products too small in M x N to loop over the batch inside the GEMM.
