@@ -1,6 +1,7 @@
 """Benchmark of the CuPy kernels (hdqt_cil.kernels) on the GPU, against baselines measured in the same run.
 
-    python scripts/bench_kernels.py [--out results/bench] [--quick] [--skip-steps | --steps-only] [--profile-steps]
+    python scripts/bench_kernels.py [--out results/bench] [--quick] [--skip-steps | --steps-only | --quantize-only]
+                                    [--profile-steps]
     python scripts/bench_kernels.py --repeat-case gemm:256x128:4      # one case, untimed, under a profiler
 
 Rows (one table at the end, JSON with every number to OUT/bench_kernels_<device>.json):
@@ -80,14 +81,18 @@ def row(group, name, seconds, metric, value, unit, baseline=None, ratio=None, ta
 # ------------------------------------------------------------------------------------------------ ceilings
 
 
-def ceilings(quick: bool):
+def copy_bandwidth(quick: bool) -> float:
     n = (1 << 28) if not quick else (1 << 26)  # 1 GiB of float32
     src = torch.randn(n, device="cuda")
     dst = torch.empty_like(src)
     t = cuda_time(lambda: dst.copy_(src), reps=10)
     copy_bw = 2 * n * 4 / t
     row("ceiling", "device copy (read + write)", t, "GB/s", copy_bw / 1e9, "GB/s")
-    del src, dst
+    return copy_bw
+
+
+def ceilings(quick: bool):
+    copy_bw = copy_bandwidth(quick)
 
     size = 4096
     a = [torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
@@ -406,6 +411,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
     parser.add_argument("--skip-steps", action="store_true", help="no training-step timings")
     parser.add_argument("--steps-only", action="store_true", help="only the training-step timings")
+    parser.add_argument("--quantize-only", action="store_true", help="only the copy bandwidth and the quantizers")
     parser.add_argument("--profile-steps", action="store_true", help="print the device time of a ResNet-32 step "
                         "by kernel (FP32 and HDQT, eager)")
     parser.add_argument("--repeat-case", metavar="CASE", help="only run CASE three times, for a profiler "
@@ -423,13 +429,15 @@ def main():
               f"cupy {cupy.__version__}, CUDA {torch.version.cuda}")
     print(header, flush=True)
     started = time.time()
-    if not args.steps_only:
+    if args.quantize_only:
+        quantizers(copy_bandwidth(args.quick), args.quick)
+    elif not args.steps_only:
         copy_bw, bf16_rate, peak, clamped_peak = ceilings(args.quick)
         gemm_4096(bf16_rate, peak, clamped_peak)
         gemm_batch_summed(bf16_rate)
         layers(args.quick)
         quantizers(copy_bw, args.quick)
-    if not args.skip_steps:
+    if not (args.skip_steps or args.quantize_only):
         training_steps(args.quick)
     if args.profile_steps:
         profile_steps()

@@ -74,7 +74,7 @@ for case in ${NCU_CASES:-}; do
   echo "== ncu: $case" >>"$OUT/ncu.log"
   timeout 150 ncu --clock-control none --launch-skip 2 --launch-count 6 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-    --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
+    --section SchedulerStats --section WarpStateStats --section InstructionStats --section Occupancy --section LaunchStats \
     $PY scripts/bench_kernels.py --repeat-case "$case" >>"$OUT/ncu.log" 2>&1
 done
-[ -n "${NCU_CASES:-}" ] && grep -E "^== ncu|^  [a-z_]+.*\(|Duration|Issue Slots Busy|No Eligible|Executed Ipc A|Achieved Occupancy|Memory Throughput|Registers Per" "$OUT/ncu.log" | head -120
+[ -n "${NCU_CASES:-}" ] && grep -E "^== ncu|^  [a-z_]+.*\(|Duration|Issue Slots Busy|No Eligible|Executed Ipc A|Achieved Occupancy|Memory Throughput|Registers Per|Executed Instructions  |Warp Cycles Per Issued" "$OUT/ncu.log" | head -120

@@ -129,6 +129,46 @@ def test_quantize_propagates_nan_into_the_scale():
         assert torch.isfinite(scale.flatten()[0]) == (granularity == "sample")
 
 
+def _divide(v, s):
+    out = torch.full_like(v, float("nan"))
+    rt.launch(rt.function("quant.cu", "divide_f32"), (264,), (256,),
+              (rt.ptr(v), rt.ptr(s), rt.u32(s.numel()), rt.ptr(out)))
+    return out
+
+
+def test_divider_gives_the_ieee_quotient():
+    """The quantizers' division by a scale (reciprocal, two remainder corrections, a fallback outside
+    [2^-60, 2^60]) against torch's correctly rounded division: every bit pattern of v, scales across the whole
+    range and at the edges of the fast path (and mantissas of all ones), so both paths and their border run."""
+    g = gen(41)
+    n = 1 << 22
+    bits = torch.randint(-2**31, 2**31, (n,), generator=g, device="cuda", dtype=torch.int64).to(torch.int32)
+    patterns = bits.view(torch.float32)  # every class: subnormal, NaN, inf, both zeros
+    decades = torch.randn(n, generator=g, device="cuda") * 10.0 ** torch.randint(
+        -20, 20, (n,), generator=g, device="cuda").float()
+    edge = torch.ldexp(1 + torch.rand(n, generator=g, device="cuda") * 1e-6,
+                       torch.randint(-62, 62, (n,), generator=g, device="cuda")) * -1.0
+    v = torch.cat([patterns, decades, edge, torch.zeros(8, device="cuda"), -torch.zeros(8, device="cuda")])
+    v = v[: v.numel() // 8 * 8]
+    eights = v.numel() // 8
+    scale_bits = torch.randint(0x00800000, 0x7f000000, (eights,), generator=g, device="cuda", dtype=torch.int64)
+    s = scale_bits.to(torch.int32).view(torch.float32)
+    special = torch.tensor([2.0**-60, 2.0**60, 2.0**-60 * (1 - 2**-24), 2.0**60 * (1 + 2**-23), 1.0, 3.0,
+                            float.fromhex("0x1.fffffep-1"), float.fromhex("0x1.fffffep+3"), 0.1, 7 / 0.975],
+                           device="cuda")
+    s[: special.numel() * 1000] = special.repeat(1000)
+    s = s[torch.randperm(eights, generator=g, device="cuda")]
+    got = _divide(v, s)
+    ref = v / s.repeat_interleave(8)
+    both_nan = torch.isnan(got) & torch.isnan(ref)
+    both_zero = (got == 0) & (ref == 0)  # a zero's sign may differ: no level shows it
+    same = (got.view(torch.int32) == ref.view(torch.int32)) | both_nan | both_zero
+    assert same.all(), f"{(~same).sum().item()} quotients differ, e.g. {v[~same][:4]} / ... -> {got[~same][:4]}"
+    fast = (s >= 2.0**-60) & (s <= 2.0**60)
+    fast &= ((v.abs() >= 2.0**-60) & (v.abs() <= 2.0**60) | (v == 0)).view(-1, 8).all(dim=1)
+    assert 0.05 < fast.float().mean().item() < 0.95, "the inputs should take both paths"
+
+
 def test_stochastic_rounding_depends_on_the_counter_only():
     t = torch.randn(1000, 37, generator=gen(9), device="cuda")
     spec = QuantSpec(4, "signed", "max", 1.0, "tensor", "stochastic")

@@ -140,17 +140,15 @@ def _flat_grid(n_el: int, logn: int) -> tuple[int, int, int, int]:
     return ctas, threads, per_cta * step, smem
 
 
-# Single-pass quantization (one CTA per scale group, the group in registers): groups of GROUP_MIN..GROUP_MAX
-# elements, or a whole tensor up to GROUP_MAX; (threads, rounds) by group size.
+# Single-pass quantization (one CTA per scale group, the group in registers, 32 elements a thread): groups of
+# GROUP_MIN..GROUP_MAX elements, or a whole tensor up to GROUP_MAX.
 GROUP_MIN, GROUP_MAX = 1024, 32768
-_GROUP_SHAPES = ((1024, 128, 1), (2048, 256, 1), (4096, 512, 1), (8192, 1024, 1), (16384, 1024, 2), (32768, 1024, 4))
+_GROUP_RUN = 8 * 4  # elements a thread holds (quant.cu GROUP_ROUNDINGS: 4 runs of 8)
 
 
-def _group_shape(group: int, logn: int) -> tuple[int, int]:
-    for size, threads, rounds in _GROUP_SHAPES:
-        if group <= size and threads * 8 >= (1 << logn):
-            return threads, rounds
-    raise AssertionError(group)
+def _group_threads(group: int) -> int:
+    """Whole warps covering the group, 32 elements a thread."""
+    return 32 * -(-group // (32 * _GROUP_RUN))
 
 
 def _group_size(shape, granularity: str) -> int:
@@ -214,14 +212,10 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
                    and (sign_mode != 2 or groups == 1))
     if single_pass:
         scale = _empty(groups, torch.float32, device)
-        threads, rounds = _group_shape(group, logn)
-        smem = threads * 8 * 4 if (1 << logn) > 256 else 0
-        fn = rt.function("quant.cu", f"group_{suffix}_r{rounds}_{rounding}")
-        # Large groups: persistent CTAs, one wave, each loading its next group while finishing the current one.
-        # Small CTAs (groups up to 2048): one CTA per group measured faster (docs/kernel_notes.md, v4).
-        ctas = groups if threads <= 256 else min(groups, rt.sm_count() * rt.ctas_per_sm(fn, threads, smem))
-        rt.launch(fn, (ctas,), (threads,),
-                  (rt.ptr(x), rt.u32(group), rt.u32(groups), rt.i32(logn), rt.i32(sign_mode), rt.f32(spec.signed_max),
+        threads = _group_threads(group)
+        smem = threads * 8 * 4 if (1 << logn) > 32 * _GROUP_RUN else 0  # blocks beyond a warp: shared memory
+        rt.launch(rt.function("quant.cu", f"group_{suffix}_{rounding}"), (groups,), (threads,),
+                  (rt.ptr(x), rt.u32(group), rt.i32(logn), rt.i32(sign_mode), rt.f32(spec.signed_max),
                    rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key, rt.ptr(levels), rt.ptr(scale)),
                   smem)
         return levels, scale.view(scale_shape)

@@ -22,14 +22,20 @@ typedef unsigned long long u64;
 
 #define NO_GROUP 0xffffffffu
 
-__device__ __forceinline__ u32 mix32(u32 x) {
-    x ^= x >> 16;
+// mix(x) of docs/numerics.md, split after its first round (x ^= x >> 16): for the eight consecutive indices i0 + j
+// of a thread with i0 a multiple of 8, first_round(i0 ^ key) ^ j is every element's first round (j < 8 touches
+// neither the bits the shift moves nor the carry), one instruction an element instead of four.
+__device__ __forceinline__ u32 first_round(u32 x) { return x ^ (x >> 16); }
+
+__device__ __forceinline__ u32 mix_rest(u32 x) {
     x *= 0x7FEB352Du;
     x ^= x >> 15;
     x *= 0x846CA68Bu;
     x ^= x >> 16;
     return x;
 }
+
+__device__ __forceinline__ u32 mix32(u32 x) { return mix_rest(first_round(x)); }
 
 // The per-call key of docs/numerics.md: mix(seed ^ mix(step * 0x9E3779B9 + role)) mod 2^32. The step is read from
 // device memory when step_at is given (a layer's step counter: a CUDA-graph replay then draws fresh bits).
@@ -38,9 +44,15 @@ __device__ __forceinline__ u32 counter_key(u32 seed, u32 role, const long long* 
     return mix32(seed ^ mix32(s * 0x9E3779B9u + role));
 }
 
-// u = float32(mix(index ^ key) >> 8) * 2^-24
-__device__ __forceinline__ float counter_u(u32 index, u32 key) {
-    return __uint2float_rn(mix32(index ^ key) >> 8) * 5.9604644775390625e-08f;
+// u = float32(mix(index ^ key) >> 8) * 2^-24, from h = first_round(index ^ key)
+__device__ __forceinline__ float counter_u(u32 h) {
+    return __uint2float_rn(mix_rest(h) >> 8) * 5.9604644775390625e-08f;
+}
+
+// The first hash rounds of elements i0 .. i0 + 7: shared when i0 is a multiple of 8 (ALIGNED), else one each.
+template <bool ALIGNED>
+__device__ __forceinline__ u32 element_hash(u32 shared, u32 i0, int j, u32 key) {
+    return ALIGNED ? shared ^ static_cast<u32>(j) : first_round((i0 + j) ^ key);
 }
 
 template <typename T> struct Loader;
@@ -77,48 +89,84 @@ template <> struct Loader<signed char> {
     }
 };
 
-// In-place butterfly of the CTA's step: blocks of n = 2^logn elements. All threads of the CTA must call it.
-// smem: 8 * blockDim.x floats (used only when n > 256).
-__device__ __forceinline__ void butterfly(float v[8], int logn, float* smem) {
+// One output of a butterfly whose partner is in another thread: v + other for the lower element (sign +1), other - v
+// for the upper (sign -1). fma(v, +-1, other) rounds the exact sum once: the same float as the add or subtraction.
+__device__ __forceinline__ float pair(float v, float sign, float other) { return __fmaf_rn(v, sign, other); }
+
+// In-place butterfly of blocks of n = 2^logn elements, all threads of the CTA calling it. Thread t holds ROUNDS
+// runs of 8 consecutive elements: run r of lane l in warp w starts at 8 l + 256 r + 256 ROUNDS w (one run per thread
+// is the flat kernels' 8 t). Index bits 0-2 are then in registers (stages h = 1, 2, 4), bits 3-7 across the lanes
+// (h = 8 .. 128, shuffles), the next log2(ROUNDS) bits in registers again (h = 256 .. 128 ROUNDS) and the rest across
+// warps (shared memory, 8 * blockDim.x floats, one run at a time): a block of up to 256 ROUNDS elements never leaves
+// its warp.
+template <int ROUNDS>
+__device__ __forceinline__ void butterfly(float (&v)[ROUNDS][8], int logn, float* smem) {
     const int n = 1 << logn;
+    const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int h = 1; h < 8; h <<= 1) {
-        if (h < n) {
+    for (int r = 0; r < ROUNDS; ++r) {
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                if (!(j & h)) {
-                    const float a = v[j], b = v[j + h];
-                    v[j] = __fadd_rn(a, b);
-                    v[j + h] = __fsub_rn(a, b);
+        for (int h = 1; h < 8; h <<= 1) {
+            if (h < n) {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    if (!(j & h)) {
+                        const float a = v[r][j], b = v[r][j + h];
+                        v[r][j] = __fadd_rn(a, b);
+                        v[r][j + h] = __fsub_rn(a, b);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int h = 8; h < 256; h <<= 1) {
+            if (h < n) {
+                const int mask = h >> 3;
+                const float sign = (lane & mask) != 0 ? -1.0f : 1.0f;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) v[r][j] = pair(v[r][j], sign, __shfl_xor_sync(0xffffffffu, v[r][j], mask));
+            }
+        }
+    }
+#pragma unroll
+    for (int d = 1; d < ROUNDS; d <<= 1) {  // h = 256 d
+        if (256 * d < n) {
+#pragma unroll
+            for (int r = 0; r < ROUNDS; ++r) {
+                if (!(r & d)) {
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        const float a = v[r][j], b = v[r + d][j];
+                        v[r][j] = __fadd_rn(a, b);
+                        v[r + d][j] = __fsub_rn(a, b);
+                    }
                 }
             }
         }
     }
-    const int lane = threadIdx.x & 31;
-    for (int h = 8; h < n && h < 256; h <<= 1) {
-        const int mask = h >> 3;
-        const bool high = (lane & mask) != 0;
+    const int tid = threadIdx.x;
+    for (int h = 256 * ROUNDS; h < n; h <<= 1) {
+        const int mask = h / (8 * ROUNDS);  // the partner warp's thread
+        const float sign = (tid & mask) != 0 ? -1.0f : 1.0f;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const float other = __shfl_xor_sync(0xffffffffu, v[j], mask);
-            v[j] = high ? __fsub_rn(other, v[j]) : __fadd_rn(v[j], other);
+        for (int r = 0; r < ROUNDS; ++r) {
+            float4* mine = reinterpret_cast<float4*>(smem + 8 * tid);
+            mine[0] = make_float4(v[r][0], v[r][1], v[r][2], v[r][3]);
+            mine[1] = make_float4(v[r][4], v[r][5], v[r][6], v[r][7]);
+            __syncthreads();
+            const float4* theirs = reinterpret_cast<const float4*>(smem + 8 * (tid ^ mask));
+            const float4 p = theirs[0], q = theirs[1];
+            const float o[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+            __syncthreads();
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[r][j] = pair(v[r][j], sign, o[j]);
         }
     }
-    const int tid = threadIdx.x;
-    for (int h = 256; h < n; h <<= 1) {
-        const int mask = h >> 3;
-        const bool high = (tid & mask) != 0;
-        float4* mine = reinterpret_cast<float4*>(smem + 8 * tid);
-        mine[0] = make_float4(v[0], v[1], v[2], v[3]);
-        mine[1] = make_float4(v[4], v[5], v[6], v[7]);
-        __syncthreads();
-        const float4* theirs = reinterpret_cast<const float4*>(smem + 8 * (tid ^ mask));
-        const float4 p = theirs[0], q = theirs[1];
-        const float o[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
-        __syncthreads();
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = high ? __fsub_rn(o[j], v[j]) : __fadd_rn(v[j], o[j]);
-    }
+}
+
+// The flat kernels' butterfly: one run of 8 a thread.
+__device__ __forceinline__ void butterfly8(float v[8], int logn, float* smem) {
+    butterfly<1>(*reinterpret_cast<float(*)[1][8]>(v), logn, smem);
 }
 
 __device__ __forceinline__ u32 abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
@@ -160,7 +208,7 @@ __device__ __forceinline__ void absmax_body(const T* __restrict__ x, u32 n_el, u
         const u32 i0 = base + 8u * threadIdx.x;
         float v[8];
         Loader<T>::load8(x, i0, stop, vec, v);
-        if (HAD) butterfly(v, logn, smem);
+        if (HAD) butterfly8(v, logn, smem);
         if (i0 < stop) {
             if (whole) {
                 u32 m = 0u;
@@ -206,12 +254,51 @@ __device__ __forceinline__ void absmax_body(const T* __restrict__ x, u32 n_el, u
     if (__syncthreads_or(negative) && threadIdx.x == 0) atomicOr(neg_flag, 1u);
 }
 
+// Quotients v / s for many v and one s, each the correctly rounded float32 of __fdiv_rn, without its per-element
+// range check and branch (which keep the compiler from overlapping the elements' dependency chains): from
+// r = RN(1/s), q0 = v * r, then two corrections by the remainder (the first gives a faithful quotient, from which
+// Markstein's correction with the exact remainder v - q1 * s rounds correctly). Valid while nothing nears
+// overflow or underflow: s and |v| in [2^-60, 2^60], or v = 0 (whose quotient's sign may come out flipped; no level
+// shows a zero's sign). Eights of elements outside that range divide with __fdiv_rn.
+#define SAFE_LO 0x21800000u  // 2^-60
+#define SAFE_HI 0x5d800000u  // 2^60
+
+struct Divider {
+    float s, r;
+    bool usable;
+    __device__ __forceinline__ explicit Divider(float scale)
+        : s(scale), r(__frcp_rn(scale)), usable(abs_bits(scale) - SAFE_LO <= SAFE_HI - SAFE_LO) {}
+
+    __device__ __forceinline__ void divide8(const float v[8], float q[8]) const {
+        u32 lo = 0xffffffffu, hi = 0u;  // min of |v| - 1 as bits (a zero wraps to the top), max of |v|
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const u32 b = abs_bits(v[j]);
+            lo = min(lo, b - 1u);
+            hi = max(hi, b);
+        }
+        if (usable && lo >= SAFE_LO - 1u && hi <= SAFE_HI) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const float q0 = __fmul_rn(v[j], r);
+                const float q1 = __fmaf_rn(__fmaf_rn(-q0, s, v[j]), r, q0);
+                q[j] = __fmaf_rn(__fmaf_rn(-q1, s, v[j]), r, q1);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) q[j] = __fdiv_rn(v[j], s);
+        }
+    }
+};
+
 // ROUNDING: 0 nearest (half to even), 1 stochastic, 2 stochastic on the radix-2 grid (log2); a template
 // parameter, so that each kernel holds one rounding's instructions and no branch between them.
+// h: the element's first hash round (element_hash). The sign is copied from v: the levels are integers, so a zero's
+// sign cannot reach them, and a NaN stays a NaN.
 template <int ROUNDING>
-__device__ __forceinline__ float round_level(float v, u32 index, u32 key) {
+__device__ __forceinline__ float round_level(float v, u32 h) {
     if (ROUNDING == 0) return rintf(v);
-    const float u = counter_u(index, key);
+    const float u = counter_u(h);
     const float m = fabsf(v);
     float lower, up;
     if (ROUNDING == 1) {
@@ -226,8 +313,43 @@ __device__ __forceinline__ float round_level(float v, u32 index, u32 key) {
         const float gap = below_one ? 1.0f : power;
         up = (u < __fdiv_rn(__fsub_rn(m, lower), gap)) ? gap : 0.0f;
     }
-    const float sign = (v > 0.0f) ? 1.0f : ((v < 0.0f) ? -1.0f : 0.0f);
-    return __fmul_rn(sign, __fadd_rn(lower, up));
+    return copysignf(__fadd_rn(lower, up), v);
+}
+
+// The int8 level of the quotient v: rounded, then clamped to [low, high] (a NaN to low, as fmaxf drops it).
+template <int ROUNDING>
+__device__ __forceinline__ signed char level_of(float v, u32 h, float low, float high) {
+    return (signed char)__float2int_rn(fminf(fmaxf(round_level<ROUNDING>(v, h), low), high));
+}
+
+// The levels of elements i0 .. i0 + 7 (those below stop) to out: one 8-byte store when vec and all are in range.
+__device__ __forceinline__ void store8(const signed char q[8], u32 i0, u32 stop, bool vec, signed char* out) {
+    if (vec && i0 + 8 <= stop) {
+        uint2 p;
+        p.x = (u32)(unsigned char)q[0] | ((u32)(unsigned char)q[1] << 8) | ((u32)(unsigned char)q[2] << 16) |
+              ((u32)(unsigned char)q[3] << 24);
+        p.y = (u32)(unsigned char)q[4] | ((u32)(unsigned char)q[5] << 8) | ((u32)(unsigned char)q[6] << 16) |
+              ((u32)(unsigned char)q[7] << 24);
+        *reinterpret_cast<uint2*>(out + i0) = p;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            if (i0 + j < stop) out[i0 + j] = q[j];
+    }
+}
+
+// Levels of eight elements that share the scale s. ALIGNED: i0 is a multiple of 8 (the hash's first round shared).
+template <int ROUNDING, bool ALIGNED>
+__device__ __forceinline__ void quantize8(const float v[8], const Divider& divider, float low, float high, u32 i0,
+                                          u32 stop, u32 key, bool vec, signed char* out) {
+    float quotient[8];
+    divider.divide8(v, quotient);
+    const u32 shared = first_round(i0 ^ key);
+    signed char q[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        q[j] = level_of<ROUNDING>(quotient[j], element_hash<ALIGNED>(shared, i0, j, key), low, high);
+    store8(q, i0, stop, vec, out);
 }
 
 // sign_mode: 0 signed, 1 unsigned, 2 auto (*neg_flag). With scale_in, the scales are given (SAWB); else from peaks.
@@ -246,47 +368,44 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
     const bool is_signed = sign_mode == 0 || (sign_mode == 2 && *neg_flag != 0u);
     const float high = is_signed ? signed_max : unsigned_max;
     const float low = is_signed ? -signed_max : 0.0f;
+    const auto scale_of = [&](u32 g) {
+        if (scale_in != nullptr) return scale_in[g];
+        const float c = __fdiv_rn(__fmul_rn(__uint_as_float(peaks[g]), clip), high);
+        return c == 0.0f ? 1.0f : c;
+    };
     u32 group = NO_GROUP;
-    float s = 1.0f;
-    for (u32 base = start; base < stop; base += E) {
-        const u32 i0 = base + 8u * threadIdx.x;
+    Divider divider(1.0f);
+    // Backwards through the range: the absmax pass read it forwards, so its last steps are still in L2.
+    for (u32 step = stop > start ? (stop - start + E - 1) / E : 0u; step-- > 0;) {
+        const u32 i0 = start + step * E + 8u * threadIdx.x;  // a multiple of 8: range and E are
         float v[8];
         Loader<T>::load8(x, i0, stop, vec, v);
-        if (HAD) butterfly(v, logn, smem);
+        if (HAD) butterfly8(v, logn, smem);
         if (i0 >= stop) continue;
+        if (whole) {  // the eight share a group
+            const u32 g = i0 / G;
+            if (g != group) {
+                group = g;
+                divider = Divider(scale_of(g));
+            }
+            if (scale_out != nullptr && i0 == g * G) scale_out[g] = divider.s;
+            quantize8<ROUNDING, true>(v, divider, low, high, i0, stop, key, vec, out);
+            continue;
+        }
+        const u32 shared = first_round(i0 ^ key);  // groups not a multiple of 8 (small tensors): a scale each
         signed char q[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const u32 i = i0 + j;
-            if (j == 0 || !whole) {
-                const u32 g = (i < stop) ? i / G : group;
-                if (g != group) {
-                    group = g;
-                    if (scale_in != nullptr) {
-                        s = scale_in[g];
-                    } else {
-                        const float c = __fmul_rn(__uint_as_float(peaks[g]), clip);
-                        s = __fdiv_rn(c, high);
-                        if (s == 0.0f) s = 1.0f;
-                    }
-                }
-                if (scale_out != nullptr && i < stop && i == g * G) scale_out[g] = s;
+            const u32 g = (i < stop) ? i / G : group;
+            if (g != group) {
+                group = g;
+                divider = Divider(scale_of(g));
             }
-            const float r = round_level<ROUNDING>(__fdiv_rn(v[j], s), i, key);
-            q[j] = (signed char)__float2int_rn(fminf(fmaxf(r, low), high));
+            if (scale_out != nullptr && i < stop && i == g * G) scale_out[g] = divider.s;
+            q[j] = level_of<ROUNDING>(__fdiv_rn(v[j], divider.s), element_hash<true>(shared, i0, j, key), low, high);
         }
-        if (vec && i0 + 8 <= stop) {
-            uint2 p;
-            p.x = (u32)(unsigned char)q[0] | ((u32)(unsigned char)q[1] << 8) | ((u32)(unsigned char)q[2] << 16) |
-                  ((u32)(unsigned char)q[3] << 24);
-            p.y = (u32)(unsigned char)q[4] | ((u32)(unsigned char)q[5] << 8) | ((u32)(unsigned char)q[6] << 16) |
-                  ((u32)(unsigned char)q[7] << 24);
-            *reinterpret_cast<uint2*>(out + i0) = p;
-        } else {
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-                if (i0 + j < stop) out[i0 + j] = q[j];
-        }
+        store8(q, i0, stop, vec, out);
     }
 }
 
@@ -302,7 +421,7 @@ __device__ __forceinline__ void hadamard_body(const T* __restrict__ x, u32 n_el,
         const u32 i0 = base + 8u * threadIdx.x;
         float v[8];
         Loader<T>::load8(x, i0, stop, vec, v);
-        butterfly(v, logn, smem);
+        butterfly8(v, logn, smem);
         if (i0 >= stop) continue;
         if (vec && i0 + 8 <= stop) {
             reinterpret_cast<float4*>(out + i0)[0] = make_float4(v[0], v[1], v[2], v[3]);
@@ -329,82 +448,54 @@ __device__ __forceinline__ u32 block_max(u32 m, u32* s_warp) {
     return s_warp[0];
 }
 
-// One CTA per scale group at a time, the group held in registers (ROUNDS steps of blockDim.x * 8 elements): max,
-// scale and levels in a single pass over the input (no second read, no zeroed work buffer). Persistent CTAs
-// stride over the groups and load the next group while the current one is reduced and quantized. For groups of up
-// to 8 * 1024 * ROUNDS elements; 'auto' signedness only when the group is the whole tensor.
+// One CTA per scale group, the group held in registers as butterfly<ROUNDS>'s runs (blockDim.x * 8 * ROUNDS >= G):
+// max, scale and levels in a single pass over the input (no second read, no zeroed work buffer), Hadamard blocks
+// of up to 256 * ROUNDS elements transformed within a warp. Several CTAs a multiprocessor hide each other's loads
+// and barriers. For groups of up to 8 * 1024 * ROUNDS elements; 'auto' signedness only when the group is the
+// whole tensor.
 template <typename T, bool HAD, int ROUNDS, int ROUNDING>
-__device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, u32 groups, int logn, int sign_mode,
-                                           float signed_max, float unsigned_max, float clip, u32 key,
-                                           signed char* __restrict__ out, float* __restrict__ scale_out) {
+__device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int logn, int sign_mode, float signed_max,
+                                           float unsigned_max, float clip, u32 key, signed char* __restrict__ out,
+                                           float* __restrict__ scale_out) {
     extern __shared__ float smem[];
     __shared__ u32 s_warp[32];
-    const u32 E = blockDim.x * 8u;
     const bool vec = (G % 8u) == 0 && (reinterpret_cast<u64>(x) % 16u) == 0 &&
                      (reinterpret_cast<u64>(out) % 8u) == 0;
-    float v[ROUNDS][8], next[ROUNDS][8];
-    u32 g = blockIdx.x;
-    if (g < groups) {
+    const u32 g = blockIdx.x, base = g * G, stop = base + G;
+    const u32 first = base + (threadIdx.x >> 5) * (256u * ROUNDS) + 8u * (threadIdx.x & 31);  // run r: + 256 r
+    float v[ROUNDS][8];
+#pragma unroll
+    for (int r = 0; r < ROUNDS; ++r) Loader<T>::load8(x, first + 256u * r, stop, vec, v[r]);  // past the group: 0
+    if (HAD) butterfly<ROUNDS>(v, logn, smem);
+    u32 m = 0u;
+    bool negative = false;
+#pragma unroll
+    for (int r = 0; r < ROUNDS; ++r)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) m = max(m, abs_bits(v[r][j]));
+    if (sign_mode == 2) {  // 'auto' only: the other modes skip the sign test
 #pragma unroll
         for (int r = 0; r < ROUNDS; ++r)
-            Loader<T>::load8(x, g * G + r * E + 8u * threadIdx.x, g * G + G, vec, v[r]);  // past the group: 0
+#pragma unroll
+            for (int j = 0; j < 8; ++j) negative |= v[r][j] < 0.0f;
     }
-    for (; g < groups; g += gridDim.x) {
-        const u32 base = g * G, stop = base + G;
-        const u32 following = g + gridDim.x;
-        if (following < groups) {
+    const float peak = __uint_as_float(block_max(m, s_warp));
+    const bool any_negative = __syncthreads_or(negative);
+    const bool is_signed = sign_mode == 0 || (sign_mode == 2 && any_negative);
+    const float high = is_signed ? signed_max : unsigned_max;
+    const float low = is_signed ? -signed_max : 0.0f;
+    float s = __fdiv_rn(__fmul_rn(peak, clip), high);
+    if (s == 0.0f) s = 1.0f;
+    if (threadIdx.x == 0) scale_out[g] = s;
+    const Divider divider(s);
 #pragma unroll
-            for (int r = 0; r < ROUNDS; ++r)
-                Loader<T>::load8(x, following * G + r * E + 8u * threadIdx.x, following * G + G, vec, next[r]);
-        }
-        u32 m = 0u;
-        bool negative = false;
-#pragma unroll
-        for (int r = 0; r < ROUNDS; ++r) {
-            if (HAD) butterfly(v[r], logn, smem);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                m = max(m, abs_bits(v[r][j]));
-                negative |= v[r][j] < 0.0f;
-            }
-        }
-        const float peak = __uint_as_float(block_max(m, s_warp));
-        const bool any_negative = __syncthreads_or(negative);
-        const bool is_signed = sign_mode == 0 || (sign_mode == 2 && any_negative);
-        const float high = is_signed ? signed_max : unsigned_max;
-        const float low = is_signed ? -signed_max : 0.0f;
-        float s = __fdiv_rn(__fmul_rn(peak, clip), high);
-        if (s == 0.0f) s = 1.0f;
-        if (threadIdx.x == 0) scale_out[g] = s;
-#pragma unroll
-        for (int r = 0; r < ROUNDS; ++r) {
-            const u32 i0 = base + r * E + 8u * threadIdx.x;
-            if (i0 < stop) {
-                signed char q[8];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    const float level = round_level<ROUNDING>(__fdiv_rn(v[r][j], s), i0 + j, key);
-                    q[j] = (signed char)__float2int_rn(fminf(fmaxf(level, low), high));
-                }
-                if (vec && i0 + 8 <= stop) {
-                    uint2 p;
-                    p.x = (u32)(unsigned char)q[0] | ((u32)(unsigned char)q[1] << 8) |
-                          ((u32)(unsigned char)q[2] << 16) | ((u32)(unsigned char)q[3] << 24);
-                    p.y = (u32)(unsigned char)q[4] | ((u32)(unsigned char)q[5] << 8) |
-                          ((u32)(unsigned char)q[6] << 16) | ((u32)(unsigned char)q[7] << 24);
-                    *reinterpret_cast<uint2*>(out + i0) = p;
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 8; ++j)
-                        if (i0 + j < stop) out[i0 + j] = q[j];
-                }
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < ROUNDS; ++r)
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[r][j] = next[r][j];
-        __syncthreads();  // s_warp is reused by the next group's reduction
+    for (int r = 0; r < ROUNDS; ++r) {
+        const u32 i0 = first + 256u * r;
+        if (i0 >= stop) continue;
+        if (vec)  // G % 8 == 0: every i0 a multiple of 8
+            quantize8<ROUNDING, true>(v[r], divider, low, high, i0, stop, key, true, out);
+        else
+            quantize8<ROUNDING, false>(v[r], divider, low, high, i0, stop, key, false, out);
     }
 }
 
@@ -446,26 +537,35 @@ HADAMARD(hadamard_i8, signed char)
 
 #define GROUP(NAME, T, HAD, ROUNDS, ROUNDING)                                                                 \
     extern "C" __global__ void __launch_bounds__(1024)                                                        \
-        NAME(const T* x, u32 G, u32 groups, int logn, int sign_mode, float signed_max, float unsigned_max,    \
-             float clip, u32 seed, u32 role, const long long* step_at, u32 step, signed char* out,            \
-             float* scale_out) {                                                                              \
-        group_body<T, HAD, ROUNDS, ROUNDING>(x, G, groups, logn, sign_mode, signed_max, unsigned_max, clip,   \
+        NAME(const T* x, u32 G, int logn, int sign_mode, float signed_max, float unsigned_max, float clip,    \
+             u32 seed, u32 role, const long long* step_at, u32 step, signed char* out, float* scale_out) {      \
+        group_body<T, HAD, ROUNDS, ROUNDING>(x, G, logn, sign_mode, signed_max, unsigned_max, clip,           \
                                              counter_key(seed, role, step_at, step), out, scale_out);         \
     }
-#define GROUP_ROUNDINGS(NAME, T, HAD, ROUNDS)                                                                 \
-    GROUP(NAME##_nearest, T, HAD, ROUNDS, 0)                                                                  \
-    GROUP(NAME##_stochastic, T, HAD, ROUNDS, 1)                                                               \
-    GROUP(NAME##_log2, T, HAD, ROUNDS, 2)
+// Group kernels hold 4 runs of 8 a thread: 32 elements, Hadamard blocks of up to 1024 within a warp.
+#define GROUP_ROUNDINGS(NAME, T, HAD)                                                                         \
+    GROUP(NAME##_nearest, T, HAD, 4, 0)                                                                       \
+    GROUP(NAME##_stochastic, T, HAD, 4, 1)                                                                    \
+    GROUP(NAME##_log2, T, HAD, 4, 2)
 
-#define GROUP_ALL(NAME, T, HAD)                                                                               \
-    GROUP_ROUNDINGS(NAME##_r1, T, HAD, 1)                                                                     \
-    GROUP_ROUNDINGS(NAME##_r2, T, HAD, 2)                                                                     \
-    GROUP_ROUNDINGS(NAME##_r4, T, HAD, 4)
+GROUP_ROUNDINGS(group_f32, float, false)
+GROUP_ROUNDINGS(group_i8, signed char, false)
+GROUP_ROUNDINGS(group_had_f32, float, true)
+GROUP_ROUNDINGS(group_had_i8, signed char, true)
 
-GROUP_ALL(group_f32, float, false)
-GROUP_ALL(group_i8, signed char, false)
-GROUP_ALL(group_had_f32, float, true)
-GROUP_ALL(group_had_i8, signed char, true)
+// out[i] = v[i] / s[i / 8] through Divider (eights of v sharing a scale, as in the quantizers): its own kernel so
+// that the tests can compare every quotient with the IEEE division, not only the levels they round to.
+extern "C" __global__ void divide_f32(const float* __restrict__ v, const float* __restrict__ s, u32 eights,
+                                      float* __restrict__ out) {
+    for (u32 k = blockIdx.x * blockDim.x + threadIdx.x; k < eights; k += gridDim.x * blockDim.x) {
+        float x[8], q[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[j] = v[8 * k + j];
+        Divider(s[k]).divide8(x, q);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) out[8 * k + j] = q[j];
+    }
+}
 
 // out[i] = (((+0 + x[0][i]) + x[1][i]) + ...) + x[entries - 1][i], float32, entries in order (quant/intmm.py
 // sum_entries): for batched products too small in M x N to loop over the batch inside the GEMM.
