@@ -192,6 +192,12 @@ def _counter_args(counter, device: torch.device) -> tuple:
 _SIGN_MODES = {"signed": 0, "unsigned": 1, "auto": 2}
 
 
+def _transform(logn: int, warp_block: int) -> str:
+    """quant.cu's name prefix for a Hadamard block of 2^logn: none, any block, or one filling a warp's elements
+    (every in-warp butterfly stage runs, no branch between them)."""
+    return "" if not logn else "hadw_" if (1 << logn) >= warp_block else "had_"
+
+
 def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: torch.Tensor | None = None):
     """levels (int8, `shape`) and scale of the flat tensor x (already contiguous), transformed first when logn.
     `original`: the tensor as the caller gave it (SAWB's float sums then run in the reference's order)."""
@@ -204,7 +210,6 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
         raise ValueError("stochastic rounding needs a Counter (seed, step, role) for its random bits")
     key = _counter_args(counter if stochastic else None, x.device)
     sign_mode = _SIGN_MODES[spec.signedness]
-    suffix = ("had_" if logn else "") + _suffix(x)
     device = x.device
     levels = _empty(shape, torch.int8, device)
     scale_shape = _scale_shape(shape, spec.granularity)
@@ -213,8 +218,10 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
     if single_pass:
         scale = _empty(groups, torch.float32, device)
         threads = _group_threads(group)
-        smem = threads * 8 * 4 if (1 << logn) > 32 * _GROUP_RUN else 0  # blocks beyond a warp: shared memory
-        rt.launch(rt.function("quant.cu", f"group_{suffix}_{rounding}"), (groups,), (threads,),
+        warp_block = 32 * _GROUP_RUN
+        smem = threads * 8 * 4 if (1 << logn) > warp_block else 0  # blocks beyond a warp: shared memory
+        fn = rt.function("quant.cu", f"group_{_transform(logn, warp_block)}{_suffix(x)}_{rounding}")
+        rt.launch(fn, (groups,), (threads,),
                   (rt.ptr(x), rt.u32(group), rt.i32(logn), rt.i32(sign_mode), rt.f32(spec.signed_max),
                    rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key, rt.ptr(levels), rt.ptr(scale)),
                   smem)
@@ -223,6 +230,7 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
     work = rt.ZEROS_I32.take(groups + 1, device)  # per-group max bits, then 'negative'
     peaks, negative = work[:groups], work[groups:]
     ctas, threads, span, smem = _flat_grid(n_el, logn)
+    suffix = _transform(logn, 256) + _suffix(x)
     rt.launch(rt.function("quant.cu", f"absmax_{suffix}"), (ctas,), (threads,),
               (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks), rt.ptr(negative)),
               smem)

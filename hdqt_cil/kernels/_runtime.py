@@ -16,10 +16,11 @@ HERE = Path(__file__).resolve().parent
 
 # Kernels of each source, as the names (or template instantiations) that a compile must produce.
 ROUNDINGS = ("nearest", "stochastic", "log2")  # quant.cu's kernel name suffixes, by rounding
-QUANT_KERNELS = tuple(f"absmax_{had}{t}" for had in ("", "had_") for t in ("f32", "i8"))
-QUANT_KERNELS += tuple(f"quantize_{had}{t}_{r}" for had in ("", "had_") for t in ("f32", "i8") for r in ROUNDINGS)
+TRANSFORMS = ("", "had_", "hadw_")  # quant.cu's name prefixes: no transform, any Hadamard block, a wide one
+QUANT_KERNELS = tuple(f"absmax_{had}{t}" for had in TRANSFORMS for t in ("f32", "i8"))
+QUANT_KERNELS += tuple(f"quantize_{had}{t}_{r}" for had in TRANSFORMS for t in ("f32", "i8") for r in ROUNDINGS)
 QUANT_KERNELS += ("hadamard_f32", "hadamard_i8")
-QUANT_KERNELS += tuple(f"group_{had}{t}_{r}" for had in ("", "had_") for t in ("f32", "i8") for r in ROUNDINGS)
+QUANT_KERNELS += tuple(f"group_{had}{t}_{r}" for had in TRANSFORMS for t in ("f32", "i8") for r in ROUNDINGS)
 QUANT_KERNELS += ("sum_entries_f32", "transpose_i8", "divide_f32")
 PEAK_KERNELS = ("mma_peak_plain", "mma_peak_clamped", "mma_peak_packed")
 # GEMM tile shapes: warps along M, warps along N, m16 blocks per warp, n8 blocks per warp, min CTAs per SM.

@@ -15,7 +15,8 @@
 // hadamard_kernel: the transform alone, float32 out.
 // sum_entries_f32: the batch sum of a GEMM's scaled products in the order of intmm.cu's OUT mode 3.
 // transpose_i8: int8 matrices transposed into a row pitch of the caller's choice (the GEMM's operand packing).
-// Template T: float or signed char input (levels). HAD: whether to transform first.
+// Template T: float or signed char input (levels). HAD: 0 no transform, 1 a Hadamard block of any size, 2 one of
+// at least 256 * ROUNDS elements (butterfly's WIDE).
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -98,8 +99,9 @@ __device__ __forceinline__ float pair(float v, float sign, float other) { return
 // is the flat kernels' 8 t). Index bits 0-2 are then in registers (stages h = 1, 2, 4), bits 3-7 across the lanes
 // (h = 8 .. 128, shuffles), the next log2(ROUNDS) bits in registers again (h = 256 .. 128 ROUNDS) and the rest across
 // warps (shared memory, 8 * blockDim.x floats, one run at a time): a block of up to 256 ROUNDS elements never leaves
-// its warp.
-template <int ROUNDS>
+// its warp. WIDE: the caller guarantees n >= 256 ROUNDS, so every in-warp stage runs unconditionally (a stage that
+// may be skipped costs a register copy an element where its branches join).
+template <int ROUNDS, bool WIDE>
 __device__ __forceinline__ void butterfly(float (&v)[ROUNDS][8], int logn, float* smem) {
     const int n = 1 << logn;
     const int lane = threadIdx.x & 31;
@@ -107,7 +109,7 @@ __device__ __forceinline__ void butterfly(float (&v)[ROUNDS][8], int logn, float
     for (int r = 0; r < ROUNDS; ++r) {
 #pragma unroll
         for (int h = 1; h < 8; h <<= 1) {
-            if (h < n) {
+            if (WIDE || h < n) {
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
                     if (!(j & h)) {
@@ -120,7 +122,7 @@ __device__ __forceinline__ void butterfly(float (&v)[ROUNDS][8], int logn, float
         }
 #pragma unroll
         for (int h = 8; h < 256; h <<= 1) {
-            if (h < n) {
+            if (WIDE || h < n) {
                 const int mask = h >> 3;
                 const float sign = (lane & mask) != 0 ? -1.0f : 1.0f;
 #pragma unroll
@@ -130,7 +132,7 @@ __device__ __forceinline__ void butterfly(float (&v)[ROUNDS][8], int logn, float
     }
 #pragma unroll
     for (int d = 1; d < ROUNDS; d <<= 1) {  // h = 256 d
-        if (256 * d < n) {
+        if (WIDE || 256 * d < n) {
 #pragma unroll
             for (int r = 0; r < ROUNDS; ++r) {
                 if (!(r & d)) {
@@ -165,8 +167,9 @@ __device__ __forceinline__ void butterfly(float (&v)[ROUNDS][8], int logn, float
 }
 
 // The flat kernels' butterfly: one run of 8 a thread.
+template <bool WIDE>
 __device__ __forceinline__ void butterfly8(float v[8], int logn, float* smem) {
-    butterfly<1>(*reinterpret_cast<float(*)[1][8]>(v), logn, smem);
+    butterfly<1, WIDE>(*reinterpret_cast<float(*)[1][8]>(v), logn, smem);
 }
 
 __device__ __forceinline__ u32 abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
@@ -191,7 +194,7 @@ struct GroupMax {
     }
 };
 
-template <typename T, bool HAD>
+template <typename T, int HAD>
 __device__ __forceinline__ void absmax_body(const T* __restrict__ x, u32 n_el, u32 G, u32 range, int logn,
                                             u32* __restrict__ peaks, u32* __restrict__ neg_flag) {
     extern __shared__ float smem[];
@@ -208,7 +211,7 @@ __device__ __forceinline__ void absmax_body(const T* __restrict__ x, u32 n_el, u
         const u32 i0 = base + 8u * threadIdx.x;
         float v[8];
         Loader<T>::load8(x, i0, stop, vec, v);
-        if (HAD) butterfly8(v, logn, smem);
+        if (HAD) butterfly8<HAD == 2>(v, logn, smem);
         if (i0 < stop) {
             if (whole) {
                 u32 m = 0u;
@@ -353,7 +356,7 @@ __device__ __forceinline__ void quantize8(const float v[8], const Divider& divid
 }
 
 // sign_mode: 0 signed, 1 unsigned, 2 auto (*neg_flag). With scale_in, the scales are given (SAWB); else from peaks.
-template <typename T, bool HAD, int ROUNDING>
+template <typename T, int HAD, int ROUNDING>
 __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el, u32 G, u32 range, int logn,
                                               const u32* __restrict__ peaks, const float* __restrict__ scale_in,
                                               const u32* __restrict__ neg_flag, int sign_mode, float signed_max,
@@ -380,7 +383,7 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
         const u32 i0 = start + step * E + 8u * threadIdx.x;  // a multiple of 8: range and E are
         float v[8];
         Loader<T>::load8(x, i0, stop, vec, v);
-        if (HAD) butterfly8(v, logn, smem);
+        if (HAD) butterfly8<HAD == 2>(v, logn, smem);
         if (i0 >= stop) continue;
         if (whole) {  // the eight share a group
             const u32 g = i0 / G;
@@ -421,7 +424,7 @@ __device__ __forceinline__ void hadamard_body(const T* __restrict__ x, u32 n_el,
         const u32 i0 = base + 8u * threadIdx.x;
         float v[8];
         Loader<T>::load8(x, i0, stop, vec, v);
-        butterfly8(v, logn, smem);
+        butterfly8<false>(v, logn, smem);
         if (i0 >= stop) continue;
         if (vec && i0 + 8 <= stop) {
             reinterpret_cast<float4*>(out + i0)[0] = make_float4(v[0], v[1], v[2], v[3]);
@@ -453,7 +456,7 @@ __device__ __forceinline__ u32 block_max(u32 m, u32* s_warp) {
 // of up to 256 * ROUNDS elements transformed within a warp. Several CTAs a multiprocessor hide each other's loads
 // and barriers. For groups of up to 8 * 1024 * ROUNDS elements; 'auto' signedness only when the group is the
 // whole tensor.
-template <typename T, bool HAD, int ROUNDS, int ROUNDING>
+template <typename T, int HAD, int ROUNDS, int ROUNDING>
 __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int logn, int sign_mode, float signed_max,
                                            float unsigned_max, float clip, u32 key, signed char* __restrict__ out,
                                            float* __restrict__ scale_out) {
@@ -466,7 +469,7 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
     float v[ROUNDS][8];
 #pragma unroll
     for (int r = 0; r < ROUNDS; ++r) Loader<T>::load8(x, first + 256u * r, stop, vec, v[r]);  // past the group: 0
-    if (HAD) butterfly<ROUNDS>(v, logn, smem);
+    if (HAD) butterfly<ROUNDS, HAD == 2>(v, logn, smem);
     u32 m = 0u;
     bool negative = false;
 #pragma unroll
@@ -499,8 +502,9 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
     }
 }
 
-// Entry points (extern "C": fixed names for CuPy). Suffix: 'had' = transform first, the input type (f32 / i8),
-// the group kernels' rounds, and the rounding of the quantizers (nearest / stochastic / log2).
+// Entry points (extern "C": fixed names for CuPy). Prefix 'had' = transform first ('hadw': blocks of at least 256
+// elements, 1024 for the group kernels), the input type (f32 / i8), the rounding of the quantizers (nearest /
+// stochastic / log2).
 #define ABSMAX(NAME, T, HAD)                                                                                  \
     extern "C" __global__ void NAME(const T* x, u32 n_el, u32 G, u32 range, int logn, u32* peaks,            \
                                     u32* neg_flag) {                                                         \
@@ -524,14 +528,12 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
         hadamard_body<T>(x, n_el, range, logn, out);                                                          \
     }
 
-ABSMAX(absmax_f32, float, false)
-ABSMAX(absmax_i8, signed char, false)
-ABSMAX(absmax_had_f32, float, true)
-ABSMAX(absmax_had_i8, signed char, true)
-QUANTIZE_ROUNDINGS(quantize_f32, float, false)
-QUANTIZE_ROUNDINGS(quantize_i8, signed char, false)
-QUANTIZE_ROUNDINGS(quantize_had_f32, float, true)
-QUANTIZE_ROUNDINGS(quantize_had_i8, signed char, true)
+// Each kernel for both input types and the three transforms (none, 'had', 'hadw').
+#define INPUTS(MACRO, NAME, HAD) MACRO(NAME##_f32, float, HAD) MACRO(NAME##_i8, signed char, HAD)
+#define TRANSFORMS(MACRO, NAME) INPUTS(MACRO, NAME, 0) INPUTS(MACRO, NAME##_had, 1) INPUTS(MACRO, NAME##_hadw, 2)
+
+TRANSFORMS(ABSMAX, absmax)
+TRANSFORMS(QUANTIZE_ROUNDINGS, quantize)
 HADAMARD(hadamard_f32, float)
 HADAMARD(hadamard_i8, signed char)
 
@@ -548,10 +550,7 @@ HADAMARD(hadamard_i8, signed char)
     GROUP(NAME##_stochastic, T, HAD, 4, 1)                                                                    \
     GROUP(NAME##_log2, T, HAD, 4, 2)
 
-GROUP_ROUNDINGS(group_f32, float, false)
-GROUP_ROUNDINGS(group_i8, signed char, false)
-GROUP_ROUNDINGS(group_had_f32, float, true)
-GROUP_ROUNDINGS(group_had_i8, signed char, true)
+TRANSFORMS(GROUP_ROUNDINGS, group)
 
 // out[i] = v[i] / s[i / 8] through Divider (eights of v sharing a scale, as in the quantizers): its own kernel so
 // that the tests can compare every quotient with the IEEE division, not only the levels they round to.
