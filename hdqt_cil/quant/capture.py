@@ -13,10 +13,36 @@ layers' finite checks) and replaces the module's `forward`, which copies of the 
 distillation) would inherit. `CapturedInference(module)` does the same for eval calls without gradients (such an
 old model's forward, which distillation runs on every training batch).
 """
+import contextlib
+
 import torch
 from torch import nn
 
 from .layers import check_captured_steps
+
+
+@contextlib.contextmanager
+def _buffers_restored(module: nn.Module):
+    """Warm-up and capture must not count: the module's buffers (BatchNorm statistics, rounding steps) are put back
+    as they were before."""
+    state = {name: b.clone() for name, b in module.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, b in module.named_buffers():
+                b.copy_(state[name])
+
+
+def _warm_up(run, times: int) -> None:
+    """run() `times` times on a side stream, so that lazy initialisation (kernel loads, cuBLAS handles) stays out of
+    the graphs; anything run() made is released when it returns."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(times):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
 
 
 class _Graphs:
@@ -35,28 +61,20 @@ class _Graphs:
         def run():
             return torch.func.functional_call(module, aliases, (self.x,))
 
-        state = {name: b.clone() for name, b in module.named_buffers()}  # warmup and capture must not count
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warmup):  # lazy initialisation (kernel loads, cuBLAS handles) stays out of the graphs
+        def step():  # its graph holds the aliases' AccumulateGrad nodes, made on the side stream: released on
+            y = run()  # return, so that the capture makes its own on the capture stream
+            torch.autograd.grad(y, leaves, torch.zeros_like(y), allow_unused=True)
+
+        with _buffers_restored(module):
+            _warm_up(step, warmup)
+            pool = torch.cuda.graph_pool_handle()
+            self.forward, self.backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.forward, pool=pool):
                 y = run()
-                torch.autograd.grad(y, leaves, torch.zeros_like(y), allow_unused=True)
-        # the warm-up's graph holds the aliases' AccumulateGrad nodes, made on the side stream: let it go, so that
-        # the capture makes its own on the capture stream
-        del y
-        torch.cuda.current_stream().wait_stream(side)
-        pool = torch.cuda.graph_pool_handle()
-        self.forward, self.backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.forward, pool=pool):
-            y = run()
-        self.grad_y = torch.zeros_like(y)
-        with torch.cuda.graph(self.backward, pool=pool):
-            self.grads = torch.autograd.grad(y, leaves, self.grad_y, allow_unused=True)
-        self.y = y.detach()
-        with torch.no_grad():
-            for name, b in module.named_buffers():
-                b.copy_(state[name])
+            self.grad_y = torch.zeros_like(y)
+            with torch.cuda.graph(self.backward, pool=pool):
+                self.grads = torch.autograd.grad(y, leaves, self.grad_y, allow_unused=True)
+            self.y = y.detach()
 
 
 class _Replay(torch.autograd.Function):
@@ -82,19 +100,11 @@ class _InferenceGraph:
 
     def __init__(self, module: nn.Module, x: torch.Tensor, warmup: int):
         self.x = x.detach().clone()
-        state = {name: b.clone() for name, b in module.named_buffers()}
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.no_grad():
-            with torch.cuda.stream(side):
-                for _ in range(warmup):
-                    module(self.x)
-            torch.cuda.current_stream().wait_stream(side)
+        with _buffers_restored(module), torch.no_grad():
+            _warm_up(lambda: module(self.x), warmup)
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self.y = module(self.x)
-            for name, b in module.named_buffers():
-                b.copy_(state[name])
 
 
 class _Captured:
