@@ -128,15 +128,17 @@ def _suffix(t: torch.Tensor) -> str:
     return "f32" if t.dtype == torch.float32 else "i8"
 
 
-def _flat_grid(n_el: int, logn: int) -> tuple[int, int, int, int]:
-    """(ctas, threads, range, shared bytes) for a pass over n_el elements with Hadamard blocks of 2^logn."""
+def _flat_grid(n_el: int, logn: int, *fns) -> tuple[int, int, int, int]:
+    """(ctas, threads, range, shared bytes) for passes of the kernels `fns` over n_el elements with Hadamard blocks
+    of 2^logn: at most one wave of the kernel with the lowest occupancy, so that two passes share their CTAs'
+    ranges and the quantize pass, walking its range backwards, starts in what the absmax pass read last (in L2)."""
     threads = max(256, (1 << logn) // 8)
     step = threads * 8
     steps = -(-n_el // step)
-    ctas = min(steps, rt.sm_count() * (2048 // threads))
+    smem = threads * 8 * 4 if (1 << logn) > 256 else 0
+    ctas = min(steps, rt.sm_count() * min(rt.ctas_per_sm(fn, threads, smem) for fn in fns))
     per_cta = -(-steps // ctas)
     ctas = -(-steps // per_cta)
-    smem = threads * 8 * 4 if (1 << logn) > 256 else 0
     return ctas, threads, per_cta * step, smem
 
 
@@ -229,9 +231,11 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
 
     work = rt.ZEROS_I32.take(groups + 1, device)  # per-group max bits, then 'negative'
     peaks, negative = work[:groups], work[groups:]
-    ctas, threads, span, smem = _flat_grid(n_el, logn)
     suffix = _transform(logn, 256) + _suffix(x)
-    rt.launch(rt.function("quant.cu", f"absmax_{suffix}"), (ctas,), (threads,),
+    absmax, quantize_levels = (rt.function("quant.cu", f"absmax_{suffix}"),
+                               rt.function("quant.cu", f"quantize_{suffix}_{rounding}"))
+    ctas, threads, span, smem = _flat_grid(n_el, logn, absmax, quantize_levels)
+    rt.launch(absmax, (ctas,), (threads,),
               (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks), rt.ptr(negative)),
               smem)
     if spec.scale == "max":
@@ -243,7 +247,7 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
             transformed = original if original is not None else x.view(shape)
         scale_in = _reference().compute_scale(transformed, spec).reshape(-1).contiguous()
         scale = scale_in
-    rt.launch(rt.function("quant.cu", f"quantize_{suffix}_{rounding}"), (ctas,), (threads,),
+    rt.launch(quantize_levels, (ctas,), (threads,),
               (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks),
                rt.ptr(scale_in), rt.ptr(negative), rt.i32(sign_mode), rt.f32(spec.signed_max),
                rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key, rt.ptr(levels),
@@ -286,8 +290,9 @@ def block_hadamard(x: torch.Tensor, dim: int = -1, block: int | None = None) -> 
         flat = _flat_input(moved)
         out = _empty(moved.shape, torch.float32, x.device)
         logn = block.bit_length() - 1
-        ctas, threads, span, smem = _flat_grid(flat.numel(), logn)
-        rt.launch(rt.function("quant.cu", f"hadamard_{_suffix(flat)}"), (ctas,), (threads,),
+        fn = rt.function("quant.cu", f"hadamard_{_suffix(flat)}")
+        ctas, threads, span, smem = _flat_grid(flat.numel(), logn, fn)
+        rt.launch(fn, (ctas,), (threads,),
                   (rt.ptr(flat), rt.u32(flat.numel()), rt.u32(span), rt.i32(logn), rt.ptr(out)), smem)
     return out.movedim(-1, dim)
 

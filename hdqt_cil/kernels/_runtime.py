@@ -227,6 +227,21 @@ def launch(fn, grid, block, args, shared_mem: int = 0) -> None:
     fn(grid, block, args, shared_mem, current_stream())
 
 
+_occupancy: dict = {}
+
+
+def ctas_per_sm(fn, threads: int, shared_mem: int = 0) -> int:
+    """Resident CTAs per multiprocessor for a launch shape (CUDA's occupancy calculator), at least 1."""
+    key = (fn.ptr, threads, shared_mem)
+    count = _occupancy.get(key)
+    if count is None:
+        from cupy_backends.cuda.api import driver  # noqa: PLC0415
+
+        count = _occupancy[key] = max(1, driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads,
+                                                                                          shared_mem))
+    return count
+
+
 class _ZeroPool:
     """Zero-filled device memory handed out in slices that are never handed out twice: a kernel's atomic
     accumulators (per-group maxima, saturation counts) start from zero without a memset launch per call. A slice
