@@ -5,6 +5,7 @@ shows. Integer results, scales and stochastic rounding (same counter) must be bi
 with either backend must leave bit-identical weights.
 """
 import dataclasses
+import math
 import zlib
 
 import pytest
@@ -208,7 +209,13 @@ def test_single_pass_group_quantize(shape, granularity):
 HADAMARD_CASES = [((8, 16), -1, None), ((3, 5, 4), -1, None), ((7, 100), -1, None), ((2, 561), -1, None),
                   ((128, 16, 1024), -1, None), ((5, 2048), -1, None), ((3, 8192), -1, None), ((1, 4096), -1, 512),
                   ((64, 3, 256), -1, 64), ((16, 32, 3), 1, None), ((12, 24, 6), 0, 4), ((9, 1024), -1, 2),
-                  ((33, 8), -1, 8), ((1, 3, 2), -1, None), ((4, 16384), -1, None)]
+                  ((33, 8), -1, 8), ((1, 3, 2), -1, None), ((4, 16384), -1, None), ((4096, 1024), -1, None)]
+
+
+def test_cases_reach_both_shapes_of_the_flat_kernels():
+    """Hadamard kernels hold one run of 8 a thread below kernels.FLAT_RUNS_FROM elements, four from there."""
+    sizes = [math.prod(shape) for shape, _, _ in HADAMARD_CASES]
+    assert min(sizes) < kernels.FLAT_RUNS_FROM <= max(sizes)
 
 
 @pytest.mark.parametrize("shape, dim, block", HADAMARD_CASES, ids=str)
@@ -230,7 +237,7 @@ def test_block_hadamard_rejects_bad_blocks():
 @pytest.mark.parametrize("spec", [SPECS[3], SPECS[4], SPECS[1], SPECS[9], SPECS[12]], ids=str)
 @pytest.mark.parametrize("shape, block", [((128, 16, 1024), None), ((1, 128, 561), None), ((1, 561, 128), None),
                                           ((32, 1024, 64), None), ((2, 3, 8192), None), ((7, 96), 16),
-                                          ((4, 40), None), ((3, 4096), 1024)], ids=str)
+                                          ((4, 40), None), ((3, 4096), 1024), ((4, 1024, 1024), None)], ids=str)
 def test_hadamard_quantize_bit_identical(shape, block, spec):
     g = gen(shape[-1] + 7)
     counter = Counter(7, 11, 13)

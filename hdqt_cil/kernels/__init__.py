@@ -128,14 +128,30 @@ def _suffix(t: torch.Tensor) -> str:
     return "f32" if t.dtype == torch.float32 else "i8"
 
 
+# Flat kernels with a Hadamard transform on tensors of at least this many elements hold 4 runs of 8 a thread
+# (quant.cu's absmax4 / quantize4 / hadamard4: +15-20 % on 64 MiB, kernel_notes v14); the others one run (a
+# quarter of the warps was 1.7-2x slower on the MLP's 70K-element tensors).
+FLAT_RUNS_FROM = 1 << 22
+
+
+def _flat_runs(n_el: int, logn: int) -> int:
+    return 4 if logn and n_el >= FLAT_RUNS_FROM else 1
+
+
+def _flat_kind(kind: str, n_el: int, logn: int) -> str:
+    """quant.cu's name of a flat kernel ("absmax", "quantize", "hadamard") for n_el elements."""
+    return kind if _flat_runs(n_el, logn) == 1 else f"{kind}4"
+
+
 def _flat_grid(n_el: int, logn: int, *fns) -> tuple[int, int, int, int]:
     """(ctas, threads, range, shared bytes) for passes of the kernels `fns` over n_el elements with Hadamard blocks
     of 2^logn: at most one wave of the kernel with the lowest occupancy, so that two passes share their CTAs'
     ranges and the quantize pass, walking its range backwards, starts in what the absmax pass read last (in L2)."""
-    threads = max(256, (1 << logn) // 8)
-    step = threads * 8
+    per_thread = 8 * _flat_runs(n_el, logn)
+    threads = max(256, (1 << logn) // per_thread)
+    step = threads * per_thread
     steps = -(-n_el // step)
-    smem = threads * 8 * 4 if (1 << logn) > 256 else 0
+    smem = threads * 8 * 4 if (1 << logn) > 32 * per_thread else 0
     ctas = min(steps, rt.sm_count() * min(rt.ctas_per_sm(fn, threads, smem) for fn in fns))
     per_cta = -(-steps // ctas)
     ctas = -(-steps // per_cta)
@@ -231,9 +247,9 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
 
     work = rt.ZEROS_I32.take(groups + 1, device)  # per-group max bits, then 'negative'
     peaks, negative = work[:groups], work[groups:]
-    suffix = _transform(logn, 256) + _suffix(x)
-    absmax, quantize_levels = (rt.function("quant.cu", f"absmax_{suffix}"),
-                               rt.function("quant.cu", f"quantize_{suffix}_{rounding}"))
+    suffix = _transform(logn, 256 * _flat_runs(n_el, logn)) + _suffix(x)
+    absmax, quantize_levels = (rt.function("quant.cu", f"{_flat_kind('absmax', n_el, logn)}_{suffix}"),
+                               rt.function("quant.cu", f"{_flat_kind('quantize', n_el, logn)}_{suffix}_{rounding}"))
     ctas, threads, span, smem = _flat_grid(n_el, logn, absmax, quantize_levels)
     rt.launch(absmax, (ctas,), (threads,),
               (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks), rt.ptr(negative)),
@@ -290,7 +306,7 @@ def block_hadamard(x: torch.Tensor, dim: int = -1, block: int | None = None) -> 
         flat = _flat_input(moved)
         out = _empty(moved.shape, torch.float32, x.device)
         logn = block.bit_length() - 1
-        fn = rt.function("quant.cu", f"hadamard_{_suffix(flat)}")
+        fn = rt.function("quant.cu", f"{_flat_kind('hadamard', flat.numel(), logn)}_{_suffix(flat)}")
         ctas, threads, span, smem = _flat_grid(flat.numel(), logn, fn)
         rt.launch(fn, (ctas,), (threads,),
                   (rt.ptr(flat), rt.u32(flat.numel()), rt.u32(span), rt.i32(logn), rt.ptr(out)), smem)

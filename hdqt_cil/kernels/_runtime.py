@@ -17,9 +17,12 @@ HERE = Path(__file__).resolve().parent
 # Kernels of each source, as the names (or template instantiations) that a compile must produce.
 ROUNDINGS = ("nearest", "stochastic", "log2")  # quant.cu's kernel name suffixes, by rounding
 TRANSFORMS = ("", "had_", "hadw_")  # quant.cu's name prefixes: no transform, any Hadamard block, a wide one
-QUANT_KERNELS = tuple(f"absmax_{had}{t}" for had in TRANSFORMS for t in ("f32", "i8"))
-QUANT_KERNELS += tuple(f"quantize_{had}{t}_{r}" for had in TRANSFORMS for t in ("f32", "i8") for r in ROUNDINGS)
-QUANT_KERNELS += ("hadamard_f32", "hadamard_i8")
+# The flat kernels with one run of 8 elements a thread (every transform), and with four ('4': Hadamard ones only).
+FLAT_SHAPES = (("", TRANSFORMS), ("4", TRANSFORMS[1:]))
+QUANT_KERNELS = tuple(f"absmax{n}_{had}{t}" for n, hads in FLAT_SHAPES for had in hads for t in ("f32", "i8"))
+QUANT_KERNELS += tuple(f"quantize{n}_{had}{t}_{r}" for n, hads in FLAT_SHAPES for had in hads for t in ("f32", "i8")
+                       for r in ROUNDINGS)
+QUANT_KERNELS += tuple(f"hadamard{n}_{t}" for n, _ in FLAT_SHAPES for t in ("f32", "i8"))
 QUANT_KERNELS += tuple(f"group_{had}{t}_{r}" for had in TRANSFORMS for t in ("f32", "i8") for r in ROUNDINGS)
 QUANT_KERNELS += ("sum_entries_f32", "transpose_i8", "divide_f32")
 PEAK_KERNELS = ("mma_peak_plain", "mma_peak_clamped", "mma_peak_packed")

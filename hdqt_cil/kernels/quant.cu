@@ -166,10 +166,10 @@ __device__ __forceinline__ void butterfly(float (&v)[ROUNDS][8], int logn, float
     }
 }
 
-// The flat kernels' butterfly: one run of 8 a thread.
-template <bool WIDE>
-__device__ __forceinline__ void butterfly8(float v[8], int logn, float* smem) {
-    butterfly<1, WIDE>(*reinterpret_cast<float(*)[1][8]>(v), logn, smem);
+// Where a thread's first run starts in its CTA's step of blockDim.x * 8 * ROUNDS elements (run r: + 256 r).
+template <int ROUNDS>
+__device__ __forceinline__ u32 run_offset() {
+    return (threadIdx.x >> 5) * (256u * ROUNDS) + 8u * (threadIdx.x & 31);
 }
 
 __device__ __forceinline__ u32 abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
@@ -194,13 +194,13 @@ struct GroupMax {
     }
 };
 
-template <typename T, int HAD>
+template <typename T, int HAD, int ROUNDS>
 __device__ __forceinline__ void absmax_body(const T* __restrict__ x, u32 n_el, u32 G, u32 range, int logn,
                                             u32* __restrict__ peaks, u32* __restrict__ neg_flag) {
     extern __shared__ float smem[];
     __shared__ u32 s_first;
     __shared__ u32 s_warp[32];
-    const u32 E = blockDim.x * 8u;
+    const u32 E = blockDim.x * 8u * ROUNDS;
     const u32 start = blockIdx.x * range;
     const u32 stop = min(start + range, n_el);
     const bool vec = (reinterpret_cast<u64>(x) % 16u) == 0;
@@ -208,25 +208,29 @@ __device__ __forceinline__ void absmax_body(const T* __restrict__ x, u32 n_el, u
     GroupMax acc = {NO_GROUP, 0u};
     bool negative = false;
     for (u32 base = start; base < stop; base += E) {
-        const u32 i0 = base + 8u * threadIdx.x;
-        float v[8];
-        Loader<T>::load8(x, i0, stop, vec, v);
-        if (HAD) butterfly8<HAD == 2>(v, logn, smem);
-        if (i0 < stop) {
+        const u32 first = base + run_offset<ROUNDS>();
+        float v[ROUNDS][8];
+#pragma unroll
+        for (int r = 0; r < ROUNDS; ++r) Loader<T>::load8(x, first + 256u * r, stop, vec, v[r]);
+        if (HAD) butterfly<ROUNDS, HAD == 2>(v, logn, smem);
+#pragma unroll
+        for (int r = 0; r < ROUNDS; ++r) {
+            const u32 i0 = first + 256u * r;
+            if (i0 >= stop) continue;
             if (whole) {
                 u32 m = 0u;
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
-                    m = max(m, abs_bits(v[j]));  // elements past the end are 0: no effect
-                    negative |= v[j] < 0.0f;
+                    m = max(m, abs_bits(v[r][j]));  // elements past the end are 0: no effect
+                    negative |= v[r][j] < 0.0f;
                 }
                 acc.add(i0 / G, m, peaks);
             } else {
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
                     if (i0 + j < stop) {
-                        acc.add((i0 + j) / G, abs_bits(v[j]), peaks);
-                        negative |= v[j] < 0.0f;
+                        acc.add((i0 + j) / G, abs_bits(v[r][j]), peaks);
+                        negative |= v[r][j] < 0.0f;
                     }
                 }
             }
@@ -356,14 +360,14 @@ __device__ __forceinline__ void quantize8(const float v[8], const Divider& divid
 }
 
 // sign_mode: 0 signed, 1 unsigned, 2 auto (*neg_flag). With scale_in, the scales are given (SAWB); else from peaks.
-template <typename T, int HAD, int ROUNDING>
+template <typename T, int HAD, int ROUNDS, int ROUNDING>
 __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el, u32 G, u32 range, int logn,
                                               const u32* __restrict__ peaks, const float* __restrict__ scale_in,
                                               const u32* __restrict__ neg_flag, int sign_mode, float signed_max,
                                               float unsigned_max, float clip, u32 key,
                                               signed char* __restrict__ out, float* __restrict__ scale_out) {
     extern __shared__ float smem[];
-    const u32 E = blockDim.x * 8u;
+    const u32 E = blockDim.x * 8u * ROUNDS;
     const u32 start = blockIdx.x * range;
     const u32 stop = min(start + range, n_el);
     const bool vec = (reinterpret_cast<u64>(x) % 16u) == 0 && (reinterpret_cast<u64>(out) % 8u) == 0;
@@ -380,59 +384,70 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
     Divider divider(1.0f);
     // Backwards through the range: the absmax pass read it forwards, so its last steps are still in L2.
     for (u32 step = stop > start ? (stop - start + E - 1) / E : 0u; step-- > 0;) {
-        const u32 i0 = start + step * E + 8u * threadIdx.x;  // a multiple of 8: range and E are
-        float v[8];
-        Loader<T>::load8(x, i0, stop, vec, v);
-        if (HAD) butterfly8<HAD == 2>(v, logn, smem);
-        if (i0 >= stop) continue;
-        if (whole) {  // the eight share a group
-            const u32 g = i0 / G;
-            if (g != group) {
-                group = g;
-                divider = Divider(scale_of(g));
-            }
-            if (scale_out != nullptr && i0 == g * G) scale_out[g] = divider.s;
-            quantize8<ROUNDING, true>(v, divider, low, high, i0, stop, key, vec, out);
-            continue;
-        }
-        const u32 shared = first_round(i0 ^ key);  // groups not a multiple of 8 (small tensors): a scale each
-        signed char q[8];
+        const u32 first = start + step * E + run_offset<ROUNDS>();  // a multiple of 8: range and E are
+        float v[ROUNDS][8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const u32 i = i0 + j;
-            const u32 g = (i < stop) ? i / G : group;
-            if (g != group) {
-                group = g;
-                divider = Divider(scale_of(g));
+        for (int r = 0; r < ROUNDS; ++r) Loader<T>::load8(x, first + 256u * r, stop, vec, v[r]);
+        if (HAD) butterfly<ROUNDS, HAD == 2>(v, logn, smem);
+#pragma unroll
+        for (int r = 0; r < ROUNDS; ++r) {
+            const u32 i0 = first + 256u * r;
+            if (i0 >= stop) continue;
+            if (whole) {  // the eight share a group
+                const u32 g = i0 / G;
+                if (g != group) {
+                    group = g;
+                    divider = Divider(scale_of(g));
+                }
+                if (scale_out != nullptr && i0 == g * G) scale_out[g] = divider.s;
+                quantize8<ROUNDING, true>(v[r], divider, low, high, i0, stop, key, vec, out);
+                continue;
             }
-            if (scale_out != nullptr && i < stop && i == g * G) scale_out[g] = divider.s;
-            q[j] = level_of<ROUNDING>(__fdiv_rn(v[j], divider.s), element_hash<true>(shared, i0, j, key), low, high);
+            const u32 shared = first_round(i0 ^ key);  // groups not a multiple of 8 (small tensors): a scale each
+            signed char q[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const u32 i = i0 + j;
+                const u32 g = (i < stop) ? i / G : group;
+                if (g != group) {
+                    group = g;
+                    divider = Divider(scale_of(g));
+                }
+                if (scale_out != nullptr && i < stop && i == g * G) scale_out[g] = divider.s;
+                q[j] = level_of<ROUNDING>(__fdiv_rn(v[r][j], divider.s), element_hash<true>(shared, i0, j, key), low,
+                                          high);
+            }
+            store8(q, i0, stop, vec, out);
         }
-        store8(q, i0, stop, vec, out);
     }
 }
 
-template <typename T>
+template <typename T, int ROUNDS>
 __device__ __forceinline__ void hadamard_body(const T* __restrict__ x, u32 n_el, u32 range, int logn,
                                               float* __restrict__ out) {
     extern __shared__ float smem[];
-    const u32 E = blockDim.x * 8u;
+    const u32 E = blockDim.x * 8u * ROUNDS;
     const u32 start = blockIdx.x * range;
     const u32 stop = min(start + range, n_el);
     const bool vec = (reinterpret_cast<u64>(x) % 16u) == 0 && (reinterpret_cast<u64>(out) % 16u) == 0;
     for (u32 base = start; base < stop; base += E) {
-        const u32 i0 = base + 8u * threadIdx.x;
-        float v[8];
-        Loader<T>::load8(x, i0, stop, vec, v);
-        butterfly8<false>(v, logn, smem);
-        if (i0 >= stop) continue;
-        if (vec && i0 + 8 <= stop) {
-            reinterpret_cast<float4*>(out + i0)[0] = make_float4(v[0], v[1], v[2], v[3]);
-            reinterpret_cast<float4*>(out + i0)[1] = make_float4(v[4], v[5], v[6], v[7]);
-        } else {
+        const u32 first = base + run_offset<ROUNDS>();
+        float v[ROUNDS][8];
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
-                if (i0 + j < stop) out[i0 + j] = v[j];
+        for (int r = 0; r < ROUNDS; ++r) Loader<T>::load8(x, first + 256u * r, stop, vec, v[r]);
+        butterfly<ROUNDS, false>(v, logn, smem);
+#pragma unroll
+        for (int r = 0; r < ROUNDS; ++r) {
+            const u32 i0 = first + 256u * r;
+            if (i0 >= stop) continue;
+            if (vec && i0 + 8 <= stop) {
+                reinterpret_cast<float4*>(out + i0)[0] = make_float4(v[r][0], v[r][1], v[r][2], v[r][3]);
+                reinterpret_cast<float4*>(out + i0)[1] = make_float4(v[r][4], v[r][5], v[r][6], v[r][7]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    if (i0 + j < stop) out[i0 + j] = v[r][j];
+            }
         }
     }
 }
@@ -465,7 +480,7 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
     const bool vec = (G % 8u) == 0 && (reinterpret_cast<u64>(x) % 16u) == 0 &&
                      (reinterpret_cast<u64>(out) % 8u) == 0;
     const u32 g = blockIdx.x, base = g * G, stop = base + G;
-    const u32 first = base + (threadIdx.x >> 5) * (256u * ROUNDS) + 8u * (threadIdx.x & 31);  // run r: + 256 r
+    const u32 first = base + run_offset<ROUNDS>();  // run r: + 256 r
     float v[ROUNDS][8];
 #pragma unroll
     for (int r = 0; r < ROUNDS; ++r) Loader<T>::load8(x, first + 256u * r, stop, vec, v[r]);  // past the group: 0
@@ -502,40 +517,51 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
     }
 }
 
-// Entry points (extern "C": fixed names for CuPy). Prefix 'had' = transform first ('hadw': blocks of at least 256
-// elements, 1024 for the group kernels), the input type (f32 / i8), the rounding of the quantizers (nearest /
-// stochastic / log2).
-#define ABSMAX(NAME, T, HAD)                                                                                  \
+// Entry points (extern "C": fixed names for CuPy). Prefix 'had' = transform first ('hadw': blocks that fill a warp's
+// elements, 256 * ROUNDS), the input type (f32 / i8), the rounding of the quantizers (nearest / stochastic / log2).
+#define ABSMAX(NAME, T, HAD, ROUNDS)                                                                          \
     extern "C" __global__ void NAME(const T* x, u32 n_el, u32 G, u32 range, int logn, u32* peaks,            \
                                     u32* neg_flag) {                                                         \
-        absmax_body<T, HAD>(x, n_el, G, range, logn, peaks, neg_flag);                                        \
+        absmax_body<T, HAD, ROUNDS>(x, n_el, G, range, logn, peaks, neg_flag);                                \
     }
-#define QUANTIZE(NAME, T, HAD, ROUNDING)                                                                      \
+#define QUANTIZE(NAME, T, HAD, ROUNDS, ROUNDING)                                                              \
     extern "C" __global__ void NAME(const T* x, u32 n_el, u32 G, u32 range, int logn, const u32* peaks,      \
                                     const float* scale_in, const u32* neg_flag, int sign_mode,                \
                                     float signed_max, float unsigned_max, float clip, u32 seed, u32 role,     \
                                     const long long* step_at, u32 step, signed char* out, float* scale_out) { \
-        quantize_body<T, HAD, ROUNDING>(x, n_el, G, range, logn, peaks, scale_in, neg_flag, sign_mode,        \
+        quantize_body<T, HAD, ROUNDS, ROUNDING>(x, n_el, G, range, logn, peaks, scale_in, neg_flag, sign_mode,\
                                         signed_max, unsigned_max, clip, counter_key(seed, role, step_at, step), \
                                         out, scale_out);                                                     \
     }
-#define QUANTIZE_ROUNDINGS(NAME, T, HAD)                                                                      \
-    QUANTIZE(NAME##_nearest, T, HAD, 0)                                                                       \
-    QUANTIZE(NAME##_stochastic, T, HAD, 1)                                                                    \
-    QUANTIZE(NAME##_log2, T, HAD, 2)
-#define HADAMARD(NAME, T)                                                                                     \
+#define QUANTIZE_ROUNDINGS(NAME, T, HAD, ROUNDS)                                                              \
+    QUANTIZE(NAME##_nearest, T, HAD, ROUNDS, 0)                                                               \
+    QUANTIZE(NAME##_stochastic, T, HAD, ROUNDS, 1)                                                            \
+    QUANTIZE(NAME##_log2, T, HAD, ROUNDS, 2)
+#define HADAMARD(NAME, T, ROUNDS)                                                                             \
     extern "C" __global__ void NAME(const T* x, u32 n_el, u32 range, int logn, float* out) {                 \
-        hadamard_body<T>(x, n_el, range, logn, out);                                                          \
+        hadamard_body<T, ROUNDS>(x, n_el, range, logn, out);                                                  \
     }
+// The flat kernels in two shapes: one run of 8 a thread, and four (names ending in 4) for large tensors with a
+// Hadamard transform, where more work per butterfly barrier pays (on small tensors a quarter of the warps is
+// slower, and without a transform there is no barrier to amortise).
+#define ABSMAX1(NAME, T, HAD) ABSMAX(NAME, T, HAD, 1)
+#define ABSMAX4(NAME, T, HAD) ABSMAX(NAME, T, HAD, 4)
+#define QUANTIZE1(NAME, T, HAD) QUANTIZE_ROUNDINGS(NAME, T, HAD, 1)
+#define QUANTIZE4(NAME, T, HAD) QUANTIZE_ROUNDINGS(NAME, T, HAD, 4)
 
 // Each kernel for both input types and the three transforms (none, 'had', 'hadw').
 #define INPUTS(MACRO, NAME, HAD) MACRO(NAME##_f32, float, HAD) MACRO(NAME##_i8, signed char, HAD)
-#define TRANSFORMS(MACRO, NAME) INPUTS(MACRO, NAME, 0) INPUTS(MACRO, NAME##_had, 1) INPUTS(MACRO, NAME##_hadw, 2)
+#define HADAMARDS(MACRO, NAME) INPUTS(MACRO, NAME##_had, 1) INPUTS(MACRO, NAME##_hadw, 2)
+#define TRANSFORMS(MACRO, NAME) INPUTS(MACRO, NAME, 0) HADAMARDS(MACRO, NAME)
 
-TRANSFORMS(ABSMAX, absmax)
-TRANSFORMS(QUANTIZE_ROUNDINGS, quantize)
-HADAMARD(hadamard_f32, float)
-HADAMARD(hadamard_i8, signed char)
+TRANSFORMS(ABSMAX1, absmax)
+HADAMARDS(ABSMAX4, absmax4)
+TRANSFORMS(QUANTIZE1, quantize)
+HADAMARDS(QUANTIZE4, quantize4)
+HADAMARD(hadamard_f32, float, 1)
+HADAMARD(hadamard_i8, signed char, 1)
+HADAMARD(hadamard4_f32, float, 4)
+HADAMARD(hadamard4_i8, signed char, 4)
 
 #define GROUP(NAME, T, HAD, ROUNDS, ROUNDING)                                                                 \
     extern "C" __global__ void __launch_bounds__(1024)                                                        \
