@@ -1,18 +1,20 @@
 // Quantizers and the block Hadamard transform of docs/numerics.md, for flat contiguous tensors.
 //
-// A tensor of n_el elements is processed in "steps" of E = blockDim.x * 8 consecutive elements; thread t of a
-// CTA owns elements [base + 8t, base + 8t + 8) of a step. A Hadamard block (n = 2^logn, n | E) is transformed in
-// registers (stages h = 1, 2, 4), across the lanes of a warp (h = 8 .. 128, shuffles) and across the warps of
-// the CTA (h >= 256, shared memory): every stage is the reference's (a, b) -> (a + b, a - b), so the float32
-// results are the reference's bit for bit. A scale group is a run of G consecutive elements (tensor: G = n_el,
-// sample: n_el / dim0, row: the last dim); Hadamard blocks never straddle groups (n | G).
+// A tensor of n_el elements is processed in "steps" of E = blockDim.x * 8 * ROUNDS consecutive elements; each
+// thread owns ROUNDS runs of 8 consecutive elements of a step (run_offset; ROUNDS = 1: elements [base + 8t,
+// base + 8t + 8)). A Hadamard block (n = 2^logn, n | E) is transformed in registers and across the lanes of a warp
+// up to 256 ROUNDS elements, across warps beyond (butterfly): every stage is the reference's (a, b) -> (a + b,
+// a - b), so the float32 results are the reference's bit for bit. A scale group is a run of G consecutive elements
+// (tensor: G = n_el, sample: n_el / dim0, row: the last dim); Hadamard blocks never straddle groups (n | G).
 //
-// absmax_kernel: max|t| per group (as the bits of |t|: unsigned order = float order for non-negative floats,
-//                and a NaN compares above +inf, so a NaN propagates into the scale as in torch.amax), and
-//                whether any element is negative (signedness 'auto').
-// quantize_kernel: s = (max * clip) / qmax (or a given scale), v = t / s, rounding, clamp, int8 levels; the
-//                thread that owns a group's first element writes the group's scale.
-// hadamard_kernel: the transform alone, float32 out.
+// absmax_*: max|t| per group (as the bits of |t|: unsigned order = float order for non-negative floats, and a NaN
+//           compares above +inf, so a NaN propagates into the scale as in torch.amax), and whether any element is
+//           negative (signedness 'auto').
+// quantize_*: s = (max * clip) / qmax (or a given scale), v = t / s, rounding, clamp, int8 levels; the thread that
+//           owns a group's first element writes the group's scale.
+// hadamard_*: the transform alone, float32 out.
+// group_*: max, scale and levels of groups of up to 32K elements in one pass (a CTA a group).
+// divide_f32: the quantizers' division, exposed for its test.
 // sum_entries_f32: the batch sum of a GEMM's scaled products in the order of intmm.cu's OUT mode 3.
 // transpose_i8: int8 matrices transposed into a row pitch of the caller's choice (the GEMM's operand packing).
 // Template T: float or signed char input (levels). HAD: 0 no transform, 1 a Hadamard block of any size, 2 one of
@@ -172,6 +174,23 @@ __device__ __forceinline__ u32 run_offset() {
     return (threadIdx.x >> 5) * (256u * ROUNDS) + 8u * (threadIdx.x & 31);
 }
 
+// A thread's runs of a step, from `first` on (elements at or past stop read as 0), transformed when HAD.
+template <typename T, int HAD, int ROUNDS>
+__device__ __forceinline__ void load_runs(const T* __restrict__ x, u32 first, u32 stop, bool vec, int logn,
+                                          float* smem, float (&v)[ROUNDS][8]) {
+#pragma unroll
+    for (int r = 0; r < ROUNDS; ++r) Loader<T>::load8(x, first + 256u * r, stop, vec, v[r]);
+    if (HAD) butterfly<ROUNDS, HAD == 2>(v, logn, smem);
+}
+
+// f(r, i0) for each of a thread's runs (index r, first element i0) that starts before stop.
+template <int ROUNDS, typename F>
+__device__ __forceinline__ void each_run(u32 first, u32 stop, F f) {
+#pragma unroll
+    for (int r = 0; r < ROUNDS; ++r)
+        if (first + 256u * r < stop) f(r, first + 256u * r);
+}
+
 __device__ __forceinline__ u32 abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
 
 __device__ __forceinline__ u32 warp_max(u32 x) {
@@ -210,13 +229,8 @@ __device__ __forceinline__ void absmax_body(const T* __restrict__ x, u32 n_el, u
     for (u32 base = start; base < stop; base += E) {
         const u32 first = base + run_offset<ROUNDS>();
         float v[ROUNDS][8];
-#pragma unroll
-        for (int r = 0; r < ROUNDS; ++r) Loader<T>::load8(x, first + 256u * r, stop, vec, v[r]);
-        if (HAD) butterfly<ROUNDS, HAD == 2>(v, logn, smem);
-#pragma unroll
-        for (int r = 0; r < ROUNDS; ++r) {
-            const u32 i0 = first + 256u * r;
-            if (i0 >= stop) continue;
+        load_runs<T, HAD, ROUNDS>(x, first, stop, vec, logn, smem, v);
+        each_run<ROUNDS>(first, stop, [&](int r, u32 i0) {
             if (whole) {
                 u32 m = 0u;
 #pragma unroll
@@ -234,7 +248,7 @@ __device__ __forceinline__ void absmax_body(const T* __restrict__ x, u32 n_el, u
                     }
                 }
             }
-        }
+        });
     }
     // One atomic per CTA when every thread ended in the same group (large groups), else one per thread.
     if (threadIdx.x == 0) s_first = NO_GROUP;
@@ -386,13 +400,8 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
     for (u32 step = stop > start ? (stop - start + E - 1) / E : 0u; step-- > 0;) {
         const u32 first = start + step * E + run_offset<ROUNDS>();  // a multiple of 8: range and E are
         float v[ROUNDS][8];
-#pragma unroll
-        for (int r = 0; r < ROUNDS; ++r) Loader<T>::load8(x, first + 256u * r, stop, vec, v[r]);
-        if (HAD) butterfly<ROUNDS, HAD == 2>(v, logn, smem);
-#pragma unroll
-        for (int r = 0; r < ROUNDS; ++r) {
-            const u32 i0 = first + 256u * r;
-            if (i0 >= stop) continue;
+        load_runs<T, HAD, ROUNDS>(x, first, stop, vec, logn, smem, v);
+        each_run<ROUNDS>(first, stop, [&](int r, u32 i0) {
             if (whole) {  // the eight share a group
                 const u32 g = i0 / G;
                 if (g != group) {
@@ -401,7 +410,7 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
                 }
                 if (scale_out != nullptr && i0 == g * G) scale_out[g] = divider.s;
                 quantize8<ROUNDING, true>(v[r], divider, low, high, i0, stop, key, vec, out);
-                continue;
+                return;
             }
             const u32 shared = first_round(i0 ^ key);  // groups not a multiple of 8 (small tensors): a scale each
             signed char q[8];
@@ -418,7 +427,7 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
                                           high);
             }
             store8(q, i0, stop, vec, out);
-        }
+        });
     }
 }
 
@@ -433,13 +442,8 @@ __device__ __forceinline__ void hadamard_body(const T* __restrict__ x, u32 n_el,
     for (u32 base = start; base < stop; base += E) {
         const u32 first = base + run_offset<ROUNDS>();
         float v[ROUNDS][8];
-#pragma unroll
-        for (int r = 0; r < ROUNDS; ++r) Loader<T>::load8(x, first + 256u * r, stop, vec, v[r]);
-        butterfly<ROUNDS, false>(v, logn, smem);
-#pragma unroll
-        for (int r = 0; r < ROUNDS; ++r) {
-            const u32 i0 = first + 256u * r;
-            if (i0 >= stop) continue;
+        load_runs<T, 1, ROUNDS>(x, first, stop, vec, logn, smem, v);
+        each_run<ROUNDS>(first, stop, [&](int r, u32 i0) {
             if (vec && i0 + 8 <= stop) {
                 reinterpret_cast<float4*>(out + i0)[0] = make_float4(v[r][0], v[r][1], v[r][2], v[r][3]);
                 reinterpret_cast<float4*>(out + i0)[1] = make_float4(v[r][4], v[r][5], v[r][6], v[r][7]);
@@ -448,7 +452,7 @@ __device__ __forceinline__ void hadamard_body(const T* __restrict__ x, u32 n_el,
                 for (int j = 0; j < 8; ++j)
                     if (i0 + j < stop) out[i0 + j] = v[r][j];
             }
-        }
+        });
     }
 }
 
@@ -482,9 +486,7 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
     const u32 g = blockIdx.x, base = g * G, stop = base + G;
     const u32 first = base + run_offset<ROUNDS>();  // run r: + 256 r
     float v[ROUNDS][8];
-#pragma unroll
-    for (int r = 0; r < ROUNDS; ++r) Loader<T>::load8(x, first + 256u * r, stop, vec, v[r]);  // past the group: 0
-    if (HAD) butterfly<ROUNDS, HAD == 2>(v, logn, smem);
+    load_runs<T, HAD, ROUNDS>(x, first, stop, vec, logn, smem, v);  // past the group: 0
     u32 m = 0u;
     bool negative = false;
 #pragma unroll
@@ -506,15 +508,12 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
     if (s == 0.0f) s = 1.0f;
     if (threadIdx.x == 0) scale_out[g] = s;
     const Divider divider(s);
-#pragma unroll
-    for (int r = 0; r < ROUNDS; ++r) {
-        const u32 i0 = first + 256u * r;
-        if (i0 >= stop) continue;
+    each_run<ROUNDS>(first, stop, [&](int r, u32 i0) {
         if (vec)  // G % 8 == 0: every i0 a multiple of 8
             quantize8<ROUNDING, true>(v[r], divider, low, high, i0, stop, key, true, out);
         else
             quantize8<ROUNDING, false>(v[r], divider, low, high, i0, stop, key, false, out);
-    }
+    });
 }
 
 // Entry points (extern "C": fixed names for CuPy). Prefix 'had' = transform first ('hadw': blocks that fill a warp's
