@@ -1,0 +1,54 @@
+"""How close torch's im2col copies come to the copy-bandwidth floor: QuantConv2d._forward_rows ((B·L, K) rows, the
+forward product's left operand) and _input_columns ((B, K, L), grad_weight's) on ResNet-32's conv shapes at batch 128,
+int8 levels and float32, timed eagerly (host work included: F.pad, unfold, permute and one copy each call).
+
+    python scripts/bench_im2col.py > results/bench/<version>_im2col.log      # on the GPU machine
+"""
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hdqt_cil.quant.layers import QuantConv2d  # noqa: E402
+
+SHAPES = ((16, 16, 32, 1), (16, 32, 32, 2), (32, 32, 16, 1), (64, 64, 8, 1))  # in, out, height = width, stride
+
+
+def seconds(fn, reps=50) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / reps / 1e3
+
+
+def main():
+    src = torch.empty(1 << 28, device="cuda")
+    dst = torch.empty_like(src)
+    bandwidth = 2 * src.numel() * 4 / seconds(lambda: dst.copy_(src), 10)
+    del src, dst
+    print(f"{torch.cuda.get_device_name(0)}: copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    for c_in, c_out, size, stride in SHAPES:
+        conv = QuantConv2d.__new__(QuantConv2d)  # only the im2col geometry is used: no scheme needed
+        nn.Conv2d.__init__(conv, c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        for dtype in (torch.int8, torch.float32):
+            x = (torch.randn(128, c_in, size, size, device="cuda") * 4).to(dtype)
+            for name in ("_forward_rows", "_input_columns"):
+                fn = getattr(conv, name)
+                out = fn(x)
+                sec = seconds(lambda: fn(x))
+                moved = out.numel() * out.element_size() + x.numel() * x.element_size()
+                print(f"{name:15s} {str(dtype):13s} {tuple(x.shape)} -> {tuple(out.shape)}: {sec * 1e6:7.1f} us, "
+                      f"{moved / sec / bandwidth:.2f} of copy (floor {moved / bandwidth * 1e6:.1f} us)")
+
+
+if __name__ == "__main__":
+    main()
