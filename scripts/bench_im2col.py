@@ -10,32 +10,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_kernels import copy_bandwidth, cuda_time  # noqa: E402 (the benchmark's timing, beside this script)
 from hdqt_cil.quant.layers import QuantConv2d  # noqa: E402
 
 SHAPES = ((16, 16, 32, 1), (16, 32, 32, 2), (32, 32, 16, 1), (64, 64, 8, 1))  # in, out, height = width, stride
 
 
-def seconds(fn, reps=50) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / reps / 1e3
-
-
 def main():
-    src = torch.empty(1 << 28, device="cuda")
-    dst = torch.empty_like(src)
-    bandwidth = 2 * src.numel() * 4 / seconds(lambda: dst.copy_(src), 10)
-    del src, dst
-    print(f"{torch.cuda.get_device_name(0)}: copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    print(torch.cuda.get_device_name(0))
+    bandwidth = copy_bandwidth(quick=False)
     for c_in, c_out, size, stride in SHAPES:
         conv = QuantConv2d.__new__(QuantConv2d)  # only the im2col geometry is used: no scheme needed
         nn.Conv2d.__init__(conv, c_in, c_out, 3, stride=stride, padding=1, bias=False)
@@ -44,7 +29,7 @@ def main():
             for name in ("_forward_rows", "_input_columns"):
                 fn = getattr(conv, name)
                 out = fn(x)
-                sec = seconds(lambda: fn(x))
+                sec = cuda_time(lambda: fn(x), reps=50)
                 moved = out.numel() * out.element_size() + x.numel() * x.element_size()
                 print(f"{name:15s} {str(dtype):13s} {tuple(x.shape)} -> {tuple(out.shape)}: {sec * 1e6:7.1f} us, "
                       f"{moved / sec / bandwidth:.2f} of copy (floor {moved / bandwidth * 1e6:.1f} us)")
