@@ -373,6 +373,12 @@ __device__ __forceinline__ void quantize8(const float v[8], const Divider& divid
     store8(q, i0, stop, vec, out);
 }
 
+// A group's scale from its max|t|: (max * clip) / high (the largest level), 1 where that is 0 (an all-zero group).
+__device__ __forceinline__ float max_scale(float peak, float clip, float high) {
+    const float s = __fdiv_rn(__fmul_rn(peak, clip), high);
+    return s == 0.0f ? 1.0f : s;
+}
+
 // sign_mode: 0 signed, 1 unsigned, 2 auto (*neg_flag). With scale_in, the scales are given (SAWB); else from peaks.
 template <typename T, int HAD, int ROUNDS, int ROUNDING>
 __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el, u32 G, u32 range, int logn,
@@ -391,8 +397,7 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
     const float low = is_signed ? -signed_max : 0.0f;
     const auto scale_of = [&](u32 g) {
         if (scale_in != nullptr) return scale_in[g];
-        const float c = __fdiv_rn(__fmul_rn(__uint_as_float(peaks[g]), clip), high);
-        return c == 0.0f ? 1.0f : c;
+        return max_scale(__uint_as_float(peaks[g]), clip, high);
     };
     u32 group = NO_GROUP;
     Divider divider(1.0f);
@@ -504,8 +509,7 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
     const bool is_signed = sign_mode == 0 || (sign_mode == 2 && any_negative);
     const float high = is_signed ? signed_max : unsigned_max;
     const float low = is_signed ? -signed_max : 0.0f;
-    float s = __fdiv_rn(__fmul_rn(peak, clip), high);
-    if (s == 0.0f) s = 1.0f;
+    const float s = max_scale(peak, clip, high);
     if (threadIdx.x == 0) scale_out[g] = s;
     const Divider divider(s);
     each_run<ROUNDS>(first, stop, [&](int r, u32 i0) {
