@@ -134,24 +134,35 @@ def _suffix(t: torch.Tensor) -> str:
 FLAT_RUNS_FROM = 1 << 22
 
 
-def _flat_runs(n_el: int, logn: int) -> int:
-    return 4 if logn and n_el >= FLAT_RUNS_FROM else 1
+def _flat_per_thread(n_el: int, logn: int) -> int:
+    """Elements a thread of the flat kernels holds: 4 runs of 8 or one."""
+    return 32 if logn and n_el >= FLAT_RUNS_FROM else 8
 
 
-def _flat_kind(kind: str, n_el: int, logn: int) -> str:
-    """quant.cu's name of a flat kernel ("absmax", "quantize", "hadamard") for n_el elements."""
-    return kind if _flat_runs(n_el, logn) == 1 else f"{kind}4"
+def _flat_name(kind: str, per_thread: int) -> str:
+    """quant.cu's name of a flat kernel ("absmax", "quantize", "hadamard") holding per_thread elements a thread."""
+    return kind if per_thread == 8 else f"{kind}4"
 
 
-def _flat_grid(n_el: int, logn: int, *fns) -> tuple[int, int, int, int]:
+def _transform(logn: int, per_thread: int) -> str:
+    """quant.cu's name prefix for a Hadamard block of 2^logn: none, any block, or one filling a warp's elements
+    (32 threads' per_thread: every in-warp butterfly stage runs, no branch between them)."""
+    return "" if not logn else "hadw_" if (1 << logn) >= 32 * per_thread else "had_"
+
+
+def _exchange_smem(threads: int, logn: int, per_thread: int) -> int:
+    """Shared bytes of the butterfly's exchange buffer (8 floats a thread), for blocks beyond a warp's elements."""
+    return threads * 8 * 4 if (1 << logn) > 32 * per_thread else 0
+
+
+def _flat_grid(n_el: int, logn: int, per_thread: int, *fns) -> tuple[int, int, int, int]:
     """(ctas, threads, range, shared bytes) for passes of the kernels `fns` over n_el elements with Hadamard blocks
     of 2^logn: at most one wave of the kernel with the lowest occupancy, so that two passes share their CTAs'
     ranges and the quantize pass, walking its range backwards, starts in what the absmax pass read last (in L2)."""
-    per_thread = 8 * _flat_runs(n_el, logn)
     threads = max(256, (1 << logn) // per_thread)
     step = threads * per_thread
     steps = -(-n_el // step)
-    smem = threads * 8 * 4 if (1 << logn) > 32 * per_thread else 0
+    smem = _exchange_smem(threads, logn, per_thread)
     ctas = min(steps, rt.sm_count() * min(rt.ctas_per_sm(fn, threads, smem) for fn in fns))
     per_cta = -(-steps // ctas)
     ctas = -(-steps // per_cta)
@@ -161,12 +172,12 @@ def _flat_grid(n_el: int, logn: int, *fns) -> tuple[int, int, int, int]:
 # Single-pass quantization (one CTA per scale group, the group in registers, 32 elements a thread): groups of
 # GROUP_MIN..GROUP_MAX elements, or a whole tensor up to GROUP_MAX.
 GROUP_MIN, GROUP_MAX = 1024, 32768
-_GROUP_RUN = 8 * 4  # elements a thread holds (quant.cu GROUP_ROUNDINGS: 4 runs of 8)
+_GROUP_PER_THREAD = 32  # elements a thread holds (quant.cu GROUP_ROUNDINGS: 4 runs of 8)
 
 
 def _group_threads(group: int) -> int:
-    """Whole warps covering the group, 32 elements a thread."""
-    return 32 * -(-group // (32 * _GROUP_RUN))
+    """Whole warps covering the group."""
+    return 32 * -(-group // (32 * _GROUP_PER_THREAD))
 
 
 def _group_size(shape, granularity: str) -> int:
@@ -210,12 +221,6 @@ def _counter_args(counter, device: torch.device) -> tuple:
 _SIGN_MODES = {"signed": 0, "unsigned": 1, "auto": 2}
 
 
-def _transform(logn: int, warp_block: int) -> str:
-    """quant.cu's name prefix for a Hadamard block of 2^logn: none, any block, or one filling a warp's elements
-    (every in-warp butterfly stage runs, no branch between them)."""
-    return "" if not logn else "hadw_" if (1 << logn) >= warp_block else "had_"
-
-
 def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: torch.Tensor | None = None):
     """levels (int8, `shape`) and scale of the flat tensor x (already contiguous), transformed first when logn.
     `original`: the tensor as the caller gave it (SAWB's float sums then run in the reference's order)."""
@@ -236,21 +241,20 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
     if single_pass:
         scale = _empty(groups, torch.float32, device)
         threads = _group_threads(group)
-        warp_block = 32 * _GROUP_RUN
-        smem = threads * 8 * 4 if (1 << logn) > warp_block else 0  # blocks beyond a warp: shared memory
-        fn = rt.function("quant.cu", f"group_{_transform(logn, warp_block)}{_suffix(x)}_{rounding}")
+        fn = rt.function("quant.cu", f"group_{_transform(logn, _GROUP_PER_THREAD)}{_suffix(x)}_{rounding}")
         rt.launch(fn, (groups,), (threads,),
                   (rt.ptr(x), rt.u32(group), rt.i32(logn), rt.i32(sign_mode), rt.f32(spec.signed_max),
                    rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key, rt.ptr(levels), rt.ptr(scale)),
-                  smem)
+                  _exchange_smem(threads, logn, _GROUP_PER_THREAD))
         return levels, scale.view(scale_shape)
 
     work = rt.ZEROS_I32.take(groups + 1, device)  # per-group max bits, then 'negative'
     peaks, negative = work[:groups], work[groups:]
-    suffix = _transform(logn, 256 * _flat_runs(n_el, logn)) + _suffix(x)
-    absmax, quantize_levels = (rt.function("quant.cu", f"{_flat_kind('absmax', n_el, logn)}_{suffix}"),
-                               rt.function("quant.cu", f"{_flat_kind('quantize', n_el, logn)}_{suffix}_{rounding}"))
-    ctas, threads, span, smem = _flat_grid(n_el, logn, absmax, quantize_levels)
+    per_thread = _flat_per_thread(n_el, logn)
+    suffix = _transform(logn, per_thread) + _suffix(x)
+    absmax, quantize_levels = (rt.function("quant.cu", f"{_flat_name('absmax', per_thread)}_{suffix}"),
+                               rt.function("quant.cu", f"{_flat_name('quantize', per_thread)}_{suffix}_{rounding}"))
+    ctas, threads, span, smem = _flat_grid(n_el, logn, per_thread, absmax, quantize_levels)
     rt.launch(absmax, (ctas,), (threads,),
               (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks), rt.ptr(negative)),
               smem)
@@ -306,8 +310,9 @@ def block_hadamard(x: torch.Tensor, dim: int = -1, block: int | None = None) -> 
         flat = _flat_input(moved)
         out = _empty(moved.shape, torch.float32, x.device)
         logn = block.bit_length() - 1
-        fn = rt.function("quant.cu", f"{_flat_kind('hadamard', flat.numel(), logn)}_{_suffix(flat)}")
-        ctas, threads, span, smem = _flat_grid(flat.numel(), logn, fn)
+        per_thread = _flat_per_thread(flat.numel(), logn)
+        fn = rt.function("quant.cu", f"{_flat_name('hadamard', per_thread)}_{_suffix(flat)}")
+        ctas, threads, span, smem = _flat_grid(flat.numel(), logn, per_thread, fn)
         rt.launch(fn, (ctas,), (threads,),
                   (rt.ptr(flat), rt.u32(flat.numel()), rt.u32(span), rt.i32(logn), rt.ptr(out)), smem)
     return out.movedim(-1, dim)

@@ -1,8 +1,8 @@
 """Which implementation runs the numeric primitives: the torch reference of this package or the CuPy kernels.
 
 `hdqt_cil.kernels` (optional) provides `available() -> bool` and `OPS`, a namespace with `block_hadamard`,
-`quantize`, `tiled_int_matmul` and `col2im` of the same signatures and bit-identical results (docs/numerics.md, "Backends"),
-and the fused `hadamard_quantize` and `scaled_int_matmul`, whose torch versions below are compositions of the
+`quantize`, `tiled_int_matmul` and `col2im` of the same signatures and bit-identical results (docs/numerics.md,
+"Backends"), and the fused `hadamard_quantize` and `scaled_int_matmul`, whose torch versions below are compositions of the
 reference functions (same results, unfused).
 """
 import importlib
