@@ -1,6 +1,7 @@
-"""How close torch's im2col copies come to the copy-bandwidth floor: QuantConv2d._forward_rows ((B·L, K) rows, the
-forward product's left operand) and _input_columns ((B, K, L), grad_weight's) on ResNet-32's conv shapes at batch 128,
-int8 levels and float32, timed eagerly (host work included: F.pad, unfold, permute and one copy each call).
+"""im2col through torch (the reference: a strided view of the padded input and one copy) against the kernel
+(im2col.cu), both layouts ((B, L, K) rows for the forward product, (B, K, L) columns for grad_weight's), on
+ResNet-32's conv shapes at batch 128, int8 levels and float32: eagerly (host work included) and replayed from a
+CUDA graph of 20 calls (device time, as in a captured training step), against the copy-bandwidth floor.
 
     python scripts/bench_im2col.py > results/bench/<version>_im2col.log      # on the GPU machine
 """
@@ -8,31 +9,42 @@ import sys
 from pathlib import Path
 
 import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_kernels import copy_bandwidth, cuda_time  # noqa: E402 (the benchmark's timing, beside this script)
-from hdqt_cil.quant.layers import QuantConv2d  # noqa: E402
+from bench_kernels import copy_bandwidth, cuda_time, graphed  # noqa: E402 (the benchmark's timing, beside this script)
+from hdqt_cil import kernels  # noqa: E402
+from hdqt_cil.quant import im2col  # noqa: E402
 
-SHAPES = ((16, 16, 32, 1), (16, 32, 32, 2), (32, 32, 16, 1), (64, 64, 8, 1))  # in, out, height = width, stride
+SHAPES = ((3, 32, 1), (16, 32, 1), (16, 32, 2), (32, 16, 1), (32, 16, 2), (64, 8, 1))  # channels, size, stride
+CALLS_PER_GRAPH = 20
+
+
+def times(fn) -> tuple[float, float]:
+    """(eager, graphed) seconds per call."""
+    replay = graphed(lambda: [fn() for _ in range(CALLS_PER_GRAPH)])
+    return cuda_time(fn, reps=50), cuda_time(replay, reps=10) / CALLS_PER_GRAPH
 
 
 def main():
     print(torch.cuda.get_device_name(0))
     bandwidth = copy_bandwidth(quick=False)
-    for c_in, c_out, size, stride in SHAPES:
-        conv = QuantConv2d.__new__(QuantConv2d)  # only the im2col geometry is used: no scheme needed
-        nn.Conv2d.__init__(conv, c_in, c_out, 3, stride=stride, padding=1, bias=False)
+    print(f"{'layout':7s} {'dtype':13s} {'input':18s} {'output':17s} {'floor us':>8s} | {'torch eager':>11s} "
+          f"{'graphed':>8s} | {'kernel eager':>12s} {'graphed':>8s} | graphed: kernel speedup, of copy")
+    for channels, size, stride in SHAPES:
+        layout = ((3, 3), (1, 1), (1, 1), (stride, stride))
         for dtype in (torch.int8, torch.float32):
-            x = (torch.randn(128, c_in, size, size, device="cuda") * 4).to(dtype)
-            for name in ("_forward_rows", "_input_columns"):
-                fn = getattr(conv, name)
-                out = fn(x)
-                sec = cuda_time(lambda: fn(x), reps=50)
-                moved = out.numel() * out.element_size() + x.numel() * x.element_size()
-                print(f"{name:15s} {str(dtype):13s} {tuple(x.shape)} -> {tuple(out.shape)}: {sec * 1e6:7.1f} us, "
-                      f"{moved / sec / bandwidth:.2f} of copy (floor {moved / bandwidth * 1e6:.1f} us)")
+            x = (torch.randn(128, channels, size, size, device="cuda") * 4).to(dtype)
+            for columns in (False, True):
+                ref = im2col(x, *layout, columns)
+                assert torch.equal(kernels.im2col(x, *layout, columns), ref)
+                ref_eager, ref_graph = times(lambda: im2col(x, *layout, columns))
+                ker_eager, ker_graph = times(lambda: kernels.im2col(x, *layout, columns))
+                floor = (ref.numel() * ref.element_size() + x.numel() * x.element_size()) / bandwidth
+                print(f"{'columns' if columns else 'rows':7s} {str(dtype):13s} {str(tuple(x.shape)):18s} "
+                      f"{str(tuple(ref.shape)):17s} {floor * 1e6:8.1f} | {ref_eager * 1e6:11.1f} "
+                      f"{ref_graph * 1e6:8.1f} | {ker_eager * 1e6:12.1f} {ker_graph * 1e6:8.1f} | "
+                      f"{ref_graph / ker_graph:5.1f}x, {floor / ker_graph:.2f} (torch {floor / ref_graph:.2f})")
 
 
 if __name__ == "__main__":

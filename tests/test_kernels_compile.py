@@ -48,6 +48,8 @@ def test_without_cuda_the_kernels_are_unavailable_and_say_why():
         kernels.tiled_int_matmul(torch.ones(2, 32), torch.ones(32, 2))
     with pytest.raises(ValueError, match="CUDA tensors"):
         kernels.col2im(torch.ones(1, 4, 9), (1, 1, 2, 2), (3, 3), (1, 1), (1, 1), (1, 1))
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        kernels.im2col(torch.ones(1, 1, 2, 2), (3, 3), (1, 1), (1, 1), (1, 1))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")

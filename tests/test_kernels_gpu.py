@@ -415,9 +415,9 @@ def test_sum_entries_kernel_keeps_the_order():
     assert not torch.equal(ref, x.sum(dim=0)), "inputs too tame: any order would give these bits"
 
 
-# ----------------------------------------------------------------------------------------------------- col2im
+# --------------------------------------------------------------------------------------------- im2col, col2im
 
-COL2IM_CASES = [  # x shape, kernel, padding, dilation, stride
+CONV_CASES = [  # x shape, kernel, padding, dilation, stride
     ((128, 16, 32, 32), (3, 3), (1, 1), (1, 1), (1, 1)),  # ResNet-32's stages
     ((128, 32, 16, 16), (3, 3), (1, 1), (1, 1), (2, 2)),
     ((3, 5, 7, 9), (1, 1), (0, 0), (1, 1), (1, 1)),
@@ -426,9 +426,30 @@ COL2IM_CASES = [  # x shape, kernel, padding, dilation, stride
 ]
 
 
-@pytest.mark.parametrize("x_shape, kernel, padding, dilation, stride", COL2IM_CASES)
+@pytest.mark.parametrize("columns", [False, True])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float32])
+@pytest.mark.parametrize("x_shape, kernel, padding, dilation, stride", CONV_CASES + [
+    ((128, 3, 32, 32), (3, 3), (1, 1), (1, 1), (1, 1)),  # ResNet-32's first conv: K = 27, rows across vectors
+    ((5, 7, 3, 2), (2, 2), (0, 1), (1, 1), (1, 1)),  # output sizes no vector divides
+])
+def test_im2col_bit_identical(x_shape, kernel, padding, dilation, stride, dtype, columns):
+    from hdqt_cil.quant.im2col import im2col
+
+    x = (torch.randn(x_shape, generator=gen(43), device="cuda") * 40).clamp(-100, 100).to(dtype)  # < 0x7f poison
+    if dtype.is_floating_point:
+        x[0, 0, 0, 0] = -0.0
+    x = x.transpose(2, 3).contiguous().transpose(2, 3)  # a non-contiguous input
+    got = kernels.im2col(x, kernel, padding, dilation, stride, columns)
+    ref = im2col(x, kernel, padding, dilation, stride, columns)
+    assert got.is_contiguous() and got.dtype == dtype
+    assert_same(got, ref, f"{x_shape} {kernel} columns={columns}")
+    if dtype.is_floating_point:
+        assert torch.equal(torch.signbit(got), torch.signbit(ref))
+
+
+@pytest.mark.parametrize("x_shape, kernel, padding, dilation, stride", CONV_CASES)
 def test_col2im_bit_identical(x_shape, kernel, padding, dilation, stride):
-    from hdqt_cil.quant.col2im import col2im, conv_output_size
+    from hdqt_cil.quant.im2col import col2im, conv_output_size
 
     out_h, out_w = conv_output_size(x_shape, kernel, padding, dilation, stride)
     k = x_shape[1] * kernel[0] * kernel[1]
@@ -518,6 +539,12 @@ class CheckedOps:
         args = (a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated, sum_batch)
         got, ref = kernels.scaled_int_matmul(*args), self.ref.scaled_int_matmul(*args)
         self._compare("scaled_int_matmul", args[:8], got, ref)
+        return got
+
+    def im2col(self, x, kernel_size, padding, dilation, stride, columns=False):
+        args = (x, kernel_size, padding, dilation, stride, columns)
+        got, ref = kernels.im2col(*args), self.ref.im2col(*args)
+        self._compare("im2col", args, got, ref)
         return got
 
     def col2im(self, rows, x_shape, kernel_size, padding, dilation, stride):

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hdqt_cil.quant import (NonFiniteError, QuantConv2d, QuantLinear, col2im, preset, quant_stats, quantize_model,
-                            reset_quant_stats, scheme_from_config)
+from hdqt_cil.quant import (NonFiniteError, QuantConv2d, QuantLinear, col2im, im2col, preset, quant_stats,
+                            quantize_model, reset_quant_stats, scheme_from_config)
 
 F32 = torch.float32
 
@@ -101,7 +101,10 @@ def test_conv_geometry_matches_unfold_fold_and_conv2d(kernel, stride, padding, d
     x = torch.randn(2, 3, 9, 11)
     geometry = dict(kernel_size=kernel, dilation=dilation, padding=padding, stride=stride)
     columns = F.unfold(x, **geometry)
-    assert torch.equal(layer._input_columns(x), columns)
+    layout = (layer.kernel_size, layer.padding, layer.dilation, layer.stride)
+    assert torch.equal(im2col(x, *layout, columns=True), columns)
+    assert torch.equal(im2col(x, *layout), columns.transpose(1, 2))
+    assert torch.equal(im2col(x.to(torch.int8), *layout), columns.transpose(1, 2).to(torch.int8))
     grad_x = col2im(columns.transpose(1, 2), x.shape, layer.kernel_size, layer.padding, layer.dilation, layer.stride)
     torch.testing.assert_close(grad_x, F.fold(columns, (9, 11), **geometry))
     wide = quantize_model(layer, scheme_from_config({"name": "hdqt", "bits": 16, "acc_bits": None, "fwd_clip": 1.0}))

@@ -15,6 +15,10 @@
                                          sum_batch: summed over the batch in the reference's order, in the
                                          epilogue too where M x N fills the GPU
     sum_entries(t)                    -> the reference's sum_entries (the batch of (..., M, N) in order from +0)
+    im2col(x, kernel_size, padding, dilation, stride, columns)
+                                      -> the reference's im2col (rows or columns, int8 or float32) in one launch
+    col2im(rows, x_shape, kernel_size, padding, dilation, stride)
+                                      -> the reference's col2im, the patches added in its order
 
 Everything takes and returns torch CUDA tensors on torch's current stream. Levels are int8 (the reference holds
 them as float32; the values are equal). What the kernels do not cover (level ranges beyond int8, tiles that are
@@ -604,16 +608,49 @@ def scaled_int_matmul(a: torch.Tensor, b: torch.Tensor, scale_a, scale_b, block:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# col2im
+# im2col and col2im
+
+_IM2COL_TYPES = {torch.int8: "i8", torch.float32: "f32"}
+
+
+def _conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dilation, stride) -> tuple:
+    """The geometry parameters that im2col.cu's kernels share, in their order."""
+    (kh, kw), (ph, pw), (dh, dw), (sh, sw) = kernel_size, padding, dilation, stride
+    return (rt.u32(channels), rt.u32(height), rt.u32(width), rt.u32(out_h), rt.u32(out_w), rt.i32(kh), rt.i32(kw),
+            rt.i32(ph), rt.i32(pw), rt.i32(dh), rt.i32(dw), rt.i32(sh), rt.i32(sw))
+
+
+def im2col(x: torch.Tensor, kernel_size, padding, dilation, stride, columns: bool = False) -> torch.Tensor:
+    """As `hdqt_cil.quant.im2col.im2col` (a copy: the same bits by construction), in one launch: a thread writes
+    16 consecutive bytes of the output, gathering its inputs (im2col.cu). int8 and float32; other dtypes and
+    sizes past 32-bit indices take the reference."""
+    _require_cuda(x)
+    from hdqt_cil.quant.im2col import conv_output_size  # noqa: PLC0415 (the reference owns the geometry)
+
+    batch, channels, height, width = x.shape
+    out_h, out_w = conv_output_size(x.shape, kernel_size, padding, dilation, stride)
+    k, positions = channels * kernel_size[0] * kernel_size[1], out_h * out_w
+    total = batch * k * positions
+    if x.dtype not in _IM2COL_TYPES or total == 0 or total >= _MAX_ELEMENTS or x.numel() >= _MAX_ELEMENTS:
+        return _reference().im2col(x, kernel_size, padding, dilation, stride, columns)
+    with _on_device(x):
+        src = x.contiguous()
+        out = _empty((batch, k, positions) if columns else (batch, positions, k), x.dtype, x.device)
+        per_thread = 16 // x.element_size()
+        name = f"im2col_{'columns' if columns else 'rows'}_{_IM2COL_TYPES[x.dtype]}"
+        rt.launch(rt.function("im2col.cu", name), (-(-total // (256 * per_thread)),), (256,),
+                  (rt.ptr(src), *_conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dilation,
+                                            stride), rt.u32(total), rt.ptr(out)))
+    return out
 
 
 def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride) -> torch.Tensor:
-    """As `hdqt_cil.quant.col2im.col2im`, bit for bit: one thread per input element adds its patches' contributions
-    in the reference's order (col2im.cu), where the reference adds kh·kw strided views one after the other."""
+    """As `hdqt_cil.quant.im2col.col2im`, bit for bit: one thread per input element adds its patches' contributions
+    in the reference's order (im2col.cu), where the reference adds kh·kw strided views one after the other."""
     _require_cuda(rows)
-    from hdqt_cil.quant.col2im import conv_output_size  # noqa: PLC0415 (the reference imports its config helpers)
+    from hdqt_cil.quant.im2col import conv_output_size  # noqa: PLC0415 (the reference owns the geometry)
 
-    (kh, kw), (ph, pw), (dh, dw), (sh, sw) = kernel_size, padding, dilation, stride
+    (ph, pw), (sh, sw) = padding, stride
     batch, channels, height, width = x_shape
     out_h, out_w = conv_output_size(x_shape, kernel_size, padding, dilation, stride)
     positions = height * width
@@ -625,16 +662,15 @@ def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride) 
         out = _empty((batch, channels, height + 2 * ph, width + 2 * pw), torch.float32, rows.device)
         threads = min(256, -(-positions // 32) * 32)
         name = "col2im_f32_unit" if (sh, sw) == (1, 1) else "col2im_f32"
-        rt.launch(rt.function("col2im.cu", name), (batch * channels, -(-positions // threads)), (threads,),
-                  (rt.ptr(src), rt.u32(channels), rt.u32(height), rt.u32(width), rt.u32(out_h), rt.u32(out_w),
-                   rt.i32(kh), rt.i32(kw), rt.i32(ph), rt.i32(pw), rt.i32(dh), rt.i32(dw), rt.i32(sh), rt.i32(sw),
-                   rt.ptr(out)))
+        rt.launch(rt.function("im2col.cu", name), (batch * channels, -(-positions // threads)), (threads,),
+                  (rt.ptr(src), *_conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dilation,
+                                            stride), rt.ptr(out)))
     return out[:, :, ph:ph + height, pw:pw + width]
 
 
 OPS = SimpleNamespace(name="cupy", block_hadamard=block_hadamard, quantize=quantize,
                       tiled_int_matmul=tiled_int_matmul, hadamard_quantize=hadamard_quantize,
-                      scaled_int_matmul=scaled_int_matmul, col2im=col2im)
+                      scaled_int_matmul=scaled_int_matmul, im2col=im2col, col2im=col2im)
 
 __all__ = ["available", "unavailable_reason", "OPS", "quantize", "block_hadamard", "hadamard_quantize",
-           "tiled_int_matmul", "scaled_int_matmul", "sum_entries", "col2im", "MAX_HADAMARD_BLOCK"]
+           "tiled_int_matmul", "scaled_int_matmul", "sum_entries", "im2col", "col2im", "MAX_HADAMARD_BLOCK"]

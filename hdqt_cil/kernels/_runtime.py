@@ -67,7 +67,8 @@ ALL_GEMM_EXPRESSIONS = tuple(gemm_expression(c, sat, count, out) for c in GEMM_C
                              for out in GEMM_OUTS)
 
 SOURCES = {"quant.cu": QUANT_KERNELS, "intmm.cu": ALL_GEMM_EXPRESSIONS, "peak.cu": PEAK_KERNELS,
-           "col2im.cu": ("col2im_f32", "col2im_f32_unit")}
+           "im2col.cu": tuple(f"im2col_{layout}_{t}" for layout in ("rows", "columns") for t in ("i8", "f32"))
+           + ("col2im_f32", "col2im_f32_unit")}
 # IEEE single precision throughout: no contraction into FMA, no flush of subnormals, correctly rounded division.
 # (CuPy's own RawModule appends -ftz=true to every compile, which flushes subnormal inputs and maxima: these
 # sources are therefore compiled here with NVRTC directly and only loaded through CuPy.)

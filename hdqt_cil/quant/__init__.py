@@ -1,5 +1,5 @@
 """The numerics of quantized training, pure torch (CPU and GPU): the reference definition of every scheme."""
-from .col2im import col2im
+from .im2col import col2im, im2col
 from .hadamard import block_hadamard, hadamard_block_size, sequency_order
 from .hla import hla_compress, hla_rank, hla_reconstruct, hla_rows, lp_l1_rank
 from .hot import HotConv2d, HotLinear
@@ -12,7 +12,7 @@ from .rounding import Counter, counter_uniform, round_nearest, round_stochastic
 from .schemes import HotScheme, Product, Scheme, preset, scheme_from_config
 
 __all__ = [
-    "col2im", "block_hadamard", "hadamard_block_size", "sequency_order", "sum_entries", "tiled_int_matmul",
+    "col2im", "im2col", "block_hadamard", "hadamard_block_size", "sequency_order", "sum_entries", "tiled_int_matmul",
     "NonFiniteError",
     "QuantConv2d", "QuantLinear", "layer_steps", "quant_stats", "quantize_model", "reset_quant_stats",
     "set_layer_steps", "QuantSpec",

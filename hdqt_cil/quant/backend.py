@@ -1,9 +1,9 @@
 """Which implementation runs the numeric primitives: the torch reference of this package or the CuPy kernels.
 
 `hdqt_cil.kernels` (optional) provides `available() -> bool` and `OPS`, a namespace with `block_hadamard`,
-`quantize`, `tiled_int_matmul` and `col2im` of the same signatures and bit-identical results (docs/numerics.md,
-"Backends"), and the fused `hadamard_quantize` and `scaled_int_matmul`, whose torch versions below are compositions of the
-reference functions (same results, unfused).
+`quantize`, `tiled_int_matmul`, `im2col` and `col2im` of the same signatures and bit-identical results
+(docs/numerics.md, "Backends"), and the fused `hadamard_quantize` and `scaled_int_matmul`, whose torch versions below
+are compositions of the reference functions (same results, unfused).
 """
 import importlib
 from functools import lru_cache
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import torch
 
-from .col2im import col2im
+from .im2col import col2im, im2col
 from .hadamard import block_hadamard
 from .intmm import epilogue_block, sum_entries, tiled_int_matmul
 from .quantizers import quantize
@@ -37,7 +37,7 @@ def scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, boun
 
 TORCH_OPS = SimpleNamespace(name="torch", block_hadamard=block_hadamard, quantize=quantize,
                             tiled_int_matmul=tiled_int_matmul, hadamard_quantize=hadamard_quantize,
-                            scaled_int_matmul=scaled_int_matmul, col2im=col2im)
+                            scaled_int_matmul=scaled_int_matmul, im2col=im2col, col2im=col2im)
 
 
 @lru_cache(maxsize=1)

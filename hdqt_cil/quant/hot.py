@@ -86,7 +86,7 @@ def compressed_input(layer, x: torch.Tensor, step, count: bool, ops, checks: lis
 
     values are int8 levels (abc_bits <= 8) with a per-entry float32 scale, or float32 when abc_bits is None."""
     spec = layer.scheme.input_spec
-    columns, dim = layer._hot_columns(x), layer._token_dim
+    columns, dim = layer._hot_columns(x, ops), layer._token_dim
     block, rank = _hla_shape(layer, columns.shape[dim])
     compressed = hla_compress(columns, block, rank, ops.block_hadamard, dim)
     if spec is None:  # float32, read by torch's matmul in any layout
@@ -228,7 +228,7 @@ class HotLinear(_HotLayer, QuantLinear):
     def _abc_here(self) -> bool:
         return self.scheme.abc is not False
 
-    def _hot_columns(self, x):
+    def _hot_columns(self, x, ops):
         """(B, L, in): L = the samples of a 2-D input (B = 1), else the tokens of each sample."""
         x = x.to(torch.float32)
         return x.reshape(1, -1, self.in_features) if x.dim() <= 2 else x.reshape(x.shape[0], -1, self.in_features)
@@ -253,8 +253,8 @@ class HotConv2d(_HotLayer, QuantConv2d):
             return super().forward(x.unsqueeze(0)).squeeze(0)
         return super().forward(x)
 
-    def _hot_columns(self, x):
-        return self._input_columns(x.to(torch.float32))
+    def _hot_columns(self, x, ops):
+        return self._input_columns(x.to(torch.float32), ops)
 
     def _hot_grad_layouts(self, g):
         return self._grad_output_layouts(g)

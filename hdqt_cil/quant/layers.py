@@ -1,7 +1,7 @@
 """QuantLinear / QuantConv2d: every product of the layer an integer product defined by a Scheme (docs/quant.md).
 
 A convolution is im2col (K in `F.unfold`'s (channel, kh, kw) order) followed by the products of a linear layer;
-the input gradient goes back through col2im (the sum of overlapping patches in float, quant/col2im.py). Operands
+the input gradient goes back through col2im (the sum of overlapping patches in float, quant/im2col.py). Operands
 are laid out as (batch, rows, K) with the contraction over the last dimension: the conv's backward products run
 per sample (batch = the samples, as the authors vmap), a linear layer's as one batch entry. FP32 master weights
 stay the parameters; bias, the sum of per-sample weight gradients and everything outside these layers stay float.
@@ -11,11 +11,10 @@ import warnings
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .backend import resolve_ops
-from .col2im import conv_output_size
+from .im2col import conv_output_size
 from .hadamard import hadamard_block_size
 from .quantizers import QuantSpec, level_range
 from .rounding import Counter
@@ -206,7 +205,7 @@ class _QuantProduct(torch.autograd.Function):
         w_op, w_keep = _forward_operand(layer, weight.reshape(weight.shape[0], -1), scheme.forward.right,
                                         "weight", step, training, ops, checks)
         layer._check_finite(checks, backward=False)
-        rows = _Operand(layer._forward_rows(x_op.values), x_op.scale, x_op.bound)
+        rows = _Operand(layer._forward_rows(x_op.values, ops), x_op.scale, x_op.bound)
         y_rows, saturated, sums = _product(ops, rows, w_op, 1, scheme.forward)
         if training:
             layer._count("forward_saturated", saturated, sums)
@@ -248,7 +247,7 @@ class _QuantProduct(torch.autograd.Function):
             product = scheme.grad_weight
             block = _block(product, scheme.hadamard_cap, g_cols.shape[-1])
             qa = grad_output_operand(product, g_cols, block, "grad_weight.grad_output")
-            qb = _backward_operand(layer, layer._input_columns(x_values), product.right, x_op, block,
+            qb = _backward_operand(layer, layer._input_columns(x_values, ops), product.right, x_op, block,
                                    "grad_weight.input", step, ops, checks)
             grad_w, saturated, sums = _product(ops, qa, qb, block, product, sum_batch=True)
             layer._count("grad_weight_saturated", saturated, sums)
@@ -269,7 +268,7 @@ class QuantLinear(_QuantLayer, nn.Linear):
     def _bias_for(self, y):
         return self.bias
 
-    def _forward_rows(self, x):
+    def _forward_rows(self, x, ops):
         return x.reshape(-1, self.in_features)
 
     def _forward_output(self, y_rows, x_shape):
@@ -280,7 +279,7 @@ class QuantLinear(_QuantLayer, nn.Linear):
         rows = g.reshape(1, -1, self.out_features)
         return rows, rows.transpose(1, 2)
 
-    def _input_columns(self, x):
+    def _input_columns(self, x, ops):
         return x.reshape(1, -1, self.in_features).transpose(1, 2)
 
     def _grad_input(self, rows, x_shape, ops):
@@ -304,19 +303,15 @@ class QuantConv2d(_QuantLayer, nn.Conv2d):
     def _bias_for(self, y):
         return self.bias.view(1, -1, 1, 1)
 
-    def _patches(self, x):
-        """(B, C, Ho, Wo, kh, kw) strided view of the zero-padded input: im2col before its one copy (F.unfold
-        on CUDA launches a kernel per sample)."""
-        (ph, pw), (dh, dw), (kh, kw), (sh, sw) = self.padding, self.dilation, self.kernel_size, self.stride
-        padded = F.pad(x, (pw, pw, ph, ph))
-        return padded.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)[..., ::dh, ::dw]
-
     def _output_size(self, x_shape):
         return conv_output_size(x_shape, self.kernel_size, self.padding, self.dilation, self.stride)
 
-    def _forward_rows(self, x):
+    def _im2col(self, x, ops, columns: bool):
+        return ops.im2col(x, self.kernel_size, self.padding, self.dilation, self.stride, columns)
+
+    def _forward_rows(self, x, ops):
         """(B·L, K) im2col rows; K in (channel, kh, kw) order as the weight's (out, K) view (and F.unfold)."""
-        return self._patches(x).permute(0, 2, 3, 1, 4, 5).reshape(-1, self.weight[0].numel())
+        return self._im2col(x, ops, columns=False).reshape(-1, self.weight[0].numel())
 
     def _forward_output(self, y_rows, x_shape):
         batch, (height, width) = x_shape[0], self._output_size(x_shape)
@@ -328,10 +323,9 @@ class QuantConv2d(_QuantLayer, nn.Conv2d):
         cols = g.reshape(g.shape[0], self.out_channels, -1)
         return cols.transpose(1, 2), cols
 
-    def _input_columns(self, x):
+    def _input_columns(self, x, ops):
         """(B, K, L): F.unfold's layout."""
-        patches = self._patches(x)
-        return patches.permute(0, 1, 4, 5, 2, 3).reshape(x.shape[0], self.weight[0].numel(), -1)
+        return self._im2col(x, ops, columns=True)
 
     def _grad_input(self, rows, x_shape, ops):
         """col2im of (B, L, K) (quant/col2im.py)."""

@@ -1,0 +1,154 @@
+// The convolution's layouts of hdqt_cil/quant/im2col.py: im2col (the patches of the input as the products'
+// operands) and col2im (the input gradient from the gradient of the im2col rows). K = C * kh * kw in F.unfold's
+// (channel, kh, kw) order; 32-bit indices within a sample or an output (the caller checks the sizes).
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// ------------------------------------------------------------------------------------------------------ im2col
+// x (B, C, H, W) contiguous to rows (B, out_h, out_w, C, kh, kw) or columns (B, C, kh, kw, out_h, out_w), zeros
+// where a patch reaches into the padding. A thread writes VEC consecutive outputs (16 bytes, one vector store):
+// it splits the index of the first into its six coordinates once, then steps the innermost one with carries,
+// tracking the input row and column it reads (y, x) and the offset of the (sample, channel) plane.
+
+struct Geometry {
+    u32 channels, height, width, out_h, out_w;
+    int kh, kw, ph, pw, dh, dw, sh, sw;
+};
+
+struct Cursor {
+    u32 c, i, j, oy, ox;
+    int y, x;   // the input position read: oy * sh - ph + i * dh, ox * sw - pw + j * dw
+    u64 plane;  // (b * C + c) * H * W
+};
+
+template <bool COLUMNS>
+__device__ __forceinline__ Cursor cursor_at(u32 e, const Geometry& g) {
+    Cursor p;
+    u32 b;
+    if (COLUMNS) {  // (b, c, i, j, oy, ox), ox fastest
+        p.ox = e % g.out_w; e /= g.out_w;
+        p.oy = e % g.out_h; e /= g.out_h;
+        p.j = e % g.kw; e /= g.kw;
+        p.i = e % g.kh; e /= g.kh;
+        p.c = e % g.channels; b = e / g.channels;
+    } else {  // (b, oy, ox, c, i, j), j fastest
+        p.j = e % g.kw; e /= g.kw;
+        p.i = e % g.kh; e /= g.kh;
+        p.c = e % g.channels; e /= g.channels;
+        p.ox = e % g.out_w; e /= g.out_w;
+        p.oy = e % g.out_h; b = e / g.out_h;
+    }
+    p.y = (int)(p.oy * g.sh + p.i * g.dh) - g.ph;
+    p.x = (int)(p.ox * g.sw + p.j * g.dw) - g.pw;
+    p.plane = ((u64)b * g.channels + p.c) * g.height * g.width;
+    return p;
+}
+
+// The next output's coordinates. A wrap of the channel moves the plane back to the sample's first one; the wrap
+// of the outermost output coordinate moves it on to the next sample.
+template <bool COLUMNS>
+__device__ __forceinline__ void advance(Cursor& p, const Geometry& g) {
+    const u64 plane = (u64)g.height * g.width;
+    if (COLUMNS) {
+        p.x += g.sw;
+        if (++p.ox < g.out_w) return;
+        p.ox = 0; p.x -= g.out_w * g.sw; p.y += g.sh;
+        if (++p.oy < g.out_h) return;
+        p.oy = 0; p.y -= g.out_h * g.sh; p.x += g.dw;
+        if (++p.j < (u32)g.kw) return;
+        p.j = 0; p.x -= g.kw * g.dw; p.y += g.dh;
+        if (++p.i < (u32)g.kh) return;
+        p.i = 0; p.y -= g.kh * g.dh; p.plane += plane;  // the next channel, or the next sample's first
+        if (++p.c == g.channels) p.c = 0;
+    } else {
+        p.x += g.dw;
+        if (++p.j < (u32)g.kw) return;
+        p.j = 0; p.x -= g.kw * g.dw; p.y += g.dh;
+        if (++p.i < (u32)g.kh) return;
+        p.i = 0; p.y -= g.kh * g.dh; p.plane += plane;
+        if (++p.c < g.channels) return;
+        p.c = 0; p.plane -= g.channels * plane; p.x += g.sw;
+        if (++p.ox < g.out_w) return;
+        p.ox = 0; p.x -= g.out_w * g.sw; p.y += g.sh;
+        if (++p.oy < g.out_h) return;
+        p.oy = 0; p.y -= g.out_h * g.sh; p.plane += g.channels * plane;
+    }
+}
+
+template <typename T, bool COLUMNS>
+__device__ __forceinline__ void im2col_body(const T* __restrict__ x, Geometry g, u32 total, T* __restrict__ out) {
+    constexpr int VEC = 16 / sizeof(T);
+    const u32 first = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (first >= total) return;
+    Cursor p = cursor_at<COLUMNS>(first, g);
+    union { uint4 vector; T lane[VEC]; } values;
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const bool inside = (u32)p.y < g.height && (u32)p.x < g.width;
+        values.lane[v] = inside ? __ldg(x + p.plane + (u32)p.y * g.width + (u32)p.x) : T(0);
+        if (v + 1 < VEC) advance<COLUMNS>(p, g);
+    }
+    if (first + VEC <= total) {
+        *reinterpret_cast<uint4*>(out + first) = values.vector;
+    } else {
+        for (u32 v = 0; first + v < total; ++v) out[first + v] = values.lane[v];
+    }
+}
+
+#define IM2COL(NAME, T, COLUMNS)                                                                               \
+    extern "C" __global__ void __launch_bounds__(256)                                                          \
+        NAME(const T* x, u32 channels, u32 height, u32 width, u32 out_h, u32 out_w, int kh, int kw, int ph,      \
+             int pw, int dh, int dw, int sh, int sw, u32 total, T* out) {                                      \
+        const Geometry g{channels, height, width, out_h, out_w, kh, kw, ph, pw, dh, dw, sh, sw};                \
+        im2col_body<T, COLUMNS>(x, g, total, out);                                                             \
+    }
+
+IM2COL(im2col_rows_i8, signed char, false)
+IM2COL(im2col_columns_i8, signed char, true)
+IM2COL(im2col_rows_f32, float, false)
+IM2COL(im2col_columns_f32, float, true)
+
+// ------------------------------------------------------------------------------------------------------ col2im
+
+template <bool UNIT>
+__device__ __forceinline__ void col2im_body(const float* __restrict__ rows, u32 channels, u32 height, u32 width,
+                                            u32 out_h, u32 out_w, int kh, int kw, int ph, int pw, int dh, int dw,
+                                            int sh, int sw, float* __restrict__ out) {
+    const u32 pos = blockIdx.y * blockDim.x + threadIdx.x;
+    if (pos >= height * width) return;
+    const u32 y = pos / width, x = pos - y * width;
+    const u32 b = blockIdx.x / channels, c = blockIdx.x - b * channels;
+    const u32 k = channels * kh * kw;
+    const float* sample = rows + (u64)b * out_h * out_w * k + c * kh * kw;
+    float acc = 0.0f;
+    for (int i = 0; i < kh; ++i) {
+        int oy = (int)y + ph - i * dh;  // = output row * sh
+        if (!UNIT) {
+            if (oy < 0 || oy % sh != 0) continue;
+            oy /= sh;
+        }
+        if (oy < 0 || oy >= (int)out_h) continue;
+        const float* row = sample + (u64)oy * out_w * k + i * kw;
+        for (int j = 0; j < kw; ++j) {
+            int ox = (int)x + pw - j * dw;
+            if (!UNIT) {
+                if (ox < 0 || ox % sw != 0) continue;
+                ox /= sw;
+            }
+            if (ox < 0 || ox >= (int)out_w) continue;
+            acc = __fadd_rn(acc, __ldg(row + (u64)ox * k + j));
+        }
+    }
+    out[((u64)blockIdx.x * (height + 2 * ph) + y + ph) * (width + 2 * pw) + x + pw] = acc;
+}
+
+#define COL2IM(NAME, UNIT)                                                                                    \
+    extern "C" __global__ void NAME(const float* rows, u32 channels, u32 height, u32 width, u32 out_h,       \
+                                    u32 out_w, int kh, int kw, int ph, int pw, int dh, int dw, int sh,        \
+                                    int sw, float* out) {                                                     \
+        col2im_body<UNIT>(rows, channels, height, width, out_h, out_w, kh, kw, ph, pw, dh, dw, sh, sw, out);  \
+    }
+
+COL2IM(col2im_f32, false)
+COL2IM(col2im_f32_unit, true)
