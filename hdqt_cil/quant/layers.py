@@ -328,7 +328,7 @@ class QuantConv2d(_QuantLayer, nn.Conv2d):
         return self._im2col(x, ops, columns=True)
 
     def _grad_input(self, rows, x_shape, ops):
-        """col2im of (B, L, K) (quant/col2im.py)."""
+        """col2im of (B, L, K) (quant/im2col.py)."""
         return ops.col2im(rows, x_shape, self.kernel_size, self.padding, self.dilation, self.stride)
 
 
