@@ -14,6 +14,7 @@
 //           owns a group's first element writes the group's scale.
 // hadamard_*: the transform alone, float32 out.
 // group_*: max, scale and levels of groups of up to 32K elements in one pass (a CTA a group).
+// resident_*: max, scale and levels of a whole large tensor in one launch, one read where it fits on chip.
 // divide_f32: the quantizers' division, exposed for its test.
 // sum_entries_f32: the batch sum of a GEMM's scaled products in the order of intmm.cu's OUT mode 3.
 // transpose_i8: int8 matrices transposed into a row pitch of the caller's choice (the GEMM's operand packing).
@@ -580,6 +581,144 @@ HADAMARD(hadamard4_i8, signed char, 4)
     GROUP(NAME##_log2, T, HAD, 4, 2)
 
 TRANSFORMS(GROUP_ROUNDINGS, group)
+
+// ---------------------------------------------------------------------------------------------------------------
+// Per-tensor quantization in one launch (resident_*): the scale of every level is max|t| over the whole tensor, so
+// no level can be written before the last element is read, and the two-pass kernels read a large tensor twice.
+// Here one wave of CTAs (the caller launches it cooperatively: all resident) reads the tensor once, keeping each
+// CTA's first steps on chip (RESIDENT_REG_STEPS in registers, `kept_steps` in shared memory, transformed when
+// HAD), the rest after them so that they are the most recent in L2; a grid-wide barrier (an arrival count in
+// work[2]) after the maxima (work[0]) and the negative flag (work[1]); then the levels: the streamed steps read
+// again backwards (the latest first, from L2 where they still are), then the kept ones without a read. The
+// levels are quantize_*'s (same quantize8), so the bits are the reference's.
+#define RESIDENT_THREADS 512
+#define RESIDENT_ROUNDS 4
+#define RESIDENT_REG_STEPS 1
+
+// A step's runs to / from a shared-memory slot of E floats: float4 (r, half) planes, consecutive threads adjacent.
+__device__ __forceinline__ void keep_step(float* slot, const float (&v)[RESIDENT_ROUNDS][8]) {
+    float4* p = reinterpret_cast<float4*>(slot) + threadIdx.x;
+#pragma unroll
+    for (int r = 0; r < RESIDENT_ROUNDS; ++r) {
+        p[(2 * r) * blockDim.x] = make_float4(v[r][0], v[r][1], v[r][2], v[r][3]);
+        p[(2 * r + 1) * blockDim.x] = make_float4(v[r][4], v[r][5], v[r][6], v[r][7]);
+    }
+}
+
+__device__ __forceinline__ void restore_step(const float* slot, float (&v)[RESIDENT_ROUNDS][8]) {
+    const float4* p = reinterpret_cast<const float4*>(slot) + threadIdx.x;
+#pragma unroll
+    for (int r = 0; r < RESIDENT_ROUNDS; ++r) {
+        const float4 a = p[(2 * r) * blockDim.x], b = p[(2 * r + 1) * blockDim.x];
+        v[r][0] = a.x; v[r][1] = a.y; v[r][2] = a.z; v[r][3] = a.w;
+        v[r][4] = b.x; v[r][5] = b.y; v[r][6] = b.z; v[r][7] = b.w;
+    }
+}
+
+// Every CTA's maximum and sign in work[0..1], then wait until all gridDim.x CTAs have arrived (work[2]).
+__device__ __forceinline__ void grid_arrive_and_wait(u32 m, bool negative, u32* work, u32* s_warp) {
+    const u32 peak = block_max(m, s_warp);
+    const bool any_negative = __syncthreads_or(negative);
+    if (threadIdx.x == 0) {
+        atomicMax(work, peak);
+        if (any_negative) atomicOr(work + 1, 1u);
+        __threadfence();
+        atomicAdd(work + 2, 1u);
+        while (*reinterpret_cast<volatile u32*>(work + 2) < gridDim.x) __nanosleep(128);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+template <typename T, int HAD, int ROUNDING>
+__device__ __forceinline__ void resident_body(const T* __restrict__ x, u32 n_el, u32 range, int logn, u32 kept_steps,
+                                              u32* __restrict__ work, int sign_mode, float signed_max,
+                                              float unsigned_max, float clip, u32 key, signed char* __restrict__ out,
+                                              float* __restrict__ scale_out) {
+    constexpr int ROUNDS = RESIDENT_ROUNDS;
+    extern __shared__ float smem[];  // the butterfly's exchange (8 floats a thread, blocks past a warp's), kept steps
+    __shared__ u32 s_warp[32];
+    const u32 E = blockDim.x * 8u * ROUNDS;
+    const u32 start = blockIdx.x * range;
+    const u32 stop = min(start + range, n_el);
+    const u32 steps = stop > start ? (stop - start + E - 1) / E : 0u;
+    const u32 held = min(steps, RESIDENT_REG_STEPS + kept_steps);
+    const bool vec = (reinterpret_cast<u64>(x) % 16u) == 0 && (reinterpret_cast<u64>(out) % 8u) == 0;
+    float* kept = smem + ((HAD && (1 << logn) > 256 * ROUNDS) ? 8u * blockDim.x : 0u);
+    const auto first_of = [&](u32 step) { return start + step * E + run_offset<ROUNDS>(); };
+    u32 m = 0u;
+    bool negative = false;
+    const auto scan = [&](const float (&v)[ROUNDS][8]) {
+#pragma unroll
+        for (int r = 0; r < ROUNDS; ++r)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                m = max(m, abs_bits(v[r][j]));  // elements past the end are 0: no effect
+                negative |= v[r][j] < 0.0f;
+            }
+    };
+    float reg[RESIDENT_REG_STEPS][ROUNDS][8];
+#pragma unroll
+    for (int h = 0; h < RESIDENT_REG_STEPS; ++h) {
+        if ((u32)h < held) {
+            load_runs<T, HAD, ROUNDS>(x, first_of(h), stop, vec, logn, smem, reg[h]);
+            scan(reg[h]);
+        }
+    }
+    for (u32 h = RESIDENT_REG_STEPS; h < held; ++h) {
+        float v[ROUNDS][8];
+        load_runs<T, HAD, ROUNDS>(x, first_of(h), stop, vec, logn, smem, v);
+        scan(v);
+        keep_step(kept + (h - RESIDENT_REG_STEPS) * E, v);
+    }
+    for (u32 step = held; step < steps; ++step) {
+        float v[ROUNDS][8];
+        load_runs<T, HAD, ROUNDS>(x, first_of(step), stop, vec, logn, smem, v);
+        scan(v);
+    }
+    grid_arrive_and_wait(m, negative, work, s_warp);
+
+    const bool is_signed = sign_mode == 0 || (sign_mode == 2 && __ldcg(work + 1) != 0u);
+    const float high = is_signed ? signed_max : unsigned_max;
+    const float low = is_signed ? -signed_max : 0.0f;
+    const float s = max_scale(__uint_as_float(__ldcg(work)), clip, high);
+    if (blockIdx.x == 0 && threadIdx.x == 0) scale_out[0] = s;
+    const Divider divider(s);
+    const auto emit = [&](const float (&v)[ROUNDS][8], u32 first) {
+        each_run<ROUNDS>(first, stop, [&](int r, u32 i0) {
+            quantize8<ROUNDING, true>(v[r], divider, low, high, i0, stop, key, vec, out);
+        });
+    };
+    for (u32 step = steps; step-- > held;) {
+        float v[ROUNDS][8];
+        load_runs<T, HAD, ROUNDS>(x, first_of(step), stop, vec, logn, smem, v);
+        emit(v, first_of(step));
+    }
+    for (u32 h = held; h-- > RESIDENT_REG_STEPS;) {
+        float v[ROUNDS][8];
+        restore_step(kept + (h - RESIDENT_REG_STEPS) * E, v);
+        emit(v, first_of(h));
+    }
+#pragma unroll
+    for (int h = 0; h < RESIDENT_REG_STEPS; ++h)
+        if ((u32)h < held) emit(reg[h], first_of(h));
+}
+
+#define RESIDENT(NAME, T, HAD, ROUNDING)                                                                      \
+    extern "C" __global__ void __launch_bounds__(RESIDENT_THREADS, 1)                                          \
+        NAME(const T* x, u32 n_el, u32 range, int logn, u32 kept_steps, u32* work, int sign_mode,               \
+             float signed_max, float unsigned_max, float clip, u32 seed, u32 role, const long long* step_at,     \
+             u32 step, signed char* out, float* scale_out) {                                                   \
+        resident_body<T, HAD, ROUNDING>(x, n_el, range, logn, kept_steps, work, sign_mode, signed_max,           \
+                                        unsigned_max, clip, counter_key(seed, role, step_at, step), out,         \
+                                        scale_out);                                                            \
+    }
+#define RESIDENT_ROUNDINGS(NAME, T, HAD)                                                                      \
+    RESIDENT(NAME##_nearest, T, HAD, 0)                                                                       \
+    RESIDENT(NAME##_stochastic, T, HAD, 1)                                                                    \
+    RESIDENT(NAME##_log2, T, HAD, 2)
+
+TRANSFORMS(RESIDENT_ROUNDINGS, resident)
 
 // out[i] = v[i] / s[i / 8] through Divider (eights of v sharing a scale, as in the quantizers): its own kernel so
 // that the tests can compare every quotient with the IEEE division, not only the levels they round to.
