@@ -285,7 +285,7 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
 # Per-tensor max scales of tensors this large take the one-launch kernel (quant.cu resident_*): it keeps part of the
 # tensor on chip across a grid-wide barrier, so that the levels need no second read of it from memory.
 RESIDENT_FROM = 1 << 22
-_RESIDENT_THREADS, _RESIDENT_PER_THREAD, _RESIDENT_REG_STEPS = 512, 32, 1  # quant.cu RESIDENT_*
+_RESIDENT_THREADS, _RESIDENT_PER_THREAD, _RESIDENT_REG_STEPS = 1024, 16, 1  # quant.cu RESIDENT_*
 
 
 def _quantize_resident(x: torch.Tensor, logn: int, sign_mode: int, spec, rounding: str, key, levels) -> torch.Tensor:

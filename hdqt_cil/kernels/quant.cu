@@ -589,10 +589,12 @@ TRANSFORMS(GROUP_ROUNDINGS, group)
 // CTA's first steps on chip (RESIDENT_REG_STEPS in registers, `kept_steps` in shared memory, transformed when
 // HAD), the rest after them so that they are the most recent in L2; a grid-wide barrier (an arrival count in
 // work[2]) after the maxima (work[0]) and the negative flag (work[1]); then the levels: the streamed steps read
-// again backwards (the latest first, from L2 where they still are), then the kept ones without a read. The
-// levels are quantize_*'s (same quantize8), so the bits are the reference's.
-#define RESIDENT_THREADS 512
-#define RESIDENT_ROUNDS 4
+// again backwards (the latest first, from L2 where they still are) in turn with the kept ones (no read). 1024
+// threads of 16 elements: the rounding after the barrier no longer overlaps a read of its own, so it needs the
+// warps (512 threads of 32 measured 0.52 of copy bandwidth, kernel_notes v18). The levels are quantize_*'s (same
+// quantize8), so the bits are the reference's.
+#define RESIDENT_THREADS 1024
+#define RESIDENT_ROUNDS 2
 #define RESIDENT_REG_STEPS 1
 
 // A step's runs to / from a shared-memory slot of E floats: float4 (r, half) planes, consecutive threads adjacent.
@@ -689,15 +691,19 @@ __device__ __forceinline__ void resident_body(const T* __restrict__ x, u32 n_el,
             quantize8<ROUNDING, true>(v[r], divider, low, high, i0, stop, key, vec, out);
         });
     };
-    for (u32 step = steps; step-- > held;) {
+    // A step read again, then a kept one, in turn: the warps' reads overlap other warps' rounding.
+    for (u32 step = steps, h = held; step > held || h > RESIDENT_REG_STEPS;) {
         float v[ROUNDS][8];
-        load_runs<T, HAD, ROUNDS>(x, first_of(step), stop, vec, logn, smem, v);
-        emit(v, first_of(step));
-    }
-    for (u32 h = held; h-- > RESIDENT_REG_STEPS;) {
-        float v[ROUNDS][8];
-        restore_step(kept + (h - RESIDENT_REG_STEPS) * E, v);
-        emit(v, first_of(h));
+        if (step > held) {
+            --step;
+            load_runs<T, HAD, ROUNDS>(x, first_of(step), stop, vec, logn, smem, v);
+            emit(v, first_of(step));
+        }
+        if (h > RESIDENT_REG_STEPS) {
+            --h;
+            restore_step(kept + (h - RESIDENT_REG_STEPS) * E, v);
+            emit(v, first_of(h));
+        }
     }
 #pragma unroll
     for (int h = 0; h < RESIDENT_REG_STEPS; ++h)
