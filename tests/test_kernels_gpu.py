@@ -49,8 +49,7 @@ def assert_same(kernel, reference, what=""):
 
 # ----------------------------------------------------------------------------------------------------- quantize
 
-SHAPES = [(1,), (7,), (5, 3), (33, 17), (4, 3, 31, 5), (128, 561), (64, 16, 32, 32), (3, 1000003), (2, 4096, 1024),
-          (5, 4000001)]  # the last two per tensor: the one-launch kernel, the last with steps it reads twice
+SHAPES = [(1,), (7,), (5, 3), (33, 17), (4, 3, 31, 5), (128, 561), (64, 16, 32, 32), (3, 1000003), (2, 4096, 1024)]
 SPECS = [
     QuantSpec(4, "auto", "max", 0.975),
     QuantSpec(4, "signed", "max", 0.975, "tensor", "nearest"),
@@ -205,36 +204,6 @@ def test_single_pass_group_quantize(shape, granularity):
                 assert_same(kernels.quantize(x, spec, counter)[1], quantize(x, spec, counter)[1], str(spec))
 
 
-def test_cases_reach_the_one_launch_kernel_and_its_second_reads():
-    """Per-tensor scales of kernels.RESIDENT_FROM+ elements take quant.cu's resident_* kernel; a CTA keeps up to 4
-    steps of 16K elements on chip, so a tensor past 4 x 16K x (the SMs) also has steps read a second time."""
-    sizes = [math.prod(shape) for shape in SHAPES]
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert any(s > 4 * 16384 * sms for s in sizes) and 4 * 16384 * sms > kernels.RESIDENT_FROM
-
-
-def test_one_launch_quantize_replays_from_a_cuda_graph():
-    """The cooperative launch (grid-wide barrier) captured in a graph: each replay reads the input and the step
-    where they lie, and its barrier count starts from zero again."""
-    spec = QuantSpec(4, "auto", "max", 0.975, "tensor", "stochastic")
-    x = torch.randn(4, kernels.RESIDENT_FROM // 2 + 8, device="cuda")
-    step = torch.zeros((), dtype=torch.int64, device="cuda")
-    counter = Counter(5, step, 9)
-    kernels.quantize(x, spec, counter)  # compiled and loaded outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        levels, scale = kernels.quantize(x, spec, counter)
-    g = gen(3)
-    for k in range(3):
-        data = torch.randn(x.shape, generator=g, device="cuda") * (k + 1)
-        x.copy_(data.abs() if k == 0 else data)  # 'auto': unsigned levels, then signed
-        step.fill_(100 + k)
-        graph.replay()
-        ref_levels, ref_scale = quantize(x, spec, Counter(5, 100 + k, 9))
-        assert_same(levels, ref_levels, f"replay {k}")
-        assert_same(scale, ref_scale, f"replay {k}")
-
-
 # ----------------------------------------------------------------------------------------------------- Hadamard
 
 HADAMARD_CASES = [((8, 16), -1, None), ((3, 5, 4), -1, None), ((7, 100), -1, None), ((2, 561), -1, None),
@@ -265,11 +234,10 @@ def test_block_hadamard_rejects_bad_blocks():
         kernels.block_hadamard(torch.ones(4, 12, device="cuda"), -1, 8)
 
 
-@pytest.mark.parametrize("spec", [SPECS[3], SPECS[4], SPECS[1], SPECS[7], SPECS[9], SPECS[12]], ids=str)
+@pytest.mark.parametrize("spec", [SPECS[3], SPECS[4], SPECS[1], SPECS[9], SPECS[12]], ids=str)
 @pytest.mark.parametrize("shape, block", [((128, 16, 1024), None), ((1, 128, 561), None), ((1, 561, 128), None),
                                           ((32, 1024, 64), None), ((2, 3, 8192), None), ((7, 96), 16),
-                                          ((4, 40), None), ((3, 4096), 1024), ((4, 1024, 1024), None),
-                                          ((5, 1024, 4096), None), ((2048, 2048), 16)], ids=str)
+                                          ((4, 40), None), ((3, 4096), 1024), ((4, 1024, 1024), None)], ids=str)
 def test_hadamard_quantize_bit_identical(shape, block, spec):
     g = gen(shape[-1] + 7)
     counter = Counter(7, 11, 13)

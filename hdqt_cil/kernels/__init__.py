@@ -252,8 +252,6 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
                   _exchange_smem(threads, logn, _GROUP_PER_THREAD))
         return levels, scale.view(scale_shape)
 
-    if groups == 1 and spec.scale == "max" and n_el >= RESIDENT_FROM:
-        return levels, _quantize_resident(x, logn, sign_mode, spec, rounding, key, levels).view(scale_shape)
     work = rt.ZEROS_I32.take(groups + 1, device)  # per-group max bits, then 'negative'
     peaks, negative = work[:groups], work[groups:]
     per_thread = _flat_per_thread(n_el, logn)
@@ -280,34 +278,6 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
                rt.ptr(None if scale_in is not None else scale)),
               smem)
     return levels, scale.view(scale_shape)
-
-
-# Per-tensor max scales of tensors this large take the one-launch kernel (quant.cu resident_*): it keeps part of the
-# tensor on chip across a grid-wide barrier, so that the levels need no second read of it from memory.
-RESIDENT_FROM = 1 << 22
-_RESIDENT_THREADS, _RESIDENT_PER_THREAD, _RESIDENT_REG_STEPS = 1024, 16, 1  # quant.cu RESIDENT_*
-
-
-def _quantize_resident(x: torch.Tensor, logn: int, sign_mode: int, spec, rounding: str, key, levels) -> torch.Tensor:
-    """Levels (into `levels`) and the scale of the flat tensor x, its scale from max|t| over all of it."""
-    n_el, threads, step = x.numel(), _RESIDENT_THREADS, _RESIDENT_THREADS * _RESIDENT_PER_THREAD
-    exchange = _exchange_smem(threads, logn, _RESIDENT_PER_THREAD)
-    slots = (rt.max_shared_memory() - 1024 - exchange) // (step * 4)  # 1 KB: the kernel's static s_warp and more
-    fn = rt.function("quant.cu", f"resident_{_transform(logn, _RESIDENT_PER_THREAD)}{_suffix(x)}_{rounding}",
-                     dynamic_smem=exchange + slots * step * 4)
-    ctas = rt.sm_count() * rt.ctas_per_sm(fn, threads, exchange + slots * step * 4)
-    steps = -(-n_el // step)
-    per_cta = -(-steps // ctas)
-    ctas = -(-steps // per_cta)
-    slots = max(0, min(slots, per_cta - _RESIDENT_REG_STEPS))  # only what a CTA's range fills
-    work = rt.ZEROS_I32.take(3, x.device)  # max bits, 'negative', arrivals at the barrier
-    scale = _empty(1, torch.float32, x.device)
-    rt.launch(fn, (ctas,), (threads,),
-              (rt.ptr(x), rt.u32(n_el), rt.u32(per_cta * step), rt.i32(logn), rt.u32(slots), rt.ptr(work),
-               rt.i32(sign_mode), rt.f32(spec.signed_max), rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key,
-               rt.ptr(levels), rt.ptr(scale)),
-              exchange + slots * step * 4, cooperative=True)
-    return scale
 
 
 def quantize(t: torch.Tensor, spec, counter=None):
