@@ -159,15 +159,18 @@ def _exchange_smem(threads: int, logn: int, per_thread: int) -> int:
     return threads * 8 * 4 if (1 << logn) > 32 * per_thread else 0
 
 
-def _flat_grid(n_el: int, logn: int, per_thread: int, *fns) -> tuple[int, int, int]:
-    """(ctas, threads, shared bytes) for passes of the kernels `fns` over n_el elements with Hadamard blocks of
-    2^logn: at most one wave of the kernel with the lowest occupancy, its CTAs taking the steps in turn (quant.cu),
-    so that two passes give each CTA the same steps and the quantize pass, walking its steps backwards, starts in
-    what the absmax pass read last (in L2)."""
+def _flat_grid(n_el: int, logn: int, per_thread: int, *fns) -> tuple[int, int, int, int]:
+    """(ctas, threads, range, shared bytes) for passes of the kernels `fns` over n_el elements with Hadamard blocks
+    of 2^logn: at most one wave of the kernel with the lowest occupancy, so that two passes share their CTAs'
+    ranges and the quantize pass, walking its range backwards, starts in what the absmax pass read last (in L2)."""
     threads = max(256, (1 << logn) // per_thread)
+    step = threads * per_thread
+    steps = -(-n_el // step)
     smem = _exchange_smem(threads, logn, per_thread)
-    steps = -(-n_el // (threads * per_thread))
-    return min(steps, rt.sm_count() * min(rt.ctas_per_sm(fn, threads, smem) for fn in fns)), threads, smem
+    ctas = min(steps, rt.sm_count() * min(rt.ctas_per_sm(fn, threads, smem) for fn in fns))
+    per_cta = -(-steps // ctas)
+    ctas = -(-steps // per_cta)
+    return ctas, threads, per_cta * step, smem
 
 
 # Single-pass quantization (one CTA per scale group, the group in registers, 32 elements a thread): groups of
@@ -255,9 +258,10 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
     suffix = _transform(logn, per_thread) + _suffix(x)
     absmax, quantize_levels = (rt.function("quant.cu", f"{_flat_name('absmax', per_thread)}_{suffix}"),
                                rt.function("quant.cu", f"{_flat_name('quantize', per_thread)}_{suffix}_{rounding}"))
-    ctas, threads, smem = _flat_grid(n_el, logn, per_thread, absmax, quantize_levels)
+    ctas, threads, span, smem = _flat_grid(n_el, logn, per_thread, absmax, quantize_levels)
     rt.launch(absmax, (ctas,), (threads,),
-              (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.i32(logn), rt.ptr(peaks), rt.ptr(negative)), smem)
+              (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks), rt.ptr(negative)),
+              smem)
     if spec.scale == "max":
         scale, scale_in = _empty(groups, torch.float32, device), None
     else:  # SAWB: the scale from the reference's formula (float sums: torch's order), the levels from the kernel
@@ -268,7 +272,7 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
         scale_in = _reference().compute_scale(transformed, spec).reshape(-1).contiguous()
         scale = scale_in
     rt.launch(quantize_levels, (ctas,), (threads,),
-              (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.i32(logn), rt.ptr(peaks),
+              (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks),
                rt.ptr(scale_in), rt.ptr(negative), rt.i32(sign_mode), rt.f32(spec.signed_max),
                rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key, rt.ptr(levels),
                rt.ptr(None if scale_in is not None else scale)),
@@ -312,9 +316,9 @@ def block_hadamard(x: torch.Tensor, dim: int = -1, block: int | None = None) -> 
         logn = block.bit_length() - 1
         per_thread = _flat_per_thread(flat.numel(), logn)
         fn = rt.function("quant.cu", f"{_flat_name('hadamard', per_thread)}_{_suffix(flat)}")
-        ctas, threads, smem = _flat_grid(flat.numel(), logn, per_thread, fn)
+        ctas, threads, span, smem = _flat_grid(flat.numel(), logn, per_thread, fn)
         rt.launch(fn, (ctas,), (threads,),
-                  (rt.ptr(flat), rt.u32(flat.numel()), rt.i32(logn), rt.ptr(out)), smem)
+                  (rt.ptr(flat), rt.u32(flat.numel()), rt.u32(span), rt.i32(logn), rt.ptr(out)), smem)
     return out.movedim(-1, dim)
 
 

@@ -2,8 +2,7 @@
 //
 // A tensor of n_el elements is processed in "steps" of E = blockDim.x * 8 * ROUNDS consecutive elements; each
 // thread owns ROUNDS runs of 8 consecutive elements of a step (run_offset; ROUNDS = 1: elements [base + 8t,
-// base + 8t + 8)); the flat kernels' CTAs take the steps in turn (CTA b: steps b, b + gridDim.x, ...), so that the
-// grid reads one region of memory at a time. A Hadamard block (n = 2^logn, n | E) is transformed in registers and across the lanes of a warp
+// base + 8t + 8)). A Hadamard block (n = 2^logn, n | E) is transformed in registers and across the lanes of a warp
 // up to 256 ROUNDS elements, across warps beyond (butterfly): every stage is the reference's (a, b) -> (a + b,
 // a - b), so the float32 results are the reference's bit for bit. A scale group is a run of G consecutive elements
 // (tensor: G = n_el, sample: n_el / dim0, row: the last dim); Hadamard blocks never straddle groups (n | G).
@@ -215,18 +214,19 @@ struct GroupMax {
 };
 
 template <typename T, int HAD, int ROUNDS>
-__device__ __forceinline__ void absmax_body(const T* __restrict__ x, u32 n_el, u32 G, int logn,
+__device__ __forceinline__ void absmax_body(const T* __restrict__ x, u32 n_el, u32 G, u32 range, int logn,
                                             u32* __restrict__ peaks, u32* __restrict__ neg_flag) {
     extern __shared__ float smem[];
     __shared__ u32 s_first;
     __shared__ u32 s_warp[32];
     const u32 E = blockDim.x * 8u * ROUNDS;
-    const u32 stop = n_el;
+    const u32 start = blockIdx.x * range;
+    const u32 stop = min(start + range, n_el);
     const bool vec = (reinterpret_cast<u64>(x) % 16u) == 0;
     const bool whole = (G % 8u) == 0;
     GroupMax acc = {NO_GROUP, 0u};
     bool negative = false;
-    for (u32 base = blockIdx.x * E; base < stop; base += gridDim.x * E) {
+    for (u32 base = start; base < stop; base += E) {
         const u32 first = base + run_offset<ROUNDS>();
         float v[ROUNDS][8];
         load_runs<T, HAD, ROUNDS>(x, first, stop, vec, logn, smem, v);
@@ -381,14 +381,15 @@ __device__ __forceinline__ float max_scale(float peak, float clip, float high) {
 
 // sign_mode: 0 signed, 1 unsigned, 2 auto (*neg_flag). With scale_in, the scales are given (SAWB); else from peaks.
 template <typename T, int HAD, int ROUNDS, int ROUNDING>
-__device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el, u32 G, int logn,
+__device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el, u32 G, u32 range, int logn,
                                               const u32* __restrict__ peaks, const float* __restrict__ scale_in,
                                               const u32* __restrict__ neg_flag, int sign_mode, float signed_max,
                                               float unsigned_max, float clip, u32 key,
                                               signed char* __restrict__ out, float* __restrict__ scale_out) {
     extern __shared__ float smem[];
     const u32 E = blockDim.x * 8u * ROUNDS;
-    const u32 stop = n_el;
+    const u32 start = blockIdx.x * range;
+    const u32 stop = min(start + range, n_el);
     const bool vec = (reinterpret_cast<u64>(x) % 16u) == 0 && (reinterpret_cast<u64>(out) % 8u) == 0;
     const bool whole = (G % 8u) == 0;
     const bool is_signed = sign_mode == 0 || (sign_mode == 2 && *neg_flag != 0u);
@@ -400,11 +401,9 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
     };
     u32 group = NO_GROUP;
     Divider divider(1.0f);
-    // This CTA's steps (blockIdx.x, + gridDim.x, ...: as the absmax pass) backwards: the absmax pass read the
-    // tensor's end last, so the first steps read here are still in L2.
-    const u32 steps = (stop + E - 1) / E;
-    for (u32 k = blockIdx.x < steps ? (steps - 1 - blockIdx.x) / gridDim.x + 1 : 0u; k-- > 0;) {
-        const u32 first = (blockIdx.x + k * gridDim.x) * E + run_offset<ROUNDS>();  // a multiple of 8
+    // Backwards through the range: the absmax pass read it forwards, so its last steps are still in L2.
+    for (u32 step = stop > start ? (stop - start + E - 1) / E : 0u; step-- > 0;) {
+        const u32 first = start + step * E + run_offset<ROUNDS>();  // a multiple of 8: range and E are
         float v[ROUNDS][8];
         load_runs<T, HAD, ROUNDS>(x, first, stop, vec, logn, smem, v);
         each_run<ROUNDS>(first, stop, [&](int r, u32 i0) {
@@ -438,13 +437,14 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
 }
 
 template <typename T, int ROUNDS>
-__device__ __forceinline__ void hadamard_body(const T* __restrict__ x, u32 n_el, int logn,
+__device__ __forceinline__ void hadamard_body(const T* __restrict__ x, u32 n_el, u32 range, int logn,
                                               float* __restrict__ out) {
     extern __shared__ float smem[];
     const u32 E = blockDim.x * 8u * ROUNDS;
-    const u32 stop = n_el;
+    const u32 start = blockIdx.x * range;
+    const u32 stop = min(start + range, n_el);
     const bool vec = (reinterpret_cast<u64>(x) % 16u) == 0 && (reinterpret_cast<u64>(out) % 16u) == 0;
-    for (u32 base = blockIdx.x * E; base < stop; base += gridDim.x * E) {
+    for (u32 base = start; base < stop; base += E) {
         const u32 first = base + run_offset<ROUNDS>();
         float v[ROUNDS][8];
         load_runs<T, 1, ROUNDS>(x, first, stop, vec, logn, smem, v);
@@ -523,15 +523,16 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
 // Entry points (extern "C": fixed names for CuPy). Prefix 'had' = transform first ('hadw': blocks that fill a warp's
 // elements, 256 * ROUNDS), the input type (f32 / i8), the rounding of the quantizers (nearest / stochastic / log2).
 #define ABSMAX(NAME, T, HAD, ROUNDS)                                                                          \
-    extern "C" __global__ void NAME(const T* x, u32 n_el, u32 G, int logn, u32* peaks, u32* neg_flag) {      \
-        absmax_body<T, HAD, ROUNDS>(x, n_el, G, logn, peaks, neg_flag);                                       \
+    extern "C" __global__ void NAME(const T* x, u32 n_el, u32 G, u32 range, int logn, u32* peaks,            \
+                                    u32* neg_flag) {                                                         \
+        absmax_body<T, HAD, ROUNDS>(x, n_el, G, range, logn, peaks, neg_flag);                                \
     }
 #define QUANTIZE(NAME, T, HAD, ROUNDS, ROUNDING)                                                              \
-    extern "C" __global__ void NAME(const T* x, u32 n_el, u32 G, int logn, const u32* peaks,                 \
+    extern "C" __global__ void NAME(const T* x, u32 n_el, u32 G, u32 range, int logn, const u32* peaks,      \
                                     const float* scale_in, const u32* neg_flag, int sign_mode,                \
                                     float signed_max, float unsigned_max, float clip, u32 seed, u32 role,     \
                                     const long long* step_at, u32 step, signed char* out, float* scale_out) { \
-        quantize_body<T, HAD, ROUNDS, ROUNDING>(x, n_el, G, logn, peaks, scale_in, neg_flag, sign_mode,       \
+        quantize_body<T, HAD, ROUNDS, ROUNDING>(x, n_el, G, range, logn, peaks, scale_in, neg_flag, sign_mode,\
                                         signed_max, unsigned_max, clip, counter_key(seed, role, step_at, step), \
                                         out, scale_out);                                                     \
     }
@@ -540,8 +541,8 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
     QUANTIZE(NAME##_stochastic, T, HAD, ROUNDS, 1)                                                            \
     QUANTIZE(NAME##_log2, T, HAD, ROUNDS, 2)
 #define HADAMARD(NAME, T, ROUNDS)                                                                             \
-    extern "C" __global__ void NAME(const T* x, u32 n_el, int logn, float* out) {                            \
-        hadamard_body<T, ROUNDS>(x, n_el, logn, out);                                                         \
+    extern "C" __global__ void NAME(const T* x, u32 n_el, u32 range, int logn, float* out) {                 \
+        hadamard_body<T, ROUNDS>(x, n_el, range, logn, out);                                                  \
     }
 // The flat kernels in two shapes: one run of 8 a thread, and four (names ending in 4) for large tensors with a
 // Hadamard transform, where more work per butterfly barrier pays (on small tensors a quarter of the warps is
