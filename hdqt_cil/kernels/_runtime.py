@@ -75,6 +75,10 @@ SOURCES = {"quant.cu": QUANT_KERNELS, "intmm.cu": ALL_GEMM_EXPRESSIONS, "peak.cu
 NVRTC_OPTIONS = ("--std=c++17", "--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
 
 
+# Headers every source may include (by name, from this folder).
+HEADERS = ("common.cuh",)
+
+
 def source(name: str) -> str:
     return (HERE / name).read_text()
 
@@ -111,7 +115,8 @@ def nvrtc_compile(name: str, expressions: tuple[str, ...], arch: str, *extra: st
     after NVRTC_OPTIONS (e.g. --ptxas-options=-v for registers and spills)."""
     from cupy_backends.cuda.libs import nvrtc  # noqa: PLC0415
 
-    program = nvrtc.createProgram(source(name), name, [], [])
+    program = nvrtc.createProgram(source(name), name, [source(h).encode() for h in HEADERS],
+                                  [h.encode() for h in HEADERS])
     try:
         for expression in expressions:
             if "<" in expression:
@@ -133,7 +138,7 @@ def compile_cubin(name: str, expressions: tuple[str, ...], arch: str) -> tuple[b
     from cupy_backends.cuda.libs import nvrtc  # noqa: PLC0415
 
     text = source(name)
-    key = hashlib.sha256("\0".join((text, name, arch, *NVRTC_OPTIONS, *expressions,
+    key = hashlib.sha256("\0".join((text, *map(source, HEADERS), name, arch, *NVRTC_OPTIONS, *expressions,
                                      str(nvrtc.getVersion()))).encode()).hexdigest()[:32]
     path = cache_dir() / f"{key}.pkl"
     if path.exists():

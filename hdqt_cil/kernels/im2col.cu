@@ -2,8 +2,7 @@
 // operands) and col2im (the input gradient from the gradient of the im2col rows). K = C * kh * kw in F.unfold's
 // (channel, kh, kw) order; 32-bit indices within a sample or an output (the caller checks the sizes).
 
-typedef unsigned int u32;
-typedef unsigned long long u64;
+#include "common.cuh"
 
 // ------------------------------------------------------------------------------------------------------ im2col
 // x (B, C, H, W) contiguous to rows (B, out_h, out_w, C, kh, kw) or columns (B, C, kh, kw, out_h, out_w), zeros

@@ -32,8 +32,8 @@
 // A batch entry's sums are finished (SAT 1, 3, 4) when its last K step is done, so mode 3 can go on to the next
 // entry in the same pipeline: stage t holds K step t % ktiles of entry t / ktiles.
 
-typedef unsigned int u32;
-typedef unsigned long long u64;
+#include "common.cuh"
+
 typedef long long i64;
 
 #define BK 128
@@ -53,15 +53,6 @@ __device__ __forceinline__ void ldmatrix_x4(u32 addr, u32& r0, u32& r1, u32& r2,
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(addr));
-}
-
-__device__ __forceinline__ void mma_s8(int d[4], const u32 a[4], const u32 b[2], const int c[4]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %11, %12, %13};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(c[0]), "r"(c[1]), "r"(c[2]),
-          "r"(c[3]));
 }
 
 template <bool COUNT>

@@ -3,18 +3,9 @@
 // latency. mma_peak_plain accumulates in place; mma_peak_clamped starts each MMA from C = 0 and clamps and adds
 // its result to a running total (what the tile-32 GEMM must do per k32 step).
 
-typedef unsigned int u32;
+#include "common.cuh"
 
 #define CHAINS 8
-
-__device__ __forceinline__ void mma_s8(int d[4], const u32 a[4], const u32 b[2], const int c[4]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %11, %12, %13};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(c[0]), "r"(c[1]), "r"(c[2]),
-          "r"(c[3]));
-}
 
 extern "C" __global__ void mma_peak_plain(const u32* __restrict__ seed, int iters, int* __restrict__ out) {
     const int lane = threadIdx.x & 31;

@@ -20,8 +20,7 @@
 // Template T: float or signed char input (levels). HAD: 0 no transform, 1 a Hadamard block of any size, 2 one of
 // at least 256 * ROUNDS elements (butterfly's WIDE).
 
-typedef unsigned int u32;
-typedef unsigned long long u64;
+#include "common.cuh"
 
 #define NO_GROUP 0xffffffffu
 
