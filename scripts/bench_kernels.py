@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from bench_record import print_device_profile, save_rows  # noqa: E402
 from hdqt_cil import kernels  # noqa: E402
 from hdqt_cil.kernels import _runtime as rt  # noqa: E402
+from hdqt_cil.quant.capture import warm_up  # noqa: E402
 
 
 def cuda_time(fn, reps=20, warmup=3) -> float:
@@ -57,11 +58,7 @@ def cuda_time(fn, reps=20, warmup=3) -> float:
 def graphed(fn):
     """fn() captured in a CUDA graph, as its replay: times the device alone. (A quantizer call's host work, tens of
     microseconds, is as long as its kernels on 64 MiB; training replays them from graphs too.)"""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
+    warm_up(fn, 1)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()

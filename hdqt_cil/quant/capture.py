@@ -34,7 +34,7 @@ def _buffers_restored(module: nn.Module):
                 b.copy_(state[name])
 
 
-def _warm_up(run, times: int) -> None:
+def warm_up(run, times: int) -> None:
     """run() `times` times on a side stream, so that lazy initialisation (kernel loads, cuBLAS handles) stays out of
     the graphs; anything run() made is released when it returns."""
     side = torch.cuda.Stream()
@@ -66,7 +66,7 @@ class _Graphs:
             torch.autograd.grad(y, leaves, torch.zeros_like(y), allow_unused=True)
 
         with _buffers_restored(module):
-            _warm_up(step, warmup)
+            warm_up(step, warmup)
             pool = torch.cuda.graph_pool_handle()
             self.forward, self.backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.forward, pool=pool):
@@ -101,7 +101,7 @@ class _InferenceGraph:
     def __init__(self, module: nn.Module, x: torch.Tensor, warmup: int):
         self.x = x.detach().clone()
         with _buffers_restored(module), torch.no_grad():
-            _warm_up(lambda: module(self.x), warmup)
+            warm_up(lambda: module(self.x), warmup)
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self.y = module(self.x)
