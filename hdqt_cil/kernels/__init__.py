@@ -255,11 +255,10 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
     work = rt.ZEROS_I32.take(groups + 1, device)  # per-group max bits, then 'negative'
     peaks, negative = work[:groups], work[groups:]
     per_thread = _flat_per_thread(n_el, logn)
-    reading = 32 if n_el >= FLAT_RUNS_FROM else per_thread  # the absmax pass's: more loads in flight
     suffix = _transform(logn, per_thread) + _suffix(x)
-    absmax, quantize_levels = (rt.function("quant.cu", f"{_flat_name('absmax', reading)}_{suffix}"),
+    absmax, quantize_levels = (rt.function("quant.cu", f"{_flat_name('absmax', per_thread)}_{suffix}"),
                                rt.function("quant.cu", f"{_flat_name('quantize', per_thread)}_{suffix}_{rounding}"))
-    ctas, threads, span, smem = _flat_grid(n_el, logn, reading, absmax, quantize_levels)
+    ctas, threads, span, smem = _flat_grid(n_el, logn, per_thread, absmax, quantize_levels)
     rt.launch(absmax, (ctas,), (threads,),
               (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks), rt.ptr(negative)),
               smem)

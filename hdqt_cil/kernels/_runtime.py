@@ -17,10 +17,9 @@ HERE = Path(__file__).resolve().parent
 # Kernels of each source, as the names (or template instantiations) that a compile must produce.
 ROUNDINGS = ("nearest", "stochastic", "log2")  # quant.cu's kernel name suffixes, by rounding
 TRANSFORMS = ("", "had_", "hadw_")  # quant.cu's name prefixes: no transform, any Hadamard block, a wide one
-# The flat kernels with one run of 8 elements a thread (every transform), and with four ('4': Hadamard ones only,
-# and every absmax).
+# The flat kernels with one run of 8 elements a thread (every transform), and with four ('4': Hadamard ones only).
 FLAT_SHAPES = (("", TRANSFORMS), ("4", TRANSFORMS[1:]))
-QUANT_KERNELS = tuple(f"absmax{n}_{had}{t}" for n in ("", "4") for had in TRANSFORMS for t in ("f32", "i8"))
+QUANT_KERNELS = tuple(f"absmax{n}_{had}{t}" for n, hads in FLAT_SHAPES for had in hads for t in ("f32", "i8"))
 QUANT_KERNELS += tuple(f"quantize{n}_{had}{t}_{r}" for n, hads in FLAT_SHAPES for had in hads for t in ("f32", "i8")
                        for r in ROUNDINGS)
 QUANT_KERNELS += tuple(f"hadamard{n}_{t}" for n, _ in FLAT_SHAPES for t in ("f32", "i8"))

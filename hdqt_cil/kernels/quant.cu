@@ -557,7 +557,7 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
 #define TRANSFORMS(MACRO, NAME) INPUTS(MACRO, NAME, 0) HADAMARDS(MACRO, NAME)
 
 TRANSFORMS(ABSMAX1, absmax)
-TRANSFORMS(ABSMAX4, absmax4)
+HADAMARDS(ABSMAX4, absmax4)
 TRANSFORMS(QUANTIZE1, quantize)
 HADAMARDS(QUANTIZE4, quantize4)
 HADAMARD(hadamard_f32, float, 1)
