@@ -21,27 +21,41 @@ struct Geometry {
 };
 
 // The window's rows (of width + 2 pw elements): rows (c, i) of output row blk = (b, oy), or the padded plane
-// blk = (b, c).
+// blk = (b, c). A warp copies WINDOW_ROWS rows at a time, their loads all issued before the first store (one load
+// latency for them, not one each).
+#define WINDOW_ROWS 8
+
+template <typename T, bool COLUMNS>
+__device__ __forceinline__ const T* window_row(const T* __restrict__ x, const Geometry& g, u32 blk, u32 r, int& y) {
+    const u32 plane = g.height * g.width;
+    if (COLUMNS) {
+        y = (int)r - (int)g.ph;
+        return x + (u64)blk * plane;
+    }
+    const u32 b = blk / g.out_h, oy = blk - b * g.out_h, c = r / g.kh, i = r - c * g.kh;
+    y = (int)(oy * g.sh + i * g.dh) - (int)g.ph;
+    return x + ((u64)b * g.channels + c) * plane;
+}
+
 template <typename T, bool COLUMNS>
 __device__ __forceinline__ void load_window(const T* __restrict__ x, const Geometry& g, u32 blk, T* window) {
     const u32 wp = g.width + 2 * g.pw;
     const u32 rows = COLUMNS ? g.height + 2 * g.ph : g.channels * g.kh;
-    const u32 plane = g.height * g.width;
-    for (u32 r = threadIdx.x >> 5; r < rows; r += blockDim.x >> 5) {
-        const T* src;
-        int y;
-        if (COLUMNS) {
-            src = x + (u64)blk * plane;
-            y = (int)r - (int)g.ph;
-        } else {
-            const u32 b = blk / g.out_h, oy = blk - b * g.out_h, c = r / g.kh, i = r - c * g.kh;
-            src = x + ((u64)b * g.channels + c) * plane;
-            y = (int)(oy * g.sh + i * g.dh) - (int)g.ph;
-        }
-        const bool inside = (u32)y < g.height;
+    const u32 warps = blockDim.x >> 5;
+    for (u32 r0 = threadIdx.x >> 5; r0 < rows; r0 += WINDOW_ROWS * warps) {
         for (u32 xp = threadIdx.x & 31; xp < wp; xp += 32) {
             const int xx = (int)xp - (int)g.pw;
-            window[r * wp + xp] = (inside && (u32)xx < g.width) ? src[(u32)y * g.width + (u32)xx] : T(0);
+            T v[WINDOW_ROWS];
+#pragma unroll
+            for (int u = 0; u < WINDOW_ROWS; ++u) {
+                const u32 r = r0 + u * warps;
+                int y = -1;
+                const T* src = r < rows ? window_row<T, COLUMNS>(x, g, blk, r, y) : x;
+                v[u] = ((u32)y < g.height && (u32)xx < g.width) ? src[(u32)y * g.width + (u32)xx] : T(0);
+            }
+#pragma unroll
+            for (int u = 0; u < WINDOW_ROWS; ++u)
+                if (r0 + u * warps < rows) window[(r0 + u * warps) * wp + xp] = v[u];
         }
     }
 }
