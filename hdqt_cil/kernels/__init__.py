@@ -621,32 +621,26 @@ def _conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dila
 
 
 def im2col(x: torch.Tensor, kernel_size, padding, dilation, stride, columns: bool = False) -> torch.Tensor:
-    """As `hdqt_cil.quant.im2col.im2col` (a copy: the same bits by construction), in one launch: a CTA copies the
-    input window of one output row (rows) or channel (columns) into shared memory, then writes that block of the
-    output 16 bytes a thread (im2col.cu). int8 and float32; other dtypes, sizes past 32-bit indices and windows
-    past the shared memory take the reference."""
+    """As `hdqt_cil.quant.im2col.im2col` (a copy: the same bits by construction), in one launch: a thread writes
+    16 consecutive bytes of the output, gathering its inputs (im2col.cu). int8 and float32; other dtypes and
+    sizes past 32-bit indices take the reference."""
     _require_cuda(x)
     from hdqt_cil.quant.im2col import conv_output_size  # noqa: PLC0415 (the reference owns the geometry)
 
-    (kh, kw), (ph, pw) = kernel_size, padding
     batch, channels, height, width = x.shape
     out_h, out_w = conv_output_size(x.shape, kernel_size, padding, dilation, stride)
-    k, positions = channels * kh * kw, out_h * out_w
-    window = (height + 2 * ph if columns else channels * kh) * (width + 2 * pw) * x.element_size()
-    if (x.dtype not in _IM2COL_TYPES or batch * k * positions == 0 or batch * k * positions >= _MAX_ELEMENTS
-            or x.numel() >= _MAX_ELEMENTS or window > rt.max_shared_memory()):
+    k, positions = channels * kernel_size[0] * kernel_size[1], out_h * out_w
+    total = batch * k * positions
+    if x.dtype not in _IM2COL_TYPES or total == 0 or total >= _MAX_ELEMENTS or x.numel() >= _MAX_ELEMENTS:
         return _reference().im2col(x, kernel_size, padding, dilation, stride, columns)
     with _on_device(x):
         src = x.contiguous()
         out = _empty((batch, k, positions) if columns else (batch, positions, k), x.dtype, x.device)
-        block = kh * kw * positions if columns else out_w * k  # the output elements a CTA writes
-        threads = min(256, 32 * -(-block // (32 * (16 // x.element_size()))))
+        per_thread = 16 // x.element_size()
         name = f"im2col_{'columns' if columns else 'rows'}_{_IM2COL_TYPES[x.dtype]}"
-        rt.launch(rt.function("im2col.cu", name, dynamic_smem=window),
-                  (batch * channels if columns else batch * out_h,), (threads,),
+        rt.launch(rt.function("im2col.cu", name), (-(-total // (256 * per_thread)),), (256,),
                   (rt.ptr(src), *_conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dilation,
-                                            stride), rt.i32(block * x.element_size() % 16 == 0), rt.ptr(out)),
-                  window)
+                                            stride), rt.u32(total), rt.ptr(out)))
     return out
 
 

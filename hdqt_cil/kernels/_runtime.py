@@ -277,11 +277,6 @@ ZEROS_I32 = _ZeroPool(torch.int32, 1 << 20)
 ZEROS_I64 = _ZeroPool(torch.int64, 1 << 16)
 
 
-def max_shared_memory() -> int:
-    """Shared bytes a CTA may have on the current device (the opt-in limit)."""
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin
-
-
 def sm_count() -> int:
     device = torch.cuda.current_device()
     count = _sm_counts.get(device)

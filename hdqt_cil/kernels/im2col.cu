@@ -6,125 +6,101 @@
 
 // ------------------------------------------------------------------------------------------------------ im2col
 // x (B, C, H, W) contiguous to rows (B, out_h, out_w, C, kh, kw) or columns (B, C, kh, kw, out_h, out_w), zeros
-// where a patch reaches into the padding. A CTA makes one contiguous block of the output, from a window of the
-// input it first copies into shared memory (coalesced rows, the padding written as zeros):
-//   rows: the out_w * K elements of output row (b, oy), from the kh input rows (c, i) of every channel;
-//   columns: the kh * kw * out_h * out_w elements of channel (b, c), from its padded plane.
-// Then each thread writes VEC consecutive outputs (16 bytes; one vector store where the block is 16-byte aligned):
-// it splits the index of the first into coordinates once and steps through the rest with carries, following
-// the window offset it reads. (A thread gathering from global memory instead, 16 outputs apart from its
-// neighbours', touched a cache line a lane: 2-3x slower, kernel_notes v19.)
+// where a patch reaches into the padding. A thread writes VEC consecutive outputs (16 bytes, one vector store):
+// it splits the index of the first into its six coordinates once, then steps the innermost one with carries,
+// tracking the input row and column it reads (y, x) and the offset of the (sample, channel) plane.
 
 struct Geometry {
     u32 channels, height, width, out_h, out_w;
-    u32 kh, kw, ph, pw, dh, dw, sh, sw;
+    int kh, kw, ph, pw, dh, dw, sh, sw;
 };
 
-// The window's rows (of width + 2 pw elements): rows (c, i) of output row blk = (b, oy), or the padded plane
-// blk = (b, c). A warp copies WINDOW_ROWS rows at a time, their loads all issued before the first store (one load
-// latency for them, not one each).
-#define WINDOW_ROWS 8
+struct Cursor {
+    u32 c, i, j, oy, ox;
+    int y, x;   // the input position read: oy * sh - ph + i * dh, ox * sw - pw + j * dw
+    u64 plane;  // (b * C + c) * H * W
+};
 
-template <typename T, bool COLUMNS>
-__device__ __forceinline__ const T* window_row(const T* __restrict__ x, const Geometry& g, u32 blk, u32 r, int& y) {
-    const u32 plane = g.height * g.width;
+template <bool COLUMNS>
+__device__ __forceinline__ Cursor cursor_at(u32 e, const Geometry& g) {
+    Cursor p;
+    u32 b;
+    if (COLUMNS) {  // (b, c, i, j, oy, ox), ox fastest
+        p.ox = e % g.out_w; e /= g.out_w;
+        p.oy = e % g.out_h; e /= g.out_h;
+        p.j = e % g.kw; e /= g.kw;
+        p.i = e % g.kh; e /= g.kh;
+        p.c = e % g.channels; b = e / g.channels;
+    } else {  // (b, oy, ox, c, i, j), j fastest
+        p.j = e % g.kw; e /= g.kw;
+        p.i = e % g.kh; e /= g.kh;
+        p.c = e % g.channels; e /= g.channels;
+        p.ox = e % g.out_w; e /= g.out_w;
+        p.oy = e % g.out_h; b = e / g.out_h;
+    }
+    p.y = (int)(p.oy * g.sh + p.i * g.dh) - g.ph;
+    p.x = (int)(p.ox * g.sw + p.j * g.dw) - g.pw;
+    p.plane = ((u64)b * g.channels + p.c) * g.height * g.width;
+    return p;
+}
+
+// The next output's coordinates. A wrap of the channel moves the plane back to the sample's first one; the wrap
+// of the outermost output coordinate moves it on to the next sample.
+template <bool COLUMNS>
+__device__ __forceinline__ void advance(Cursor& p, const Geometry& g) {
+    const u64 plane = (u64)g.height * g.width;
     if (COLUMNS) {
-        y = (int)r - (int)g.ph;
-        return x + (u64)blk * plane;
-    }
-    const u32 b = blk / g.out_h, oy = blk - b * g.out_h, c = r / g.kh, i = r - c * g.kh;
-    y = (int)(oy * g.sh + i * g.dh) - (int)g.ph;
-    return x + ((u64)b * g.channels + c) * plane;
-}
-
-template <typename T, bool COLUMNS>
-__device__ __forceinline__ void load_window(const T* __restrict__ x, const Geometry& g, u32 blk, T* window) {
-    const u32 wp = g.width + 2 * g.pw;
-    const u32 rows = COLUMNS ? g.height + 2 * g.ph : g.channels * g.kh;
-    const u32 warps = blockDim.x >> 5;
-    for (u32 r0 = threadIdx.x >> 5; r0 < rows; r0 += WINDOW_ROWS * warps) {
-        for (u32 xp = threadIdx.x & 31; xp < wp; xp += 32) {
-            const int xx = (int)xp - (int)g.pw;
-            T v[WINDOW_ROWS];
-#pragma unroll
-            for (int u = 0; u < WINDOW_ROWS; ++u) {
-                const u32 r = r0 + u * warps;
-                int y = -1;
-                const T* src = r < rows ? window_row<T, COLUMNS>(x, g, blk, r, y) : x;
-                v[u] = ((u32)y < g.height && (u32)xx < g.width) ? src[(u32)y * g.width + (u32)xx] : T(0);
-            }
-#pragma unroll
-            for (int u = 0; u < WINDOW_ROWS; ++u)
-                if (r0 + u * warps < rows) window[(r0 + u * warps) * wp + xp] = v[u];
-        }
+        p.x += g.sw;
+        if (++p.ox < g.out_w) return;
+        p.ox = 0; p.x -= g.out_w * g.sw; p.y += g.sh;
+        if (++p.oy < g.out_h) return;
+        p.oy = 0; p.y -= g.out_h * g.sh; p.x += g.dw;
+        if (++p.j < (u32)g.kw) return;
+        p.j = 0; p.x -= g.kw * g.dw; p.y += g.dh;
+        if (++p.i < (u32)g.kh) return;
+        p.i = 0; p.y -= g.kh * g.dh; p.plane += plane;  // the next channel, or the next sample's first
+        if (++p.c == g.channels) p.c = 0;
+    } else {
+        p.x += g.dw;
+        if (++p.j < (u32)g.kw) return;
+        p.j = 0; p.x -= g.kw * g.dw; p.y += g.dh;
+        if (++p.i < (u32)g.kh) return;
+        p.i = 0; p.y -= g.kh * g.dh; p.plane += plane;
+        if (++p.c < g.channels) return;
+        p.c = 0; p.plane -= g.channels * plane; p.x += g.sw;
+        if (++p.ox < g.out_w) return;
+        p.ox = 0; p.x -= g.out_w * g.sw; p.y += g.sh;
+        if (++p.oy < g.out_h) return;
+        p.oy = 0; p.y -= g.out_h * g.sh; p.plane += g.channels * plane;
     }
 }
 
 template <typename T, bool COLUMNS>
-__device__ __forceinline__ void im2col_body(const T* __restrict__ x, const Geometry& g, bool vec,
-                                            T* __restrict__ out) {
+__device__ __forceinline__ void im2col_body(const T* __restrict__ x, Geometry g, u32 total, T* __restrict__ out) {
     constexpr int VEC = 16 / sizeof(T);
-    extern __shared__ __align__(16) unsigned char smem_bytes[];
-    T* window = reinterpret_cast<T*>(smem_bytes);
-    load_window<T, COLUMNS>(x, g, blockIdx.x, window);
-    __syncthreads();
-    const u32 wp = g.width + 2 * g.pw;
-    const u32 rows = g.channels * g.kh;  // rows: the window's (c, i) rows
-    const u32 block = COLUMNS ? g.kh * g.kw * g.out_h * g.out_w : g.out_w * rows * g.kw;
-    T* dst = out + (u64)blockIdx.x * block;
-    for (u32 first = threadIdx.x * VEC; first < block; first += blockDim.x * VEC) {
-        // Digits, fastest first: rows (j, r = c * kh + i, ox); columns (ox, oy, j, i). idx: the window offset.
-        u32 d0, d1, d2, idx;
-        if (COLUMNS) {
-            u32 q = first / g.out_w;
-            d0 = first - q * g.out_w;  // ox
-            d1 = q % g.out_h;          // oy
-            q /= g.out_h;
-            d2 = q % g.kw;             // j
-            const u32 i = q / g.kw;
-            idx = (d1 * g.sh + i * g.dh) * wp + d0 * g.sw + d2 * g.dw;
-        } else {
-            const u32 q = first / g.kw;
-            d0 = first - q * g.kw;     // j
-            d1 = q % rows;             // r
-            idx = d1 * wp + (q / rows) * g.sw + d0 * g.dw;
-        }
-        union { uint4 vector; T lane[VEC]; } values;
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-            values.lane[v] = (first + v < block) ? window[idx] : T(0);
-            if (COLUMNS) {
-                idx += g.sw;
-                if (++d0 == g.out_w) {
-                    d0 = 0; idx += g.sh * wp - g.out_w * g.sw;
-                    if (++d1 == g.out_h) {
-                        d1 = 0; idx += g.dw - g.out_h * g.sh * wp;
-                        if (++d2 == g.kw) { d2 = 0; idx += g.dh * wp - g.kw * g.dw; }
-                    }
-                }
-            } else {
-                idx += g.dw;
-                if (++d0 == g.kw) {
-                    d0 = 0; idx += wp - g.kw * g.dw;
-                    if (++d1 == rows) { d1 = 0; idx += g.sw - rows * wp; }
-                }
-            }
-        }
-        if (vec && first + VEC <= block) {
-            *reinterpret_cast<uint4*>(dst + first) = values.vector;
-        } else {
-            for (u32 v = 0; v < VEC && first + v < block; ++v) dst[first + v] = values.lane[v];
-        }
+    const u32 first = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (first >= total) return;
+    Cursor p = cursor_at<COLUMNS>(first, g);
+    union { uint4 vector; T lane[VEC]; } values;
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const bool inside = (u32)p.y < g.height && (u32)p.x < g.width;
+        values.lane[v] = inside ? __ldg(x + p.plane + (u32)p.y * g.width + (u32)p.x) : T(0);
+        if (v + 1 < VEC) advance<COLUMNS>(p, g);
+    }
+    if (first + VEC <= total) {
+        *reinterpret_cast<uint4*>(out + first) = values.vector;
+    } else {
+        for (u32 v = 0; first + v < total; ++v) out[first + v] = values.lane[v];
     }
 }
 
 #define IM2COL(NAME, T, COLUMNS)                                                                               \
     extern "C" __global__ void __launch_bounds__(256)                                                          \
         NAME(const T* x, u32 channels, u32 height, u32 width, u32 out_h, u32 out_w, int kh, int kw, int ph,      \
-             int pw, int dh, int dw, int sh, int sw, int vec, T* out) {                                        \
-        const Geometry g{channels, height, width, out_h, out_w, (u32)kh, (u32)kw, (u32)ph, (u32)pw, (u32)dh,    \
-                         (u32)dw, (u32)sh, (u32)sw};                                                           \
-        im2col_body<T, COLUMNS>(x, g, vec != 0, out);                                                          \
+             int pw, int dh, int dw, int sh, int sw, u32 total, T* out) {                                      \
+        const Geometry g{channels, height, width, out_h, out_w, kh, kw, ph, pw, dh, dw, sh, sw};                \
+        im2col_body<T, COLUMNS>(x, g, total, out);                                                             \
     }
 
 IM2COL(im2col_rows_i8, signed char, false)
