@@ -1,7 +1,8 @@
-"""im2col through torch (the reference: a strided view of the padded input and one copy) against the kernel
-(im2col.cu), both layouts ((B, L, K) rows for the forward product, (B, K, L) columns for grad_weight's), on
-ResNet-32's conv shapes at batch 128, int8 levels and float32: eagerly (host work included) and replayed from a
-CUDA graph of 20 calls (device time, as in a captured training step), against the copy-bandwidth floor.
+"""im2col and col2im through torch (the references: a strided view of the padded input and one copy; kh·kw
+strided adds) against the kernels (im2col.cu), on ResNet-32's conv shapes at batch 128: im2col in both layouts
+((B, L, K) rows for the forward product, (B, K, L) columns for grad_weight's) on int8 levels and float32, col2im on
+float32 rows; eagerly (host work included) and replayed from a CUDA graph of 20 calls (device time, as in a
+captured training step), against the copy-bandwidth floor.
 
     python scripts/bench_im2col.py > results/bench/<version>_im2col.log      # on the GPU machine
 """
@@ -14,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_kernels import copy_bandwidth, cuda_time, graphed  # noqa: E402 (the benchmark's timing, beside this script)
 from hdqt_cil import kernels  # noqa: E402
-from hdqt_cil.quant import im2col  # noqa: E402
+from hdqt_cil.quant import col2im, im2col  # noqa: E402
 
 SHAPES = ((3, 32, 1), (16, 32, 1), (16, 32, 2), (32, 16, 1), (32, 16, 2), (64, 8, 1))  # channels, size, stride
 CALLS_PER_GRAPH = 20
@@ -38,13 +39,21 @@ def main():
             for columns in (False, True):
                 ref = im2col(x, *layout, columns)
                 assert torch.equal(kernels.im2col(x, *layout, columns), ref)
-                ref_eager, ref_graph = times(lambda: im2col(x, *layout, columns))
-                ker_eager, ker_graph = times(lambda: kernels.im2col(x, *layout, columns))
-                floor = (ref.numel() * ref.element_size() + x.numel() * x.element_size()) / bandwidth
-                print(f"{'columns' if columns else 'rows':7s} {str(dtype):13s} {str(tuple(x.shape)):18s} "
-                      f"{str(tuple(ref.shape)):17s} {floor * 1e6:8.1f} | {ref_eager * 1e6:11.1f} "
-                      f"{ref_graph * 1e6:8.1f} | {ker_eager * 1e6:12.1f} {ker_graph * 1e6:8.1f} | "
-                      f"{ref_graph / ker_graph:5.1f}x, {floor / ker_graph:.2f} (torch {floor / ref_graph:.2f})")
+                report("columns" if columns else "rows", str(dtype), x, ref, bandwidth,
+                       times(lambda: im2col(x, *layout, columns)), times(lambda: kernels.im2col(x, *layout, columns)))
+        rows = torch.randn(im2col(x, *layout).shape, device="cuda")  # col2im: float rows back to the input's shape
+        grad = col2im(rows, x.shape, *layout)
+        assert torch.equal(kernels.col2im(rows, x.shape, *layout), grad)
+        report("col2im", "torch.float32", rows, grad, bandwidth, times(lambda: col2im(rows, x.shape, *layout)),
+               times(lambda: kernels.col2im(rows, x.shape, *layout)))
+
+
+def report(name, dtype, source, result, bandwidth, torch_times, kernel_times):
+    (ref_eager, ref_graph), (ker_eager, ker_graph) = torch_times, kernel_times
+    floor = (result.numel() * result.element_size() + source.numel() * source.element_size()) / bandwidth
+    print(f"{name:7s} {dtype:13s} {str(tuple(source.shape)):18s} {str(tuple(result.shape)):17s} {floor * 1e6:8.1f} | "
+          f"{ref_eager * 1e6:11.1f} {ref_graph * 1e6:8.1f} | {ker_eager * 1e6:12.1f} {ker_graph * 1e6:8.1f} | "
+          f"{ref_graph / ker_graph:5.1f}x, {floor / ker_graph:.2f} (torch {floor / ref_graph:.2f})")
 
 
 if __name__ == "__main__":

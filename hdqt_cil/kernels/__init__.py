@@ -644,9 +644,13 @@ def im2col(x: torch.Tensor, kernel_size, padding, dilation, stride, columns: boo
     return out
 
 
+COL2IM_GROUP = 8  # channels a col2im thread sums (the sectors of a position's K-row it reads are its CTA's)
+
+
 def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride) -> torch.Tensor:
-    """As `hdqt_cil.quant.im2col.col2im`, bit for bit: one thread per input element adds its patches' contributions
-    in the reference's order (im2col.cu), where the reference adds kh·kw strided views one after the other."""
+    """As `hdqt_cil.quant.im2col.col2im`, bit for bit: a thread owns an input position of up to COL2IM_GROUP
+    channels and adds each one's patch contributions in the reference's order (im2col.cu), where the reference
+    adds kh·kw strided views one after the other."""
     _require_cuda(rows)
     from hdqt_cil.quant.im2col import conv_output_size  # noqa: PLC0415 (the reference owns the geometry)
 
@@ -661,10 +665,11 @@ def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride) 
         src = rows.to(torch.float32).contiguous()
         out = _empty((batch, channels, height + 2 * ph, width + 2 * pw), torch.float32, rows.device)
         threads = min(256, -(-positions // 32) * 32)
+        group = max(1, min(COL2IM_GROUP, channels * batch * positions >> 18))  # keep ~2^18 threads busy
         name = "col2im_f32_unit" if (sh, sw) == (1, 1) else "col2im_f32"
-        rt.launch(rt.function("im2col.cu", name), (batch * channels, -(-positions // threads)), (threads,),
-                  (rt.ptr(src), *_conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dilation,
-                                            stride), rt.ptr(out)))
+        rt.launch(rt.function("im2col.cu", name), (batch * -(-channels // group), -(-positions // threads)),
+                  (threads,), (rt.ptr(src), *_conv_args(channels, height, width, out_h, out_w, kernel_size, padding,
+                                                        dilation, stride), rt.u32(group), rt.ptr(out)))
     return out[:, :, ph:ph + height, pw:pw + width]
 
 
