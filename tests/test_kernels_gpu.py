@@ -423,7 +423,7 @@ CONV_CASES = [  # x shape, kernel, padding, dilation, stride
     ((3, 5, 7, 9), (1, 1), (0, 0), (1, 1), (1, 1)),
     ((2, 3, 11, 13), (5, 3), (2, 1), (1, 2), (2, 3)),
     ((1, 1, 4, 4), (3, 3), (3, 3), (2, 2), (1, 1)),  # more padding than input
-    ((96, 13, 32, 32), (3, 3), (1, 1), (1, 1), (1, 1)),  # col2im: groups of 4 channels, the last of 1
+    ((96, 13, 32, 32), (3, 3), (1, 1), (1, 1), (1, 1)),  # col2im: warps of 8 channels, the last with 5 idle lanes
 ]
 
 

@@ -644,13 +644,13 @@ def im2col(x: torch.Tensor, kernel_size, padding, dilation, stride, columns: boo
     return out
 
 
-COL2IM_GROUP = 8  # channels a col2im thread sums (the sectors of a position's K-row it reads are its CTA's)
+COL2IM_LANES = 8  # consecutive channels in a col2im warp (of 32 / COL2IM_LANES consecutive positions)
 
 
 def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride) -> torch.Tensor:
-    """As `hdqt_cil.quant.im2col.col2im`, bit for bit: a thread owns an input position of up to COL2IM_GROUP
-    channels and adds each one's patch contributions in the reference's order (im2col.cu), where the reference
-    adds kh·kw strided views one after the other."""
+    """As `hdqt_cil.quant.im2col.col2im`, bit for bit: one thread per input element adds its patches' contributions
+    in the reference's order (im2col.cu), where the reference adds kh·kw strided views one after the other; a warp
+    holds COL2IM_LANES channels of a few positions."""
     _require_cuda(rows)
     from hdqt_cil.quant.im2col import conv_output_size  # noqa: PLC0415 (the reference owns the geometry)
 
@@ -658,18 +658,18 @@ def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride) 
     batch, channels, height, width = x_shape
     out_h, out_w = conv_output_size(x_shape, kernel_size, padding, dilation, stride)
     positions = height * width
-    if (batch * channels * positions == 0 or rows.numel() >= _MAX_ELEMENTS or batch * channels >= _MAX_ELEMENTS
-            or positions > 65535 * 256):  # the grid's y dimension
+    lanes = min(COL2IM_LANES, 1 << (channels - 1).bit_length())  # channels a warp holds (a power of two)
+    warps = -(-channels // lanes) * -(-positions // (32 // lanes))  # a sample's
+    if (batch * channels * positions == 0 or rows.numel() >= _MAX_ELEMENTS or batch > 65535  # the grid's y
+            or warps * 32 >= _MAX_ELEMENTS):
         return _reference().col2im(rows, x_shape, kernel_size, padding, dilation, stride)
     with _on_device(rows):
         src = rows.to(torch.float32).contiguous()
         out = _empty((batch, channels, height + 2 * ph, width + 2 * pw), torch.float32, rows.device)
-        threads = min(256, -(-positions // 32) * 32)
-        group = max(1, min(COL2IM_GROUP, channels * batch * positions >> 18))  # keep ~2^18 threads busy
         name = "col2im_f32_unit" if (sh, sw) == (1, 1) else "col2im_f32"
-        rt.launch(rt.function("im2col.cu", name), (batch * -(-channels // group), -(-positions // threads)),
-                  (threads,), (rt.ptr(src), *_conv_args(channels, height, width, out_h, out_w, kernel_size, padding,
-                                                        dilation, stride), rt.u32(group), rt.ptr(out)))
+        rt.launch(rt.function("im2col.cu", name), (-(-warps // 8), batch), (256,),
+                  (rt.ptr(src), *_conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dilation,
+                                            stride), rt.u32(lanes), rt.ptr(out)))
     return out[:, :, ph:ph + height, pw:pw + width]
 
 

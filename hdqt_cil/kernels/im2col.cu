@@ -111,55 +111,54 @@ IM2COL(im2col_columns_f32, float, true)
 // ------------------------------------------------------------------------------------------------------ col2im
 // rows is (B, out_h, out_w, C, kh, kw) contiguous (the (B, L, K) product); out is the zero-padded
 // (B, C, H + 2ph, W + 2pw) buffer, of which only the interior is written (the caller returns that view). A thread
-// owns one interior position of `group` consecutive channels: for each, it starts from +0 and adds the
-// contributions of the kernel offsets (i, j) in row-major order, one rounding each, as the reference's sequence
-// of adds into strided views does. Grid: x = sample * channel groups + group, y = blocks of the H * W positions,
-// consecutive threads on consecutive columns (consecutive writes); a CTA's threads read each position's K-row
-// for their channels from the same sectors (one channel a CTA read ~3.5x the rows through L2, kernel_notes v20).
-// UNIT: stride 1, where the output position of an offset needs no division.
+// owns one interior element (b, c, y, x): it starts from +0 and adds the contributions of the kernel offsets
+// (i, j) in row-major order, one rounding each, as the reference's sequence of adds into strided views does.
+// A warp holds `lanes` consecutive channels (lane % lanes) of 32 / lanes consecutive positions (lane / lanes), so
+// that its loads of one offset fall on a few lines of the positions' K-rows (one channel a warp, 32 positions,
+// touched 32 lines a load: kernel_notes v20). Grid: y = sample, x = CTAs over its (channel block, position block)
+// warps. UNIT: stride 1, where the output position of an offset needs no division.
 
 template <bool UNIT>
 __device__ __forceinline__ void col2im_body(const float* __restrict__ rows, u32 channels, u32 height, u32 width,
                                             u32 out_h, u32 out_w, int kh, int kw, int ph, int pw, int dh, int dw,
-                                            int sh, int sw, u32 group, float* __restrict__ out) {
-    const u32 pos = blockIdx.y * blockDim.x + threadIdx.x;
-    if (pos >= height * width) return;
+                                            int sh, int sw, u32 lanes, float* __restrict__ out) {
+    const u32 lane = threadIdx.x & 31, per_warp = 32 / lanes;
+    const u32 positions = height * width;
+    const u32 cblocks = (channels + lanes - 1) / lanes, pblocks = (positions + per_warp - 1) / per_warp;
+    const u32 warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, b = blockIdx.y;
+    const u32 pb = warp % pblocks, cb = warp / pblocks;
+    const u32 c = cb * lanes + lane % lanes, pos = pb * per_warp + lane / lanes;
+    if (cb >= cblocks || c >= channels || pos >= positions) return;
     const u32 y = pos / width, x = pos - y * width;
-    const u32 groups = (channels + group - 1) / group;
-    const u32 b = blockIdx.x / groups, first = (blockIdx.x - b * groups) * group;
     const u32 k = channels * kh * kw;
-    const u64 plane = (u64)(height + 2 * ph) * (width + 2 * pw);
-    float* dst = out + (u64)b * channels * plane + (u64)(y + ph) * (width + 2 * pw) + x + pw;
-    for (u32 c = first; c < min(first + group, channels); ++c) {
-        const float* sample = rows + (u64)b * out_h * out_w * k + c * kh * kw;
-        float acc = 0.0f;
-        for (int i = 0; i < kh; ++i) {
-            int oy = (int)y + ph - i * dh;  // = output row * sh
-            if (!UNIT) {
-                if (oy < 0 || oy % sh != 0) continue;
-                oy /= sh;
-            }
-            if (oy < 0 || oy >= (int)out_h) continue;
-            const float* row = sample + (u64)oy * out_w * k + i * kw;
-            for (int j = 0; j < kw; ++j) {
-                int ox = (int)x + pw - j * dw;
-                if (!UNIT) {
-                    if (ox < 0 || ox % sw != 0) continue;
-                    ox /= sw;
-                }
-                if (ox < 0 || ox >= (int)out_w) continue;
-                acc = __fadd_rn(acc, __ldg(row + (u64)ox * k + j));
-            }
+    const float* sample = rows + (u64)b * out_h * out_w * k + c * kh * kw;
+    float acc = 0.0f;
+    for (int i = 0; i < kh; ++i) {
+        int oy = (int)y + ph - i * dh;  // = output row * sh
+        if (!UNIT) {
+            if (oy < 0 || oy % sh != 0) continue;
+            oy /= sh;
         }
-        dst[(u64)c * plane] = acc;
+        if (oy < 0 || oy >= (int)out_h) continue;
+        const float* row = sample + (u64)oy * out_w * k + i * kw;
+        for (int j = 0; j < kw; ++j) {
+            int ox = (int)x + pw - j * dw;
+            if (!UNIT) {
+                if (ox < 0 || ox % sw != 0) continue;
+                ox /= sw;
+            }
+            if (ox < 0 || ox >= (int)out_w) continue;
+            acc = __fadd_rn(acc, __ldg(row + (u64)ox * k + j));
+        }
     }
+    out[(((u64)b * channels + c) * (height + 2 * ph) + y + ph) * (width + 2 * pw) + x + pw] = acc;
 }
 
 #define COL2IM(NAME, UNIT)                                                                                    \
     extern "C" __global__ void NAME(const float* rows, u32 channels, u32 height, u32 width, u32 out_h,       \
                                     u32 out_w, int kh, int kw, int ph, int pw, int dh, int dw, int sh,        \
-                                    int sw, u32 group, float* out) {                                          \
-        col2im_body<UNIT>(rows, channels, height, width, out_h, out_w, kh, kw, ph, pw, dh, dw, sh, sw, group,   \
+                                    int sw, u32 lanes, float* out) {                                          \
+        col2im_body<UNIT>(rows, channels, height, width, out_h, out_w, kh, kw, ph, pw, dh, dw, sh, sw, lanes,   \
                           out);                                                                               \
     }
 
