@@ -644,7 +644,7 @@ def im2col(x: torch.Tensor, kernel_size, padding, dilation, stride, columns: boo
     return out
 
 
-COL2IM_LANES = 8  # consecutive channels in a col2im warp (of 32 / COL2IM_LANES consecutive positions)
+COL2IM_LANES = 4  # consecutive channels in a col2im warp (of 32 / COL2IM_LANES consecutive positions)
 
 
 def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride) -> torch.Tensor:
