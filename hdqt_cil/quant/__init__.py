@@ -1,8 +1,8 @@
 """The numerics of quantized training, pure torch (CPU and GPU): the reference definition of every scheme."""
-from .im2col import col2im, im2col
 from .hadamard import block_hadamard, hadamard_block_size, sequency_order
 from .hla import hla_compress, hla_rank, hla_reconstruct, hla_rows, lp_l1_rank
 from .hot import HotConv2d, HotLinear
+from .im2col import col2im, im2col
 from .intmm import sum_entries, tiled_int_matmul
 from .layers import (NonFiniteError, QuantConv2d, QuantLinear, layer_steps, quant_stats, quantize_model,
                      reset_quant_stats, set_layer_steps)
@@ -12,8 +12,8 @@ from .rounding import Counter, counter_uniform, round_nearest, round_stochastic
 from .schemes import HotScheme, Product, Scheme, preset, scheme_from_config
 
 __all__ = [
-    "col2im", "im2col", "block_hadamard", "hadamard_block_size", "sequency_order", "sum_entries", "tiled_int_matmul",
-    "NonFiniteError",
+    "col2im", "im2col", "block_hadamard", "hadamard_block_size", "sequency_order", "sum_entries",
+    "tiled_int_matmul", "NonFiniteError",
     "QuantConv2d", "QuantLinear", "layer_steps", "quant_stats", "quantize_model", "reset_quant_stats",
     "set_layer_steps", "QuantSpec",
     "compute_scale", "dequantize", "quantize", "Counter", "counter_uniform", "round_nearest",

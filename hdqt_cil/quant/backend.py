@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import torch
 
-from .im2col import col2im, im2col
 from .hadamard import block_hadamard
+from .im2col import col2im, im2col
 from .intmm import epilogue_block, sum_entries, tiled_int_matmul
 from .quantizers import quantize
 

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from .backend import resolve_ops
-from .im2col import conv_output_size
 from .hadamard import hadamard_block_size
+from .im2col import conv_output_size
 from .quantizers import QuantSpec, level_range
 from .rounding import Counter
 from .schemes import HotScheme, Product, Scheme
