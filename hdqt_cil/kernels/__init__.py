@@ -289,7 +289,6 @@ RESIDENT_FROM = 1 << 22
 _RESIDENT_THREADS, _RESIDENT_PER_THREAD = 512, 32  # quant.cu RESIDENT_THREADS, 8 * RESIDENT_ROUNDS
 _RESIDENT_STEP = _RESIDENT_THREADS * _RESIDENT_PER_THREAD
 _RESIDENT_STATIC_SMEM = 1024  # the kernel's static shared memory (160 bytes) and some room
-RESIDENT_AHEAD = 4  # steps of 16K elements requested into L2 before the warps read them (streamed steps only)
 
 
 def _quantize_resident(x: torch.Tensor, logn: int, sign_mode: int, spec, rounding: str, key,
@@ -309,7 +308,7 @@ def _quantize_resident(x: torch.Tensor, logn: int, sign_mode: int, spec, roundin
     scale = _empty(1, torch.float32, x.device)
     rt.launch(fn, (ctas,), (threads,),
               (rt.ptr(x), rt.u32(n_el), rt.u32(span), rt.i32(logn), rt.u32(slots), rt.i32(exchange > 0),
-               rt.u32(RESIDENT_AHEAD), rt.ptr(work), rt.i32(sign_mode), rt.f32(spec.signed_max), rt.f32(spec.unsigned_max),
+               rt.ptr(work), rt.i32(sign_mode), rt.f32(spec.signed_max), rt.f32(spec.unsigned_max),
                rt.f32(spec.clip), *key, rt.ptr(levels), rt.ptr(scale)),
               smem, cooperative=True)
     return scale

@@ -620,11 +620,6 @@ __device__ __forceinline__ void bulk_copy(float* dst, const float* src, u32 byte
                  : "memory");
 }
 
-// A request that the copy engine bring bytes of global memory into L2 (nothing waits for it).
-__device__ __forceinline__ void prefetch_l2(const float* src, u32 bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
-
 __device__ __forceinline__ void barrier_wait(u64* bar, u32 phase) {
     u32 done = 0;
     while (!done)
@@ -672,8 +667,7 @@ __device__ __forceinline__ void grid_arrive_and_wait(u32 m, bool negative, u32* 
 // exchange: the butterfly's buffer (8 floats a thread) precedes the slots in dynamic shared memory when non-zero.
 template <int HAD, int ROUNDING>
 __device__ __forceinline__ void resident_body(const float* __restrict__ x, u32 n_el, u32 range, int logn,
-                                              u32 slots, bool exchange, u32 ahead, u32* __restrict__ work,
-                                              int sign_mode,
+                                              u32 slots, bool exchange, u32* __restrict__ work, int sign_mode,
                                               float signed_max, float unsigned_max, float clip, u32 key,
                                               signed char* __restrict__ out, float* __restrict__ scale_out) {
     constexpr int ROUNDS = RESIDENT_ROUNDS, REG = RESIDENT_REG_STEPS;
@@ -692,10 +686,6 @@ __device__ __forceinline__ void resident_body(const float* __restrict__ x, u32 n
     const bool vec = (reinterpret_cast<u64>(out) % 8u) == 0;  // x: 16-byte aligned (the caller's guarantee)
     const auto base = [&](u32 step) { return start + step * E; };
     const auto whole = [&](u32 step) { return base(step) + E <= stop; };
-    // The streamed steps' bytes requested into L2 `ahead` steps before the warps load them (thread 0 asks).
-    const auto prefetch = [&](u32 step) {
-        if (threadIdx.x == 0 && step < steps) prefetch_l2(x + base(step), (min(E, stop - base(step)) * 4u) & ~15u);
-    };
 
     if (threadIdx.x == 0) {
         for (u32 k = 0; k < kept; ++k) {
@@ -727,9 +717,7 @@ __device__ __forceinline__ void resident_body(const float* __restrict__ x, u32 n
             scan(reg[h]);
         }
     }
-    for (u32 a = 0; a < ahead; ++a) prefetch(regs + kept + a);
     for (u32 step = regs + kept; step < steps; ++step) {
-        prefetch(step + ahead);
         float v[ROUNDS][8];
         load_runs<float, HAD, ROUNDS>(x, base(step) + offset, stop, true, logn, smem, v);
         scan(v);
@@ -763,13 +751,11 @@ __device__ __forceinline__ void resident_body(const float* __restrict__ x, u32 n
             quantize8<ROUNDING, true>(v[r], divider, low, high, i0, stop, key, vec, out);
         });
     };
-    for (u32 a = 0; a < min(ahead, streamed); ++a) prefetch(steps - 1u - a);
 #pragma unroll
     for (int h = 0; h < REG; ++h)
         if ((u32)h < regs) emit(reg[h], h);
     for (u32 i = 0; i < max(streamed, kept); ++i) {
         const u32 again = steps - 1u - i, held = kept - 1u - i;  // latest first
-        if (i + ahead < streamed) prefetch(steps - 1u - i - ahead);
         float v[ROUNDS][8], w[ROUNDS][8];
         if (i < streamed) load_raw<float, ROUNDS>(x, base(again) + offset, stop, true, v);
         if (i < kept) {
@@ -785,12 +771,12 @@ __device__ __forceinline__ void resident_body(const float* __restrict__ x, u32 n
 
 #define RESIDENT(NAME, HAD, ROUNDING)                                                                          \
     extern "C" __global__ void __launch_bounds__(RESIDENT_THREADS, 1)                                          \
-        NAME(const float* x, u32 n_el, u32 range, int logn, u32 slots, int exchange, u32 ahead, u32* work,      \
-             int sign_mode, float signed_max, float unsigned_max, float clip, u32 seed, u32 role,               \
-             const long long* step_at, u32 step, signed char* out, float* scale_out) {                         \
-        resident_body<HAD, ROUNDING>(x, n_el, range, logn, slots, exchange != 0, ahead, work, sign_mode,       \
-                                     signed_max, unsigned_max, clip, counter_key(seed, role, step_at, step),   \
-                                     out, scale_out);                                                          \
+        NAME(const float* x, u32 n_el, u32 range, int logn, u32 slots, int exchange, u32* work, int sign_mode,  \
+             float signed_max, float unsigned_max, float clip, u32 seed, u32 role, const long long* step_at,     \
+             u32 step, signed char* out, float* scale_out) {                                                   \
+        resident_body<HAD, ROUNDING>(x, n_el, range, logn, slots, exchange != 0, work, sign_mode, signed_max,  \
+                                     unsigned_max, clip, counter_key(seed, role, step_at, step), out,          \
+                                     scale_out);                                                               \
     }
 #define RESIDENT_ROUNDINGS(NAME, HAD)                                                                          \
     RESIDENT(NAME##_nearest, HAD, 0)                                                                           \
