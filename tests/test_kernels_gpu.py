@@ -204,63 +204,6 @@ def test_single_pass_group_quantize(shape, granularity):
                 assert_same(kernels.quantize(x, spec, counter)[1], quantize(x, spec, counter)[1], str(spec))
 
 
-def _resident_sizes():
-    """Tensor sizes around the one-launch kernel's on-chip capacity (a CTA an SM holds 5 steps of 16K elements):
-    its smallest size (odd), a tensor whose last CTA's shared-memory step is cut short, and one of 2.3 capacities
-    whose steps past the 5 are read a second time (an odd count, so the last step is cut short too)."""
-    capacity = rt.sm_count() * 5 * 16384
-    return [kernels.RESIDENT_FROM + 3, capacity - 5000, int(2.3 * capacity) + 7]
-
-
-RESIDENT_SPECS = [SPECS[0], SPECS[2], QuantSpec(4, "signed", "max", 1.0, "tensor", "stochastic"), SPECS[7], SPECS[9]]
-
-
-@pytest.mark.parametrize("which", range(3))
-def test_one_launch_quantize_bit_identical(which):
-    """Per-tensor max scales of kernels.RESIDENT_FROM+ float32 elements take quant.cu's resident_* kernel (one read,
-    a grid-wide barrier), with and without a Hadamard transform (blocks in a warp, wide, across warps)."""
-    n = _resident_sizes()[which]
-    g = gen(which)
-    x = torch.randn(n, generator=g, device="cuda") * 3
-    for spec in RESIDENT_SPECS:
-        counter = Counter(21, 987654321, 5)
-        for label, t in (("randn", x), ("relu", torch.relu(x))):
-            levels, scale = kernels.quantize(t, spec, counter)
-            ref_levels, ref_scale = quantize(t, spec, counter)
-            assert_same(levels, ref_levels, f"levels {label} {spec}")
-            assert_same(scale, ref_scale, f"scale {label} {spec}")
-    cut = n // 4096 * 4096
-    for block in (64, 1024, 4096):
-        t = x[:cut].view(-1, 4096)
-        for spec in (SPECS[1], RESIDENT_SPECS[2]):
-            levels, scale = kernels.hadamard_quantize(t, spec, Counter(3, 4, 5), block)
-            ref_levels, ref_scale = quantize(block_hadamard(t, -1, block), spec, Counter(3, 4, 5))
-            assert_same(levels, ref_levels, f"levels, Hadamard {block} {spec}")
-            assert_same(scale, ref_scale, f"scale, Hadamard {block} {spec}")
-
-
-def test_one_launch_quantize_replays_from_a_cuda_graph():
-    """The cooperative launch (grid-wide barrier) captured in a graph: each replay reads the input and the step
-    where they lie, and its barrier count starts from zero again."""
-    spec = QuantSpec(4, "auto", "max", 0.975, "tensor", "stochastic")
-    x = torch.randn(4, kernels.RESIDENT_FROM // 2 + 8, device="cuda")
-    step = torch.zeros((), dtype=torch.int64, device="cuda")
-    counter = Counter(5, step, 9)
-    kernels.quantize(x, spec, counter)  # compiled and loaded outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        levels, scale = kernels.quantize(x, spec, counter)
-    g = gen(3)
-    for k in range(3):
-        data = torch.randn(x.shape, generator=g, device="cuda") * (k + 1)
-        x.copy_(data.abs() if k == 0 else data)  # 'auto': unsigned levels, then signed
-        step.fill_(100 + k)
-        graph.replay()
-        ref_levels, ref_scale = quantize(x, spec, Counter(5, 100 + k, 9))
-        assert_same(levels, ref_levels, f"replay {k}")
-        assert_same(scale, ref_scale, f"replay {k}")
-
-
 # ----------------------------------------------------------------------------------------------------- Hadamard
 
 HADAMARD_CASES = [((8, 16), -1, None), ((3, 5, 4), -1, None), ((7, 100), -1, None), ((2, 561), -1, None),

@@ -251,9 +251,6 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
                    rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key, rt.ptr(levels), rt.ptr(scale)),
                   _exchange_smem(threads, logn, _GROUP_PER_THREAD))
         return levels, scale.view(scale_shape)
-    if groups == 1 and spec.scale == "max" and x.dtype == torch.float32 and n_el >= RESIDENT_FROM:
-        scale = _quantize_resident(x, logn, sign_mode, spec, rounding, key, levels)
-        return levels, scale.view(scale_shape)
 
     work = rt.ZEROS_I32.take(groups + 1, device)  # per-group max bits, then 'negative'
     peaks, negative = work[:groups], work[groups:]
@@ -281,37 +278,6 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, original: t
                rt.ptr(None if scale_in is not None else scale)),
               smem)
     return levels, scale.view(scale_shape)
-
-
-# Per-tensor max scales of float32 tensors this large take the one-launch kernel (quant.cu resident_*): a CTA an SM
-# keeps most of its range on chip across a grid-wide barrier, so the levels need no second read of it from memory.
-RESIDENT_FROM = 1 << 22
-_RESIDENT_THREADS, _RESIDENT_PER_THREAD = 512, 32  # quant.cu RESIDENT_THREADS, 8 * RESIDENT_ROUNDS
-_RESIDENT_STEP = _RESIDENT_THREADS * _RESIDENT_PER_THREAD
-_RESIDENT_STATIC_SMEM = 1024  # the kernel's static shared memory (160 bytes) and some room
-
-
-def _quantize_resident(x: torch.Tensor, logn: int, sign_mode: int, spec, rounding: str, key,
-                       levels: torch.Tensor) -> torch.Tensor:
-    """Levels (into `levels`) and the scale of the flat float32 tensor x, the scale from max|t| over all of it."""
-    n_el, threads = x.numel(), _RESIDENT_THREADS
-    exchange = _exchange_smem(threads, logn, _RESIDENT_PER_THREAD)
-    slots = min(4, (rt.max_shared_memory() - _RESIDENT_STATIC_SMEM - exchange) // (_RESIDENT_STEP * 4))
-    smem = exchange + slots * _RESIDENT_STEP * 4
-    fn = rt.function("quant.cu", f"resident_{_transform(logn, _RESIDENT_PER_THREAD)}f32_{rounding}",
-                     dynamic_smem=smem)
-    ctas = rt.sm_count() * rt.ctas_per_sm(fn, threads, smem)
-    align = max(1024, 1 << logn)  # ranges of whole warps' runs and whole Hadamard blocks
-    span = -(-n_el // (ctas * align)) * align
-    ctas = -(-n_el // span)
-    work = rt.ZEROS_I32.take(3, x.device)  # max bits, 'negative', arrivals at the barrier
-    scale = _empty(1, torch.float32, x.device)
-    rt.launch(fn, (ctas,), (threads,),
-              (rt.ptr(x), rt.u32(n_el), rt.u32(span), rt.i32(logn), rt.u32(slots), rt.i32(exchange > 0),
-               rt.ptr(work), rt.i32(sign_mode), rt.f32(spec.signed_max), rt.f32(spec.unsigned_max),
-               rt.f32(spec.clip), *key, rt.ptr(levels), rt.ptr(scale)),
-              smem, cooperative=True)
-    return scale
 
 
 def quantize(t: torch.Tensor, spec, counter=None):

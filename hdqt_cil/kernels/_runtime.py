@@ -24,7 +24,6 @@ QUANT_KERNELS += tuple(f"quantize{n}_{had}{t}_{r}" for n, hads in FLAT_SHAPES fo
                        for r in ROUNDINGS)
 QUANT_KERNELS += tuple(f"hadamard{n}_{t}" for n, _ in FLAT_SHAPES for t in ("f32", "i8"))
 QUANT_KERNELS += tuple(f"group_{had}{t}_{r}" for had in TRANSFORMS for t in ("f32", "i8") for r in ROUNDINGS)
-QUANT_KERNELS += tuple(f"resident_{had}f32_{r}" for had in TRANSFORMS for r in ROUNDINGS)
 QUANT_KERNELS += ("sum_entries_f32", "transpose_i8", "divide_f32")
 PEAK_KERNELS = ("mma_peak_plain", "mma_peak_clamped", "mma_peak_packed")
 # GEMM tile shapes: warps along M, warps along N, m16 blocks per warp, n8 blocks per warp, min CTAs per SM.
@@ -230,15 +229,11 @@ def current_stream() -> _StreamRef:
     return ref
 
 
-def launch(fn, grid, block, args, shared_mem: int = 0, cooperative: bool = False) -> None:
+def launch(fn, grid, block, args, shared_mem: int = 0) -> None:
     """Launch on torch's current stream; `args` are NumPy scalars typed as the kernel's parameters (pointers as
-    uint64). cooperative: every CTA resident at once or a launch error, never a hang (kernels with a grid-wide
-    barrier). (A single packed parameter buffer through cuLaunchKernel was tried in v4: no faster, see
+    uint64). (A single packed parameter buffer through cuLaunchKernel was tried in v4: no faster, see
     docs/kernel_notes.md.)"""
-    if cooperative:
-        fn(grid, block, args, shared_mem, current_stream(), enable_cooperative_groups=True)
-    else:
-        fn(grid, block, args, shared_mem, current_stream())
+    fn(grid, block, args, shared_mem, current_stream())
 
 
 _occupancy: dict = {}
@@ -280,11 +275,6 @@ class _ZeroPool:
 
 ZEROS_I32 = _ZeroPool(torch.int32, 1 << 20)
 ZEROS_I64 = _ZeroPool(torch.int64, 1 << 16)
-
-
-def max_shared_memory() -> int:
-    """Shared bytes a CTA may have on the current device (the opt-in limit)."""
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin
 
 
 def sm_count() -> int:

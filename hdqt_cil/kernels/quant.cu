@@ -14,7 +14,6 @@
 //           owns a group's first element writes the group's scale.
 // hadamard_*: the transform alone, float32 out.
 // group_*: max, scale and levels of groups of up to 32K elements in one pass (a CTA a group).
-// resident_*: max, scale and levels of a large float32 tensor (one scale) in one launch, read once where it fits.
 // divide_f32: the quantizers' division, exposed for its test.
 // sum_entries_f32: the batch sum of a GEMM's scaled products in the order of intmm.cu's OUT mode 3.
 // transpose_i8: int8 matrices transposed into a row pitch of the caller's choice (the GEMM's operand packing).
@@ -174,19 +173,12 @@ __device__ __forceinline__ u32 run_offset() {
     return (threadIdx.x >> 5) * (256u * ROUNDS) + 8u * (threadIdx.x & 31);
 }
 
-// A thread's runs of a step, from `first` on (elements at or past stop read as 0), as they are in memory.
-template <typename T, int ROUNDS>
-__device__ __forceinline__ void load_raw(const T* __restrict__ x, u32 first, u32 stop, bool vec,
-                                         float (&v)[ROUNDS][8]) {
-#pragma unroll
-    for (int r = 0; r < ROUNDS; ++r) Loader<T>::load8(x, first + 256u * r, stop, vec, v[r]);
-}
-
-// The same, transformed when HAD.
+// A thread's runs of a step, from `first` on (elements at or past stop read as 0), transformed when HAD.
 template <typename T, int HAD, int ROUNDS>
 __device__ __forceinline__ void load_runs(const T* __restrict__ x, u32 first, u32 stop, bool vec, int logn,
                                           float* smem, float (&v)[ROUNDS][8]) {
-    load_raw<T, ROUNDS>(x, first, stop, vec, v);
+#pragma unroll
+    for (int r = 0; r < ROUNDS; ++r) Loader<T>::load8(x, first + 256u * r, stop, vec, v[r]);
     if (HAD) butterfly<ROUNDS, HAD == 2>(v, logn, smem);
 }
 
@@ -587,205 +579,6 @@ HADAMARD(hadamard4_i8, signed char, 4)
     GROUP(NAME##_log2, T, HAD, 4, 2)
 
 TRANSFORMS(GROUP_ROUNDINGS, group)
-
-// ---------------------------------------------------------------------------------------------------------------
-// Per-tensor max scales of large float32 tensors in one launch (resident_*). No level can be written before the
-// last element is read, so the two-pass kernels read such a tensor twice. Here one CTA an SM (a cooperative
-// launch: all resident) reads its range of steps once, keeping the first RESIDENT_REG_STEPS in registers and the
-// next `slots` in shared memory, which the copy engine fills (cp.async.bulk: no registers, every slot's bytes
-// requested at once); the steps past those are read for their maximum only, last, so that they are the newest in
-// L2. A grid-wide barrier (an arrival count in work[2]) after the maxima (work[0]) and the negative flag (work[1]);
-// then the levels: the register steps, then the streamed steps read again (latest first, from L2 where they still
-// are), each alongside a shared-memory step so that its read overlaps that step's rounding. Levels and scale are
-// quantize_*'s (same max_scale, Divider, quantize8): the reference's bits.
-#define RESIDENT_THREADS 512
-#define RESIDENT_ROUNDS 4
-#define RESIDENT_REG_STEPS 2
-#define RESIDENT_MAX_SLOTS 4
-
-__device__ __forceinline__ u32 shared_address(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
-
-// An mbarrier expecting one arrival (with its byte count) per phase; the copy engine (async proxy) must see it.
-__device__ __forceinline__ void barrier_init(u64* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar)) : "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-// bytes from global src to shared dst by the copy engine, completing on bar (16-byte aligned, a multiple of 16).
-__device__ __forceinline__ void bulk_copy(float* dst, const float* src, u32 bytes, u64* bar) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes)
-                 : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(shared_address(dst)), "l"(src), "r"(bytes), "r"(shared_address(bar))
-                 : "memory");
-}
-
-__device__ __forceinline__ void barrier_wait(u64* bar, u32 phase) {
-    u32 done = 0;
-    while (!done)
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done) : "r"(shared_address(bar)), "r"(phase) : "memory");
-}
-
-// A thread's runs of a step to / from a shared-memory slot holding the step as it lies in memory.
-template <int ROUNDS>
-__device__ __forceinline__ void keep_runs(float* slot, u32 offset, const float (&v)[ROUNDS][8]) {
-#pragma unroll
-    for (int r = 0; r < ROUNDS; ++r) {
-        float4* p = reinterpret_cast<float4*>(slot + offset + 256u * r);
-        p[0] = make_float4(v[r][0], v[r][1], v[r][2], v[r][3]);
-        p[1] = make_float4(v[r][4], v[r][5], v[r][6], v[r][7]);
-    }
-}
-
-template <int ROUNDS>
-__device__ __forceinline__ void restore_runs(const float* slot, u32 offset, float (&v)[ROUNDS][8]) {
-#pragma unroll
-    for (int r = 0; r < ROUNDS; ++r) {
-        const float4* p = reinterpret_cast<const float4*>(slot + offset + 256u * r);
-        const float4 a = p[0], b = p[1];
-        v[r][0] = a.x; v[r][1] = a.y; v[r][2] = a.z; v[r][3] = a.w;
-        v[r][4] = b.x; v[r][5] = b.y; v[r][6] = b.z; v[r][7] = b.w;
-    }
-}
-
-// Every CTA's maximum and sign into work[0..1], then wait until all gridDim.x CTAs have arrived (work[2]).
-__device__ __forceinline__ void grid_arrive_and_wait(u32 m, bool negative, u32* work, u32* s_warp) {
-    const u32 peak = block_max(m, s_warp);
-    const bool any_negative = __syncthreads_or(negative);
-    if (threadIdx.x == 0) {
-        atomicMax(work, peak);
-        if (any_negative) atomicOr(work + 1, 1u);
-        __threadfence();
-        atomicAdd(work + 2, 1u);
-        while (*reinterpret_cast<volatile u32*>(work + 2) < gridDim.x) __nanosleep(64);
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-// exchange: the butterfly's buffer (8 floats a thread) precedes the slots in dynamic shared memory when non-zero.
-template <int HAD, int ROUNDING>
-__device__ __forceinline__ void resident_body(const float* __restrict__ x, u32 n_el, u32 range, int logn,
-                                              u32 slots, bool exchange, u32* __restrict__ work, int sign_mode,
-                                              float signed_max, float unsigned_max, float clip, u32 key,
-                                              signed char* __restrict__ out, float* __restrict__ scale_out) {
-    constexpr int ROUNDS = RESIDENT_ROUNDS, REG = RESIDENT_REG_STEPS;
-    constexpr u32 E = RESIDENT_THREADS * 8u * ROUNDS;
-    extern __shared__ float smem[];
-    __shared__ u32 s_warp[32];
-    __shared__ u64 arrived[RESIDENT_MAX_SLOTS];
-    float* const slot0 = smem + (exchange ? 8u * RESIDENT_THREADS : 0u);
-    const u32 start = blockIdx.x * range;
-    const u32 stop = min(start + range, n_el);
-    const u32 steps = stop > start ? (stop - start + E - 1) / E : 0u;
-    const u32 regs = min(steps, (u32)REG);
-    const u32 kept = min(slots, steps - regs);
-    const u32 streamed = steps - regs - kept;
-    const u32 offset = run_offset<ROUNDS>();
-    const bool vec = (reinterpret_cast<u64>(out) % 8u) == 0;  // x: 16-byte aligned (the caller's guarantee)
-    const auto base = [&](u32 step) { return start + step * E; };
-    const auto whole = [&](u32 step) { return base(step) + E <= stop; };
-
-    if (threadIdx.x == 0) {
-        for (u32 k = 0; k < kept; ++k) {
-            barrier_init(arrived + k);
-            if (whole(regs + k)) bulk_copy(slot0 + k * E, x + base(regs + k), E * 4u, arrived + k);
-        }
-    }
-    __syncthreads();
-
-    u32 m = 0u;
-    bool negative = false;
-    const auto scan = [&](const float (&v)[ROUNDS][8]) {
-#pragma unroll
-        for (int r = 0; r < ROUNDS; ++r)
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                m = max(m, abs_bits(v[r][j]));  // elements past the end are 0: no effect
-                negative |= v[r][j] < 0.0f;
-            }
-    };
-    float reg[REG][ROUNDS][8];
-#pragma unroll
-    for (int h = 0; h < REG; ++h)
-        if ((u32)h < regs) load_raw<float, ROUNDS>(x, base(h) + offset, stop, true, reg[h]);
-#pragma unroll
-    for (int h = 0; h < REG; ++h) {
-        if ((u32)h < regs) {
-            if (HAD) butterfly<ROUNDS, HAD == 2>(reg[h], logn, smem);
-            scan(reg[h]);
-        }
-    }
-    for (u32 step = regs + kept; step < steps; ++step) {
-        float v[ROUNDS][8];
-        load_runs<float, HAD, ROUNDS>(x, base(step) + offset, stop, true, logn, smem, v);
-        scan(v);
-    }
-    for (u32 k = 0; k < kept; ++k) {
-        float* slot = slot0 + k * E;
-        float v[ROUNDS][8];
-        if (whole(regs + k)) {
-            barrier_wait(arrived + k, 0u);
-            restore_runs<ROUNDS>(slot, offset, v);
-            if (HAD) {
-                butterfly<ROUNDS, HAD == 2>(v, logn, smem);
-                keep_runs<ROUNDS>(slot, offset, v);
-            }
-        } else {  // the tensor's last step, cut short: read as the other kernels do
-            load_runs<float, HAD, ROUNDS>(x, base(regs + k) + offset, stop, true, logn, smem, v);
-            keep_runs<ROUNDS>(slot, offset, v);
-        }
-        scan(v);
-    }
-    grid_arrive_and_wait(m, negative, work, s_warp);
-
-    const bool is_signed = sign_mode == 0 || (sign_mode == 2 && __ldcg(work + 1) != 0u);
-    const float high = is_signed ? signed_max : unsigned_max;
-    const float low = is_signed ? -signed_max : 0.0f;
-    const float s = max_scale(__uint_as_float(__ldcg(work)), clip, high);
-    if (blockIdx.x == 0 && threadIdx.x == 0) scale_out[0] = s;
-    const Divider divider(s);
-    const auto emit = [&](const float (&v)[ROUNDS][8], u32 step) {
-        each_run<ROUNDS>(base(step) + offset, stop, [&](int r, u32 i0) {
-            quantize8<ROUNDING, true>(v[r], divider, low, high, i0, stop, key, vec, out);
-        });
-    };
-#pragma unroll
-    for (int h = 0; h < REG; ++h)
-        if ((u32)h < regs) emit(reg[h], h);
-    for (u32 i = 0; i < max(streamed, kept); ++i) {
-        const u32 again = steps - 1u - i, held = kept - 1u - i;  // latest first
-        float v[ROUNDS][8], w[ROUNDS][8];
-        if (i < streamed) load_raw<float, ROUNDS>(x, base(again) + offset, stop, true, v);
-        if (i < kept) {
-            restore_runs<ROUNDS>(slot0 + held * E, offset, w);
-            emit(w, regs + held);
-        }
-        if (i < streamed) {
-            if (HAD) butterfly<ROUNDS, HAD == 2>(v, logn, smem);
-            emit(v, again);
-        }
-    }
-}
-
-#define RESIDENT(NAME, HAD, ROUNDING)                                                                          \
-    extern "C" __global__ void __launch_bounds__(RESIDENT_THREADS, 1)                                          \
-        NAME(const float* x, u32 n_el, u32 range, int logn, u32 slots, int exchange, u32* work, int sign_mode,  \
-             float signed_max, float unsigned_max, float clip, u32 seed, u32 role, const long long* step_at,     \
-             u32 step, signed char* out, float* scale_out) {                                                   \
-        resident_body<HAD, ROUNDING>(x, n_el, range, logn, slots, exchange != 0, work, sign_mode, signed_max,  \
-                                     unsigned_max, clip, counter_key(seed, role, step_at, step), out,          \
-                                     scale_out);                                                               \
-    }
-#define RESIDENT_ROUNDINGS(NAME, HAD)                                                                          \
-    RESIDENT(NAME##_nearest, HAD, 0)                                                                           \
-    RESIDENT(NAME##_stochastic, HAD, 1)                                                                        \
-    RESIDENT(NAME##_log2, HAD, 2)
-
-RESIDENT_ROUNDINGS(resident_f32, 0)
-RESIDENT_ROUNDINGS(resident_had_f32, 1)
-RESIDENT_ROUNDINGS(resident_hadw_f32, 2)
 
 // out[i] = v[i] / s[i / 8] through Divider (eights of v sharing a scale, as in the quantizers): its own kernel so
 // that the tests can compare every quotient with the IEEE division, not only the levels they round to.
