@@ -57,61 +57,14 @@ __device__ __forceinline__ u32 element_hash(u32 shared, u32 i0, int j, u32 key) 
     return ALIGNED ? shared ^ static_cast<u32>(j) : first_round((i0 + j) ^ key);
 }
 
-// L2 eviction priorities across the two passes of a scale that needs its whole group (kernel_notes v22). The absmax
-// pass reads the last L2_KEEP_BYTES of the tensor (the end of each CTA's range) as evict_last and the rest as
-// evict_first; the quantize pass walks its range backwards, so it starts with the kept bytes, and reads and writes
-// as evict_first. L2_HINTS (sweep): 0 none, 1 loads only, 2 loads and the levels' stores, 3 as 2 with the kept bytes
-// evict_normal instead of evict_last.
-#ifndef L2_HINTS
-#define L2_HINTS 2
-#endif
-#ifndef L2_KEEP_BYTES
-#define L2_KEEP_BYTES (32u << 20)
-#endif
-
-__device__ __forceinline__ u64 policy_evict_first() {
-    u64 p;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-
-__device__ __forceinline__ u64 policy_evict_last() {
-    u64 p;
-    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-
-__device__ __forceinline__ u64 policy_evict_normal() {
-    u64 p;
-    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-
-// A load's L2 eviction policy; `on` false: a plain load.
-struct L2Hint {
-    u64 policy;
-    bool on;
-};
-
-#define NO_HINT (L2Hint{0ull, false})
-
 template <typename T> struct Loader;
 
 template <> struct Loader<float> {
     // 8 consecutive floats from x[i]; i is a multiple of 8; elements >= n read as 0.
-    static __device__ __forceinline__ float4 load4(const float* a, L2Hint hint) {
-        if (!hint.on) return __ldg(reinterpret_cast<const float4*>(a));
-        float4 p;
-        asm("ld.global.nc.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;"
-            : "=f"(p.x), "=f"(p.y), "=f"(p.z), "=f"(p.w)
-            : "l"(a), "l"(hint.policy));
-        return p;
-    }
-    static __device__ __forceinline__ void load8(const float* __restrict__ x, u32 i, u32 n, bool vec, float v[8],
-                                                 L2Hint hint) {
+    static __device__ __forceinline__ void load8(const float* __restrict__ x, u32 i, u32 n, bool vec, float v[8]) {
         if (vec && i + 8 <= n) {
-            const float4 p = load4(x + i, hint);
-            const float4 q = load4(x + i + 4, hint);
+            const float4 p = __ldg(reinterpret_cast<const float4*>(x + i));
+            const float4 q = __ldg(reinterpret_cast<const float4*>(x + i + 4));
             v[0] = p.x; v[1] = p.y; v[2] = p.z; v[3] = p.w;
             v[4] = q.x; v[5] = q.y; v[6] = q.z; v[7] = q.w;
         } else {
@@ -122,16 +75,10 @@ template <> struct Loader<float> {
 };
 
 template <> struct Loader<signed char> {
-    static __device__ __forceinline__ uint2 load2(const signed char* a, L2Hint hint) {
-        if (!hint.on) return __ldg(reinterpret_cast<const uint2*>(a));
-        uint2 p;
-        asm("ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;" : "=r"(p.x), "=r"(p.y) : "l"(a), "l"(hint.policy));
-        return p;
-    }
     static __device__ __forceinline__ void load8(const signed char* __restrict__ x, u32 i, u32 n, bool vec,
-                                                 float v[8], L2Hint hint) {
+                                                 float v[8]) {
         if (vec && i + 8 <= n) {
-            const uint2 p = load2(x + i, hint);
+            const uint2 p = __ldg(reinterpret_cast<const uint2*>(x + i));
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 v[j] = (float)(signed char)((p.x >> (8 * j)) & 0xff);
@@ -229,9 +176,9 @@ __device__ __forceinline__ u32 run_offset() {
 // A thread's runs of a step, from `first` on (elements at or past stop read as 0), transformed when HAD.
 template <typename T, int HAD, int ROUNDS>
 __device__ __forceinline__ void load_runs(const T* __restrict__ x, u32 first, u32 stop, bool vec, int logn,
-                                          float* smem, float (&v)[ROUNDS][8], L2Hint hint = NO_HINT) {
+                                          float* smem, float (&v)[ROUNDS][8]) {
 #pragma unroll
-    for (int r = 0; r < ROUNDS; ++r) Loader<T>::load8(x, first + 256u * r, stop, vec, v[r], hint);
+    for (int r = 0; r < ROUNDS; ++r) Loader<T>::load8(x, first + 256u * r, stop, vec, v[r]);
     if (HAD) butterfly<ROUNDS, HAD == 2>(v, logn, smem);
 }
 
@@ -278,14 +225,10 @@ __device__ __forceinline__ void absmax_body(const T* __restrict__ x, u32 n_el, u
     const bool whole = (G % 8u) == 0;
     GroupMax acc = {NO_GROUP, 0u};
     bool negative = false;
-    const u32 keep_from = stop - min(stop > start ? stop - start : 0u, static_cast<u32>(L2_KEEP_BYTES / (sizeof(T) * gridDim.x)));
-    const u64 evict_first = policy_evict_first();
-    const u64 kept = L2_HINTS == 3 ? policy_evict_normal() : policy_evict_last();
     for (u32 base = start; base < stop; base += E) {
         const u32 first = base + run_offset<ROUNDS>();
         float v[ROUNDS][8];
-        load_runs<T, HAD, ROUNDS>(x, first, stop, vec, logn, smem, v,
-                                  L2Hint{base + E > keep_from ? kept : evict_first, L2_HINTS != 0});
+        load_runs<T, HAD, ROUNDS>(x, first, stop, vec, logn, smem, v);
         each_run<ROUNDS>(first, stop, [&](int r, u32 i0) {
             if (whole) {
                 u32 m = 0u;
@@ -400,20 +343,14 @@ __device__ __forceinline__ signed char level_of(float v, u32 h, float low, float
 }
 
 // The levels of elements i0 .. i0 + 7 (those below stop) to out: one 8-byte store when vec and all are in range.
-__device__ __forceinline__ void store8(const signed char q[8], u32 i0, u32 stop, bool vec, signed char* out,
-                                       L2Hint hint = NO_HINT) {
+__device__ __forceinline__ void store8(const signed char q[8], u32 i0, u32 stop, bool vec, signed char* out) {
     if (vec && i0 + 8 <= stop) {
         uint2 p;
         p.x = (u32)(unsigned char)q[0] | ((u32)(unsigned char)q[1] << 8) | ((u32)(unsigned char)q[2] << 16) |
               ((u32)(unsigned char)q[3] << 24);
         p.y = (u32)(unsigned char)q[4] | ((u32)(unsigned char)q[5] << 8) | ((u32)(unsigned char)q[6] << 16) |
               ((u32)(unsigned char)q[7] << 24);
-        if (hint.on)
-            asm volatile("st.global.L2::cache_hint.v2.b32 [%0], {%1, %2}, %3;" ::"l"(out + i0), "r"(p.x), "r"(p.y),
-                         "l"(hint.policy)
-                         : "memory");
-        else
-            *reinterpret_cast<uint2*>(out + i0) = p;
+        *reinterpret_cast<uint2*>(out + i0) = p;
     } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j)
@@ -424,7 +361,7 @@ __device__ __forceinline__ void store8(const signed char q[8], u32 i0, u32 stop,
 // Levels of eight elements that share the scale s. ALIGNED: i0 is a multiple of 8 (the hash's first round shared).
 template <int ROUNDING, bool ALIGNED>
 __device__ __forceinline__ void quantize8(const float v[8], const Divider& divider, float low, float high, u32 i0,
-                                          u32 stop, u32 key, bool vec, signed char* out, L2Hint hint = NO_HINT) {
+                                          u32 stop, u32 key, bool vec, signed char* out) {
     float quotient[8];
     divider.divide8(v, quotient);
     const u32 shared = first_round(i0 ^ key);
@@ -432,7 +369,7 @@ __device__ __forceinline__ void quantize8(const float v[8], const Divider& divid
 #pragma unroll
     for (int j = 0; j < 8; ++j)
         q[j] = level_of<ROUNDING>(quotient[j], element_hash<ALIGNED>(shared, i0, j, key), low, high);
-    store8(q, i0, stop, vec, out, hint);
+    store8(q, i0, stop, vec, out);
 }
 
 // A group's scale from its max|t|: (max * clip) / high (the largest level), 1 where that is 0 (an all-zero group).
@@ -463,13 +400,11 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
     };
     u32 group = NO_GROUP;
     Divider divider(1.0f);
-    const L2Hint streamed = {policy_evict_first(), L2_HINTS != 0};
-    const L2Hint written = {streamed.policy, L2_HINTS >= 2};
     // Backwards through the range: the absmax pass read it forwards, so its last steps are still in L2.
     for (u32 step = stop > start ? (stop - start + E - 1) / E : 0u; step-- > 0;) {
         const u32 first = start + step * E + run_offset<ROUNDS>();  // a multiple of 8: range and E are
         float v[ROUNDS][8];
-        load_runs<T, HAD, ROUNDS>(x, first, stop, vec, logn, smem, v, streamed);
+        load_runs<T, HAD, ROUNDS>(x, first, stop, vec, logn, smem, v);
         each_run<ROUNDS>(first, stop, [&](int r, u32 i0) {
             if (whole) {  // the eight share a group
                 const u32 g = i0 / G;
@@ -478,7 +413,7 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
                     divider = Divider(scale_of(g));
                 }
                 if (scale_out != nullptr && i0 == g * G) scale_out[g] = divider.s;
-                quantize8<ROUNDING, true>(v[r], divider, low, high, i0, stop, key, vec, out, written);
+                quantize8<ROUNDING, true>(v[r], divider, low, high, i0, stop, key, vec, out);
                 return;
             }
             const u32 shared = first_round(i0 ^ key);  // groups not a multiple of 8 (small tensors): a scale each
@@ -495,7 +430,7 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
                 q[j] = level_of<ROUNDING>(__fdiv_rn(v[r][j], divider.s), element_hash<true>(shared, i0, j, key), low,
                                           high);
             }
-            store8(q, i0, stop, vec, out, written);
+            store8(q, i0, stop, vec, out);
         });
     }
 }
