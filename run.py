@@ -17,8 +17,11 @@ warnings.filterwarnings("ignore", category=DeprecationWarning, module="avalanche
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg):
+    import torch
+
     from hdqt_cil.experiment import run, run_table
     from hdqt_cil.sweep import record_job
+    from hdqt_cil.sweep.gpu_slots import job_gpu
 
     hydra_cfg = HydraConfig.get()
     run_dir = hydra_cfg.runtime.output_dir
@@ -26,8 +29,9 @@ def main(cfg):
         run(cfg, run_dir)
         print(run_table(run_dir))
         return
-    try:  # in a sweep, one failed job must not stop the others (hdqt_cil/sweep.py)
-        run(cfg, run_dir, job_num=hydra_cfg.job.num)
+    try:  # in a sweep, one failed job must not stop the others (hdqt_cil/sweep/report.py)
+        with job_gpu(hydra_cfg.job.num, torch.cuda.device_count()) as gpu:
+            run(cfg, run_dir, gpu=gpu)
         print(run_table(run_dir))
         record_job(run_dir, hydra_cfg.overrides.task, None)
     except Exception as error:  # noqa: BLE001  (recorded, logged and reported at the sweep's end)

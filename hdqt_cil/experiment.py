@@ -25,6 +25,7 @@ from .cl.strategies import build_strategy
 from .config import comparable_config, validate, validate_against_benchmark
 from .data.augment import augment_batch
 from .data.benchmarks import build_benchmark
+from .kernels._runtime import compile_seconds
 from .models import build_model
 from .results.io import read_json, write_atomic, write_json
 from .results.metrics import AccuracyHistory, summarize
@@ -32,12 +33,12 @@ from .results.tables import display_table, aggregate, collect_runs, to_markdown
 
 log = logging.getLogger(__name__)
 
-def resolve_device(name: str, job_num: int = 0) -> torch.device:
-    """`auto`: CUDA when present; in a sweep, job k takes GPU k mod (GPU count)."""
+def resolve_device(name: str, gpu: int = 0) -> torch.device:
+    """`auto`: CUDA when present, GPU `gpu` (a sweep's job is given one: hdqt_cil/sweep/gpu_slots.py)."""
     if name == "auto":
         if not torch.cuda.is_available():
             return torch.device("cpu")
-        return torch.device("cuda", job_num % torch.cuda.device_count())
+        return torch.device("cuda", gpu % torch.cuda.device_count())
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"trainer.device={name!r} but CUDA is not available here; use auto or cpu")
@@ -85,7 +86,7 @@ def _evaluator(cfg, run_dir: Path) -> EvaluationPlugin:
     return EvaluationPlugin(*metrics, loggers=loggers)
 
 
-def _summary(cfg, bench, history, status, elapsed, device, train_loss, error=None) -> dict:
+def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s, error=None) -> dict:
     return {
         "status": status,
         "error": error,
@@ -102,6 +103,7 @@ def _summary(cfg, bench, history, status, elapsed, device, train_loss, error=Non
         "class_order": bench.class_order,
         "class_names": [bench.class_names[c] for c in bench.class_order],
         "wall_time_s": elapsed,
+        "kernel_compile_s": compile_s,  # compiling GPU kernels not shipped prebuilt (kernels/_runtime.py)
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "command": " ".join(sys.argv),
     }
@@ -131,8 +133,8 @@ def deterministic_kernels():
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2:]
 
 
-def run(cfg, run_dir, job_num: int = 0) -> dict:
-    """Run one experiment into `run_dir` (job `job_num` of a sweep); return its summary.
+def run(cfg, run_dir, gpu: int = 0) -> dict:
+    """Run one experiment into `run_dir` (on GPU `gpu` with trainer.device=auto); return its summary.
 
     Re-running the same config in the same folder resumes from the last checkpoint, at an experience boundary
     or (trainer.checkpoint_every) inside one (unless resume=false); a finished folder is reused as it is (unless
@@ -140,12 +142,12 @@ def run(cfg, run_dir, job_num: int = 0) -> dict:
     """
     validate(cfg)
     with deterministic_kernels() if cfg.trainer.deterministic else nullcontext():
-        return _run(cfg, Path(run_dir), job_num)
+        return _run(cfg, Path(run_dir), gpu)
 
 
-def _run(cfg, run_dir: Path, job_num: int) -> dict:
+def _run(cfg, run_dir: Path, gpu: int) -> dict:
     RNGManager.set_random_seeds(cfg.seed)
-    device = resolve_device(cfg.trainer.device, job_num)
+    device = resolve_device(cfg.trainer.device, gpu)
     bench = build_benchmark(cfg.benchmark, cfg.seed)
     validate_against_benchmark(cfg, bench.num_classes)
     model = build_model(cfg.model.name, bench.input_shape, bench.num_classes, cfg.model.get("hidden"),
@@ -181,7 +183,7 @@ def _run(cfg, run_dir: Path, job_num: int) -> dict:
     quantization = next(p for p in strategy.plugins if isinstance(p, QuantizationPlugin))
     monitor = next(p for p in strategy.plugins if isinstance(p, TrainingMonitor))
 
-    started = time.time()
+    started, compiled_before = time.time(), compile_seconds()
     scenario = bench.scenario
     loader_args = {"num_workers": cfg.trainer.num_workers}
     log.info("%s: %d classes in %d experiences on %s → %s", cfg.benchmark.name, bench.num_classes,
@@ -189,7 +191,8 @@ def _run(cfg, run_dir: Path, job_num: int) -> dict:
 
     def write(status, error=None):
         elapsed = elapsed_before + time.time() - started
-        _write_results(run_dir, _summary(cfg, bench, history, status, elapsed, device, monitor.losses, error))
+        _write_results(run_dir, _summary(cfg, bench, history, status, elapsed, device, monitor.losses,
+                                         compile_seconds() - compiled_before, error))
         if quantization.epochs:
             write_json(run_dir / "quant_stats.json", quantization.epochs)
         if quantization.calibration:  # HOT's LQS choice per layer (made once, before the first experience)

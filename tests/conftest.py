@@ -24,6 +24,13 @@ def make_cfg(tmp_path):
     return _make
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _machine_cache(tmp_path_factory):
+    """The per-machine cache (decoded datasets, kernels compiled here) of this test session alone."""
+    os.environ["HDQT_CACHE"] = str(tmp_path_factory.mktemp("hdqt_cache"))
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _quiet_threads():
     os.environ.setdefault("OMP_NUM_THREADS", "2")

@@ -1,7 +1,11 @@
 """The CIFAR loaders on generated files in torchvision's exact pickle format and in the JPEG-folder format."""
 import io
+import os
 import pickle
+import subprocess
+import sys
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +14,8 @@ from torchvision import datasets
 
 from hdqt_cil.data import cifar
 from hdqt_cil.experiment import run
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_torchvision_cifar(root, name, per_class_train=3, per_class_test=1, seed=0):
@@ -104,3 +110,38 @@ def test_icarl_resnet32_on_generated_cifar10(make_cfg, tmp_path):
     summary = run(cfg, tmp_path / "run")
     assert np.array(summary["acc_matrix"], dtype=float).shape == (5, 5)
     assert summary["status"] == "complete"
+
+
+LOAD_AND_HASH = """
+import hashlib, logging, sys
+from hdqt_cil.data import cifar
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+train, test, names = cifar.load("cifar10", sys.argv[1])
+print(hashlib.sha256(train.inputs.numpy().tobytes() + test.inputs.numpy().tobytes()).hexdigest(), names)
+"""
+
+
+def test_jobs_starting_together_decode_an_archive_once(tmp_path):
+    """Three processes load the same archive at once: one decodes it, all get the same arrays, and a later run
+    reads the cache; an archive with other bytes is decoded again."""
+    tree = write_jpeg_tree(tmp_path / "src", per_class=(30, 5))
+    archive = tmp_path / "cifar10_jpg.tar.xz"
+    with tarfile.open(archive, "w:xz") as tf:
+        tf.add(tree, arcname="cifar10")
+    env = {**os.environ, "HDQT_CACHE": str(tmp_path / "cache")}
+
+    def load_in(count):
+        procs = [subprocess.Popen([sys.executable, "-c", LOAD_AND_HASH, str(archive)], cwd=ROOT, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(count)]
+        outs = [p.communicate(timeout=300) for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        return [o for o, _ in outs], sum(f"decoded {archive}" in e for _, e in outs)
+
+    hashes, decodes = load_in(3)
+    assert decodes == 1 and len(set(hashes)) == 1
+    assert load_in(1) == (hashes[:1], 0)
+    (tree / "test" / "cat" / "0000.jpg").write_bytes((tree / "test" / "dog" / "0000.jpg").read_bytes())
+    with tarfile.open(archive, "w:xz") as tf:
+        tf.add(tree, arcname="cifar10")
+    changed, decodes = load_in(1)
+    assert decodes == 1 and changed != hashes[:1]

@@ -18,18 +18,21 @@ from torchvision.transforms import v2
 from tqdm.auto import tqdm
 
 from .arrays import ArrayDataset
+from .decoded import decoded_once
 
 _TORCHVISION = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100}
 MEAN_STD = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
              "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))}
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+DECODER = "cifar-rgb32-v1"  # names what _decode and _stack make of the files: change it when they change
 
 
 def load(name: str, root: str, download: bool = False, verify: bool = True):
     """Train/test sets and class names of CIFAR-`name` found under `root`.
 
     `root` may hold torchvision's pickle folder (`cifar-10-batches-py` / `cifar-100-python`), a folder of
-    `train|test/<class>/*.jpg` images, or a `.tar`/`.tar.xz` archive of such a folder.
+    `train|test/<class>/*.jpg` images, or a `.tar`/`.tar.xz` archive of such a folder; images are decoded once
+    per machine (data/decoded.py).
     """
     tv = _TORCHVISION[name]
     root_path = Path(root).expanduser()
@@ -39,9 +42,10 @@ def load(name: str, root: str, download: bool = False, verify: bool = True):
     if pickle_dir.is_dir():
         (x_tr, y_tr), (x_te, y_te), names = _read_pickles(tv, pickle_dir, verify)
     elif root_path.is_file() and ".tar" in root_path.name:
-        (x_tr, y_tr), (x_te, y_te), names = _read_image_archive(root_path)
+        (x_tr, y_tr), (x_te, y_te), names = decoded_once(root_path, _read_image_archive, DECODER, _IMAGE_SUFFIXES)
     elif _image_root(root_path) is not None:
-        (x_tr, y_tr), (x_te, y_te), names = _read_image_folders(_image_root(root_path))
+        (x_tr, y_tr), (x_te, y_te), names = decoded_once(_image_root(root_path), _read_image_folders, DECODER,
+                                                         _IMAGE_SUFFIXES)
     else:
         raise FileNotFoundError(
             f"no {name} data under {root_path}: expected torchvision's folder {pickle_dir} "

@@ -4,13 +4,21 @@ CuPy is used only to compile, load and launch: every buffer is a torch tensor (i
 reaches a kernel as a raw device address, so no CuPy array or memory pool is involved.
 """
 import hashlib
-import os
+import json
+import logging
 import pickle
+import tarfile
 import threading
+import time
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from ..cache import cache_root, exclusive, write_bytes_atomic
+
+log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 
@@ -106,8 +114,8 @@ def _cupy():
     return cupy
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("HDQT_KERNEL_CACHE", Path.home() / ".cache" / "hdqt_cil" / "kernels"))
+def kernel_cache_dir() -> Path:
+    return cache_root() / "kernels"
 
 
 def nvrtc_compile(name: str, expressions: tuple[str, ...], arch: str, *extra: str) -> tuple[bytes, dict, str]:
@@ -132,28 +140,76 @@ def nvrtc_compile(name: str, expressions: tuple[str, ...], arch: str, *extra: st
         nvrtc.destroyProgram(program)
 
 
-def compile_cubin(name: str, expressions: tuple[str, ...], arch: str) -> tuple[bytes, dict]:
-    """(cubin, {expression: lowered name}) of source `name` for `arch` (e.g. 'sm_90'), through NVRTC with
-    NVRTC_OPTIONS; cached on disk by a hash of everything that goes in. Needs no GPU."""
+def nvrtc_version() -> str:
     from cupy_backends.cuda.libs import nvrtc  # noqa: PLC0415
 
-    text = source(name)
-    key = hashlib.sha256("\0".join((text, *map(source, HEADERS), name, arch, *NVRTC_OPTIONS, *expressions,
-                                     str(nvrtc.getVersion()))).encode()).hexdigest()[:32]
-    path = cache_dir() / f"{key}.pkl"
-    if path.exists():
+    return ".".join(map(str, nvrtc.getVersion()))
+
+
+def module_key(name: str, expressions: tuple[str, ...], arch: str) -> str:
+    """What decides a module's machine code: its source and headers, the options, the architecture and the
+    template instantiations (the NVRTC release that compiles them is recorded beside the cubin, not keyed)."""
+    text = "\0".join((source(name), *map(source, HEADERS), name, arch, *NVRTC_OPTIONS, *expressions))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+# The modules shipped compiled (prebuilt/<arch>.tar.xz, made by `python -m hdqt_cil.kernels.build`): every GEMM
+# variant as a module of its own, quant.cu and im2col.cu whole. peak.cu is the benchmark's and compiles on use.
+SUPPORTED_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
+PREBUILT_DIR = HERE / "prebuilt"
+
+
+def shipped_modules() -> list[tuple[str, tuple[str, ...]]]:
+    return [("intmm.cu", (e,)) for e in ALL_GEMM_EXPRESSIONS] + [(n, SOURCES[n]) for n in ("quant.cu", "im2col.cu")]
+
+
+def prebuilt_path(arch: str) -> Path:
+    return PREBUILT_DIR / f"{arch}.tar.xz"
+
+
+@lru_cache(maxsize=None)
+def prebuilt(arch: str) -> dict:
+    """{module key: (cubin, lowered names)} shipped for `arch` (empty where none is)."""
+    path = prebuilt_path(arch)
+    if not path.exists():
+        return {}
+    with tarfile.open(path, "r:xz") as bundle:
+        index = json.load(bundle.extractfile("index.json"))
+        return {key: (bundle.extractfile(f"{key}.cubin").read(), entry["lowered"])
+                for key, entry in index["modules"].items()}
+
+
+_compiled = {"modules": 0, "seconds": 0.0}
+
+
+def compile_seconds() -> float:
+    """Seconds this process spent compiling kernels (modules neither shipped nor in the disk cache)."""
+    return _compiled["seconds"]
+
+
+def compile_cubin(name: str, expressions: tuple[str, ...], arch: str) -> tuple[bytes, dict]:
+    """(cubin, {expression: lowered name}) of source `name` for `arch` (e.g. 'sm_90'), compiled here through
+    NVRTC with NVRTC_OPTIONS and kept in the machine's kernel cache. Jobs that start together compile each
+    module once: the first holds the module's lock, the others find its cubin when they get the lock. Needs no
+    GPU."""
+    path = kernel_cache_dir() / f"{module_key(name, expressions, arch)}-nvrtc{nvrtc_version()}.pkl"
+    with exclusive(path.with_suffix(".lock")):
+        if path.exists():
+            try:
+                return pickle.loads(path.read_bytes())
+            except Exception:  # noqa: BLE001 (a foreign or damaged file: compile again)
+                pass
+        start = time.perf_counter()
+        result = nvrtc_compile(name, expressions, arch)[:2]
+        seconds = time.perf_counter() - start
+        _compiled["modules"] += 1
+        _compiled["seconds"] += seconds
+        log.info("compiled %s%s for %s in %.1f s (not among the prebuilt kernels)", name,
+                 f" {expressions[0]}" if len(expressions) == 1 else "", arch, seconds)
         try:
-            return pickle.loads(path.read_bytes())
-        except Exception:  # noqa: BLE001 (a torn or foreign file: compile again)
+            write_bytes_atomic(path, pickle.dumps(result))
+        except OSError:
             pass
-    result = nvrtc_compile(name, expressions, arch)[:2]
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_bytes(pickle.dumps(result))
-        partial.replace(path)
-    except OSError:
-        pass
     return result
 
 
@@ -163,17 +219,28 @@ def device_arch() -> str:
 
 
 def _module(name: str, expressions: tuple[str, ...]):
-    """(CuPy Module, lowered names) for the current device."""
+    """(CuPy Module, lowered names) for the current device: the shipped cubin when there is one and the driver
+    loads it, else one compiled here."""
     device = torch.cuda.current_device()
     key = (device, name, expressions)
     with _lock:
         entry = _modules.get(key)
         if entry is None:
-            cubin, lowered = compile_cubin(name, expressions, device_arch())
             from cupy.cuda import function as cupy_function  # noqa: PLC0415
 
+            arch = device_arch()
+            shipped = prebuilt(arch).get(module_key(name, expressions, arch))
             module = cupy_function.Module()
-            module.load(cubin)
+            try:
+                if shipped is None:
+                    raise LookupError
+                module.load(shipped[0])
+                lowered = shipped[1]
+            except Exception as err:  # noqa: BLE001 (not shipped, or a driver older than the shipping NVRTC)
+                if not isinstance(err, LookupError):
+                    log.warning("the prebuilt %s for %s does not load here (%s); compiling it", name, arch, err)
+                cubin, lowered = compile_cubin(name, expressions, arch)
+                module.load(cubin)
             entry = _modules[key] = (module, lowered)
         return entry
 
@@ -202,13 +269,14 @@ def _compile_job(job) -> str:
 
 
 def precompile(workers: int = 8, arch: str | None = None) -> int:
-    """Compile every kernel variant into the disk cache with `workers` processes (no GPU needed; a fresh
-    machine otherwise compiles each GEMM variant on first use, about a second each). Returns the count."""
+    """Compile what is not shipped for `arch` (default: this GPU's) into the disk cache with `workers`
+    processes, no GPU needed: for architectures outside SUPPORTED_ARCHS. Returns the count compiled."""
     import concurrent.futures  # noqa: PLC0415
 
     arch = arch or device_arch()
-    jobs = [("intmm.cu", (e,), arch) for e in ALL_GEMM_EXPRESSIONS]
-    jobs += [(name, SOURCES[name], arch) for name in ("quant.cu", "peak.cu")]
+    shipped = prebuilt(arch)
+    jobs = [(name, expressions, arch) for name, expressions in shipped_modules()
+            if module_key(name, expressions, arch) not in shipped]
     with concurrent.futures.ProcessPoolExecutor(workers) as pool:
         return len(list(pool.map(_compile_job, jobs)))
 

@@ -1,0 +1,5 @@
+"""Sweeps: several runs a GPU (gpu_slots), CUDA MPS for their length (mps), and the report of what failed (report).
+The Hydra launcher that puts them together is hydra_plugins/hdqt_cil_launcher."""
+from .report import SweepReport, record_job
+
+__all__ = ["SweepReport", "record_job"]

@@ -1,0 +1,93 @@
+"""`hydra/launcher=gpus`: a local sweep that packs several runs onto each GPU.
+
+hydra-joblib-launcher's processes run the jobs; this launcher decides how many at once (GPUs × jobs_per_gpu),
+hands each job a GPU slot (hdqt_cil/sweep/gpu_slots.py) and keeps CUDA MPS up for the sweep's length
+(hdqt_cil/sweep/mps.py). loky's workers live for the whole sweep, so a worker imports torch and loads the kernels
+once for all the jobs it runs. Without a GPU, jobs run on the CPU, `n_jobs` at a time (default 1).
+"""
+import logging
+import os
+import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+from unittest.mock import patch
+
+from hydra.core.config_store import ConfigStore
+from hydra_plugins.hydra_joblib_launcher.config import JobLibLauncherConf
+from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+
+log = logging.getLogger(__name__)
+
+MPS_MODES = ("auto", "on", "off")
+
+
+@dataclass
+class GpusLauncherConf(JobLibLauncherConf):
+    _target_: str = "hydra_plugins.hdqt_cil_launcher.gpus.GpusLauncher"
+    n_jobs: Optional[int] = None  # jobs at once; null: GPUs x jobs_per_gpu (1 without a GPU)
+    jobs_per_gpu: Any = "auto"  # a positive integer, or auto: jobs_per_gpu_by_model's figure for the sweep's model
+    jobs_per_gpu_by_model: dict = field(default_factory=dict)
+    default_jobs_per_gpu: int = 1  # auto, for a model the table does not name
+    mps: str = "auto"  # auto: CUDA MPS when more than one job shares a GPU and it can start | on | off
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="gpus_base", node=GpusLauncherConf,
+                             provider="hdqt_cil_launcher")
+
+
+def device_count() -> int:
+    import torch  # noqa: PLC0415 (not needed to compose configs)
+
+    return torch.cuda.device_count()
+
+
+def sweep_models(job_overrides: Sequence[Sequence[str]], default: str) -> set[str]:
+    """The model names the jobs run: their `model=` overrides, else the composed default."""
+    models = {o.split("=", 1)[1] for overrides in job_overrides for o in overrides if o.startswith("model=")}
+    return models or {default}
+
+
+def jobs_per_gpu(setting, by_model: dict, fallback: int, models: set[str]) -> int:
+    """The `jobs_per_gpu` setting as a number: auto takes the smallest table entry of the sweep's models."""
+    if setting == "auto":
+        return min(int(by_model.get(m, fallback)) for m in models)
+    if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1:
+        raise ValueError(f"hydra.launcher.jobs_per_gpu={setting!r} must be a positive integer or auto")
+    return setting
+
+
+class GpusLauncher(JoblibLauncher):
+    def __init__(self, jobs_per_gpu, jobs_per_gpu_by_model, default_jobs_per_gpu, mps, **joblib) -> None:
+        if mps not in MPS_MODES:
+            raise ValueError(f"hydra.launcher.mps={mps!r} must be one of {', '.join(MPS_MODES)}")
+        super().__init__(**joblib)
+        self.jobs_per_gpu, self.mps = jobs_per_gpu, mps
+        self.by_model, self.fallback = dict(jobs_per_gpu_by_model), default_jobs_per_gpu
+
+    def launch(self, job_overrides, initial_job_idx):
+        gpus = device_count()
+        per_gpu = jobs_per_gpu(self.jobs_per_gpu, self.by_model, self.fallback,
+                               sweep_models(job_overrides, self.config.model.name))
+        if self.joblib.get("n_jobs") is None:
+            self.joblib["n_jobs"] = gpus * per_gpu if gpus else 1
+        with ExitStack() as stack:
+            if gpus:
+                from hdqt_cil.sweep import gpu_slots, mps  # noqa: PLC0415
+
+                folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hdqt-sweep-")))
+                env = gpu_slots.announce(folder / "slots", gpus, per_gpu)
+                if per_gpu > 1 and self.mps != "off":
+                    env |= stack.enter_context(mps.sharing(folder / "mps", required=self.mps == "on"))
+                    stack.callback(_stop_workers)  # before the daemon quits: it waits for its clients
+                stack.enter_context(patch.dict(os.environ, env))  # the job processes inherit it
+                log.info("%d GPU(s) x %d job(s) each, %d at once", gpus, per_gpu, self.joblib["n_jobs"])
+            return super().launch(job_overrides, initial_job_idx)
+
+
+def _stop_workers() -> None:
+    """End the sweep's job processes (loky keeps them for reuse, and with them their CUDA contexts)."""
+    from joblib.externals.loky import get_reusable_executor  # noqa: PLC0415
+
+    get_reusable_executor(reuse=True).shutdown(wait=True, kill_workers=True)

@@ -1,0 +1,220 @@
+"""Packing several runs onto each GPU, on the CPU: which GPU a job gets (a faked GPU count), CUDA MPS started and
+stopped around a sweep (a stand-in nvidia-cuda-mps-control that keeps its state in files), and the launcher that
+puts them together."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hdqt_cil.sweep import gpu_slots, mps
+from hydra_plugins.hdqt_cil_launcher import gpus as launcher
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HOLD_SLOT = """
+import sys, time
+from pathlib import Path
+from hdqt_cil.sweep import gpu_slots
+gpu, handle = gpu_slots.claim(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+print(gpu, handle is not None, flush=True)
+time.sleep(60)
+"""
+
+
+def hold_slot(folder, gpus, per_gpu, job):
+    """A process that claims a slot and holds it; returns (process, gpu, whether it got a slot)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_SLOT, str(folder), str(gpus), str(per_gpu), str(job)],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    gpu, got = proc.stdout.readline().split()
+    return proc, int(gpu), got == "True"
+
+
+def test_job_k_takes_gpu_k_mod_count_when_its_slot_is_free(tmp_path):
+    for job in range(7):
+        gpu, handle = gpu_slots.claim(tmp_path, 3, 2, job)
+        assert gpu == job % 3
+        handle.close()
+
+
+def test_a_gpu_never_holds_more_than_jobs_per_gpu_and_a_dead_job_frees_its_slot(tmp_path):
+    held = [hold_slot(tmp_path, 2, 2, job) for job in (0, 2, 4, 6)]  # all prefer GPU 0
+    try:
+        assert sorted(gpu for _, gpu, _ in held) == [0, 0, 1, 1] and all(got for _, _, got in held)
+        extra, gpu, got = hold_slot(tmp_path, 2, 2, 8)  # every slot taken: GPU 8 mod 2, no slot
+        extra.kill()
+        assert (gpu, got) == (0, False)
+        victim = next(p for p, gpu, _ in held if gpu == 1)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        again, gpu, got = hold_slot(tmp_path, 2, 2, 0)  # preferred GPU 0 is full; the dead job's slot is free
+        again.kill()
+        assert (gpu, got) == (1, True)
+    finally:
+        for proc, _, _ in held:
+            proc.kill()
+
+
+def test_job_gpu_without_slots_is_job_mod_device_count(monkeypatch):
+    monkeypatch.delenv(gpu_slots.ENV, raising=False)
+    with gpu_slots.job_gpu(5, 2) as gpu:
+        assert gpu == 1
+    with gpu_slots.job_gpu(5, 0) as gpu:  # no GPU: the index is unused
+        assert gpu == 0
+
+
+def test_jobs_per_gpu_auto_takes_the_table_entry_of_the_sweeps_models():
+    table = {"resnet32": 8, "mlp": 12}
+    assert launcher.jobs_per_gpu("auto", table, 4, {"resnet32"}) == 8
+    assert launcher.jobs_per_gpu("auto", table, 4, {"resnet32", "mlp"}) == 8
+    assert launcher.jobs_per_gpu("auto", table, 4, {"vit"}) == 4
+    assert launcher.jobs_per_gpu(3, table, 4, {"mlp"}) == 3
+    for bad in (0, -2, "many", True, 2.5):
+        with pytest.raises(ValueError, match=f"jobs_per_gpu={bad!r} must be a positive integer or auto"):
+            launcher.jobs_per_gpu(bad, table, 4, {"mlp"})
+    assert launcher.sweep_models([["seed=0", "model=mlp"], ["model=resnet32"]], "mlp") == {"mlp", "resnet32"}
+    assert launcher.sweep_models([["seed=0"]], "resnet32") == {"resnet32"}
+
+
+FAKE_CONTROL = """#!/usr/bin/env bash
+# Stand-in for nvidia-cuda-mps-control: the daemon's state is the control file in its pipe folder.
+dir=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}
+if [ "${1:-}" = -d ]; then mkdir -p "$dir" && touch "$dir/control" && echo "start $dir" >> "$CALLS"; exit; fi
+read -r command
+case $command in
+  get_server_list) [ -e "$dir/control" ] ;;
+  quit) rm -f "$dir/control"; echo "quit $dir" >> "$CALLS" ;;
+esac
+"""
+
+
+@pytest.fixture
+def fake_mps(tmp_path, monkeypatch):
+    """A stand-in control binary on PATH; returns the file where it records starts and quits."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    control = bin_dir / mps.CONTROL
+    control.write_text(FAKE_CONTROL)
+    control.chmod(0o755)
+    calls = tmp_path / "calls"
+    calls.touch()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.setenv(mps.PIPE, str(tmp_path / "no-daemon-here"))
+    return calls
+
+
+def test_mps_starts_for_the_block_and_stops_after_it(tmp_path, fake_mps):
+    with mps.sharing(tmp_path / "sweep", probe=lambda env: "") as env:
+        assert mps.running(env[mps.PIPE]) and env[mps.LOG]
+        pipe = env[mps.PIPE]
+    assert not mps.running(pipe)
+    assert fake_mps.read_text().split() == ["start", pipe, "quit", pipe]
+
+
+def test_mps_already_running_is_used_and_left_running(tmp_path, fake_mps, monkeypatch):
+    existing = tmp_path / "theirs"
+    existing.mkdir()
+    (existing / "control").touch()
+    monkeypatch.setenv(mps.PIPE, str(existing))
+    with mps.sharing(tmp_path / "sweep", probe=lambda env: "") as env:
+        assert env == {}
+    assert mps.running(str(existing)) and fake_mps.read_text() == ""
+
+
+def test_mps_that_cannot_start_falls_back_to_time_slicing_and_says_so(tmp_path, fake_mps, caplog):
+    caplog.set_level("INFO")
+    with mps.sharing(tmp_path / "sweep", probe=lambda env: "no device") as env:
+        assert env == {}
+    assert "time-sliced" in caplog.text and "no device" in caplog.text
+    assert fake_mps.read_text().split()[::2] == ["start", "quit"]  # the daemon that could not serve is gone
+    with pytest.raises(RuntimeError, match="mps=on, but CUDA MPS cannot start here: .*no device"):
+        with mps.sharing(tmp_path / "sweep2", required=True, probe=lambda env: "no device"):
+            pass
+
+
+def test_without_the_control_binary_jobs_run_time_sliced(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    caplog.set_level("INFO")
+    with mps.sharing(tmp_path / "sweep") as env:
+        assert env == {}
+    assert f"{mps.CONTROL} is not on PATH" in caplog.text and "time-sliced" in caplog.text
+
+
+LAUNCHER_THAT_DIES = """
+import sys, time
+from pathlib import Path
+from hdqt_cil.sweep import mps
+with mps.sharing(Path(sys.argv[1]), probe=lambda env: "") as env:
+    print(env[mps.PIPE], flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_killed_sweep_leaves_no_daemon_behind(tmp_path, fake_mps):
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER_THAT_DIES, str(tmp_path / "sweep")],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    pipe = proc.stdout.readline().strip()
+    assert mps.running(pipe)
+    proc.send_signal(signal.SIGKILL)  # no finally runs: the guardian must quit the daemon
+    proc.wait()
+    deadline = time.monotonic() + 20
+    while mps.running(pipe) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not mps.running(pipe)
+    assert fake_mps.read_text().split() == ["start", pipe, "quit", pipe]
+
+
+class _Config:
+    class model:
+        name = "resnet32"
+
+
+def test_launcher_packs_jobs_per_gpu_and_runs_the_sweep_under_mps(tmp_path, fake_mps, monkeypatch):
+    """With 2 (faked) GPUs and 3 jobs a GPU: 6 jobs at once, the slots announced to the jobs, MPS up while the
+    jobs run and down after."""
+    seen = {}
+
+    def fake_joblib_launch(self, job_overrides, initial_job_idx):
+        seen["n_jobs"] = self.joblib["n_jobs"]
+        seen["slots"] = os.environ[gpu_slots.ENV]
+        seen["mps"] = mps.running(os.environ[mps.PIPE])
+        return []
+
+    monkeypatch.setattr(launcher, "device_count", lambda: 2)
+    monkeypatch.setattr(launcher.JoblibLauncher, "launch", fake_joblib_launch)
+    monkeypatch.setattr(mps, "cuda_probe", lambda env: "")
+    monkeypatch.setattr(launcher, "_stop_workers", lambda: None)
+    sweep = launcher.GpusLauncher(jobs_per_gpu="auto", jobs_per_gpu_by_model={"resnet32": 3}, default_jobs_per_gpu=1,
+                                  mps="auto", n_jobs=None)
+    sweep.config = _Config
+    sweep.launch([["seed=0"], ["seed=1"]], 0)
+    assert seen["n_jobs"] == 6 and seen["slots"].startswith("2:3:") and seen["mps"]
+    assert gpu_slots.ENV not in os.environ and fake_mps.read_text().split()[::2] == ["start", "quit"]
+
+
+def test_launcher_without_a_gpu_runs_one_job_at_a_time_without_mps(monkeypatch, fake_mps):
+    seen = {}
+    monkeypatch.setattr(launcher, "device_count", lambda: 0)
+    monkeypatch.setattr(launcher.JoblibLauncher, "launch",
+                        lambda self, overrides, idx: seen.update(n_jobs=self.joblib["n_jobs"]) or [])
+    sweep = launcher.GpusLauncher(jobs_per_gpu=4, jobs_per_gpu_by_model={}, default_jobs_per_gpu=1, mps="auto",
+                                  n_jobs=None)
+    sweep.config = _Config
+    sweep.launch([["seed=0"]], 0)
+    assert seen["n_jobs"] == 1 and fake_mps.read_text() == ""
+    with pytest.raises(ValueError, match="hydra.launcher.mps='sometimes' must be one of auto, on, off"):
+        launcher.GpusLauncher(jobs_per_gpu=1, jobs_per_gpu_by_model={}, default_jobs_per_gpu=1, mps="sometimes")
+
+
+def test_gpus_launcher_sweep_runs_end_to_end_on_the_cpu(tmp_path):
+    """The real launcher through run.py (no GPU here: one job at a time, no MPS)."""
+    out = subprocess.run([sys.executable, "run.py", "-m", "hydra/launcher=gpus", f"results_root={tmp_path}",
+                          "strategy=naive", "quant=fp32", "seed=0,1", "trainer.epochs=1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "2 of 2 jobs completed" in (tmp_path / "sweep_summary.md").read_text()
+    assert "| digits | mlp | naive | fp32 |" in out.stdout
