@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Build, check and time the CuPy kernels in one call on the GPU machine (the device tool's `run`):
-#   run(command="bash scripts/gpu_check.sh", carry=[".whl", ".device_data/kernel_cache"])
-#   (the CPU compile test, tests/test_kernels_compile.py, runs in CI, not here)
+#   run(command="bash scripts/gpu_check.sh", carry=[".whl"])
+#   (the CPU compile and prebuilt-bundle tests, tests/test_kernels_*.py, run in CI, not here)
 # .whl holds the project's wheels (scripts/prepare_device.sh), installed from it (hdqt_cil.quant reads its config
 # with omegaconf; the tests' conftest composes configs with hydra; the CUDA-graph tests run whole experiments).
 # Logs and the benchmark JSON go to $OUT (at most 8 files):
-#   check.log    device, whether the kernels load, pytest of tests/test_kernels_gpu.py and
-#                tests/test_capture_gpu.py
+#   check.log    device, CUDA MPS's control binary, whether the kernels load (from the prebuilt bundle: the log
+#                names any module compiled here), pytest of tests/test_kernels_gpu.py, tests/test_capture_gpu.py
+#                and tests/test_sweep_gpu.py
 #   bench.log    scripts/bench_kernels.py (its table is printed last)
 #   hot.log      the GPU tests of quant (HOT and the torch reference on CUDA), then scripts/bench_hot.py
 #   bench_kernels_<device>.json, hot_<device>.json, junit.xml
@@ -19,34 +20,29 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-# Compiled cubins: carry .device_data/kernel_cache (filled here by rt.precompile, no GPU needed) to skip compiling.
-export HDQT_KERNEL_CACHE=${HDQT_KERNEL_CACHE:-$PWD/.device_data/kernel_cache}
 PY=${PYTHON:-python3}
 log="$OUT/check.log"
 
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [ ! -d /tmp/site ] && ls .whl/*.whl >/dev/null 2>&1; then  # a warm machine keeps the first call's install
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >>"$log" 2>&1
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
 fi
+export PYTHONPATH=$([ -d /tmp/site ] && echo /tmp/site:)$PWD
 
 {
   echo "== device"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv
   $PY -c "import torch, cupy; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cupy', cupy.__version__)"
-  echo "== compile every variant (parallel, into the disk cache; carried cubins are hits)"
-  start=$SECONDS
-  $PY -c "from hdqt_cil.kernels import _runtime as rt; print(rt.precompile(12), 'modules')"
-  echo "compiled in $((SECONDS - start)) s"
+  echo "== CUDA MPS: control binary, and what it answers with no daemon running"
+  command -v nvidia-cuda-mps-control && { echo get_server_list | nvidia-cuda-mps-control; echo "exit $?"; }
   # Registers and spills per kernel come from ptxas on the CPU, before a call: scripts/kernel_resources.py.
-  $PY -c "from hdqt_cil import kernels; print('available:', kernels.available(), kernels.unavailable_reason())"
+  $PY -c "from hdqt_cil import kernels; from hdqt_cil.kernels import _runtime as rt; print('available:', kernels.available(), kernels.unavailable_reason(), '| compiled here:', rt.compile_seconds(), 's')"
 } >>"$log" 2>&1
 
 if [ "${CHECK_TESTS:-1}" = 1 ]; then
   echo "== tests" >>"$log"
-  timeout ${TEST_TIMEOUT:-330} $PY -m pytest -p no:cacheprovider -q -rfEs --timeout 150 \
-    --junitxml="$OUT/junit.xml" ${TEST_FILES:-tests/test_capture_gpu.py tests/test_kernels_gpu.py} ${PYTEST_ARGS:-} \
+  timeout ${TEST_TIMEOUT:-330} $PY -m pytest -p no:cacheprovider -q -rfEs --timeout 300 \
+    --junitxml="$OUT/junit.xml" ${TEST_FILES:-tests/test_capture_gpu.py tests/test_kernels_gpu.py tests/test_sweep_gpu.py} \
+    ${PYTEST_ARGS:-} \
     >>"$log" 2>&1
   echo "pytest exit $?" >>"$log"
   tail -n 60 "$log"
