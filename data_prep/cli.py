@@ -51,6 +51,8 @@ def parser(dataset: Dataset, description: str) -> argparse.ArgumentParser:
     source.add_argument("--archive", type=Path, help="the official .zip (or a .tar.* of the same files)")
     source.add_argument("--download", action="store_true", help=f"fetch {dataset.url}"
                         + (" (size and sha256 checked)" if dataset.archive_sha256 else ""))
+    p.add_argument("--checksums", type=Path, help="a per-file sha256 list (`sha256sum` lines, paths as in the "
+                   "archive) to check the raw files against [NAME.contents.sha256 beside --archive NAME.tar.xz]")
     p.add_argument("--out", type=Path, required=True, help="the feature file to write (.npz)")
     p.add_argument("--download-dir", type=Path, help="where --download stores the archive [beside --out]")
     p.add_argument("--force", action="store_true", help="recompute even if --out is present and valid")
@@ -70,12 +72,14 @@ def run(dataset: Dataset, args, build) -> int:
         if args.download:
             target = (args.download_dir or args.out.parent / "downloads") / dataset.archive_name
             archive = sources.download(dataset.url, target, dataset.archive_sha256, dataset.archive_bytes)
-        with sources.release_root(dataset.marker, raw_dir=args.raw_dir, archive=archive) as root:
+        with sources.release_root(dataset.marker, raw_dir=args.raw_dir, archive=archive,
+                                  checksums=args.checksums) as (root, contents_check):
+            print(f"contents: {contents_check}")
             arrays = build(root)
     except (sources.RawDataError, sources.DownloadError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    feature_file.save(args.out, extractor=dataset.extractor, **arrays)
+    feature_file.save(args.out, extractor=dataset.extractor, contents_check=contents_check, **arrays)
     n, d = arrays["X"].shape
     print(f"wrote {args.out}: {n:,} windows × {d} features in {time.perf_counter() - started:.1f} s")
     return 0

@@ -1,11 +1,16 @@
 """UCI Daily and Sports Activities (DSADS) raw segments → 405 cross-position features per segment → NPZ file.
 
-The release holds a01..a19/p1..p8/s01..s60.txt: 19 activities, 8 subjects, 60 five-second segments each, every file
-125 rows (25 Hz) × 45 comma-separated columns = 5 units (torso, right arm, left arm, right leg, left leg) × 9
+The release holds data/a01..a19/p1..p8/s01..s60.txt: 19 activities, 8 subjects, 60 five-second segments each, every
+file 125 rows (25 Hz) × 45 comma-separated columns = 5 units (torso, right arm, left arm, right leg, left leg) × 9
 (x, y, z of accelerometer, gyroscope, magnetometer). Each segment is one window, as in Wang et al.'s dsads.mat
 (9,120 windows): 27 features of each sensor's magnitude (`position_features`), 81 per unit, 405 in all.
 
-    python -m data_prep.dsads --raw-dir PATH/data --out data/dsads_features.npz
+The release archive (dsads_raw.tar.xz, or the UCI zip) is read as it is; its files are checked against the
+per-file sha256 list beside it (dsads_raw.contents.sha256) or given with --checksums, else by the zip's CRC-32s.
+The check made is printed and recorded in the feature file (`contents_check`).
+
+    python -m data_prep.dsads --archive PATH/dsads_raw.tar.xz --out data/dsads_features.npz
+    python -m data_prep.dsads --raw-dir PATH/data --checksums PATH/dsads_raw.contents.sha256 --out ...
 """
 import io
 import re

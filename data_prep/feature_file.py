@@ -1,7 +1,8 @@
 """Writing feature files, and deciding whether an existing one can be reused instead of recomputed.
 
 A file is the NPZ that `hdqt_cil.data.features.load_feature_table` reads: X (N, d) float32, y and subject int64,
-feature_names, class_ids/class_names, plus `extractor` (which code made it) and dataset-specific extras.
+feature_names, class_ids/class_names, plus `extractor` (which code made it), `contents_check` (how the raw files
+were checked) and dataset-specific extras.
 """
 import os
 from pathlib import Path
@@ -11,7 +12,8 @@ import numpy as np
 from hdqt_cil.data.features import load_feature_table
 
 
-def save(path: Path, *, X, y, subject, feature_names, class_names: dict, extractor: str, **extra):
+def save(path: Path, *, X, y, subject, feature_names, class_names: dict, extractor: str, contents_check: str,
+         **extra):
     """Write atomically (a temporary file, then a rename), so an interrupted run never leaves a half file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -20,7 +22,7 @@ def save(path: Path, *, X, y, subject, feature_names, class_names: dict, extract
     np.savez_compressed(partial, X=np.asarray(X, np.float32), y=np.asarray(y, np.int64),
                         subject=np.asarray(subject, np.int64), feature_names=np.asarray(feature_names, str),
                         class_ids=np.asarray(ids, np.int64), class_names=np.asarray([class_names[i] for i in ids], str),
-                        extractor=np.asarray(extractor), **extra)
+                        extractor=np.asarray(extractor), contents_check=np.asarray(contents_check), **extra)
     os.replace(partial, path)
 
 

@@ -3,13 +3,17 @@
 Every refusal names the file (and line) at fault, so a broken copy can be fixed rather than guessed at.
 """
 import contextlib
+import gzip
 import hashlib
 import io
+import lzma
+import re
 import tarfile
 import tempfile
 import urllib.error
 import urllib.request
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +30,14 @@ class DownloadError(RuntimeError):
     """The official archive could not be fetched or did not match its checksum."""
 
 
+ARCHIVE_SUFFIXES = {".zip", ".tar", ".xz", ".gz", ".bz2", ".tgz"}
+# the per-file list beside an archive, NAME.tar.xz → NAME.contents.sha256: `sha256sum` lines, paths as in the archive
+CHECKSUM_SUFFIX = ".contents.sha256"
+UNCHECKED = "not checked (no per-file sha256 list; give one with --checksums)"
+# what reading a damaged archive raises: a bad CRC, corrupt or truncated compressed data, a broken header
+DAMAGED_ARCHIVE = (tarfile.TarError, zipfile.BadZipFile, lzma.LZMAError, zlib.error, gzip.BadGzipFile, EOFError)
+
+
 def find_root(base: Path, marker: str, shown=None) -> Path:
     """The shallowest folder under `base` (itself, or up to three levels down) that holds `marker`; `shown` names
     `base` in messages (an archive rather than its temporary unpacking)."""
@@ -40,32 +52,105 @@ def find_root(base: Path, marker: str, shown=None) -> Path:
 
 
 def _extract(archive: Path, into: Path):
-    """Unpack a .zip or .tar.* archive, then any .zip it contains (the PAMAP2 download nests one)."""
-    if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as zf:
-            zf.extractall(into)
-    elif tarfile.is_tarfile(archive):
-        with tarfile.open(archive) as tf:
-            tf.extractall(into, filter="data")
-    else:
-        raise RawDataError(f"{archive} is neither a zip nor a tar archive")
+    """Unpack a .zip or .tar.* archive, then any .zip it contains (the PAMAP2 download nests one).
+
+    Members are unpacked one at a time so that a damaged archive is refused naming where reading stopped.
+    """
+    member = None
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as zf:
+                for info in zf.infolist():
+                    member = info.filename
+                    zf.extract(info, into)  # checks the member's CRC-32
+        elif tarfile.is_tarfile(archive):
+            with tarfile.open(archive) as tf:
+                for info in tf:
+                    member = info.name
+                    tf.extract(info, into, filter="data")
+        else:
+            raise RawDataError(f"{archive} is neither a zip nor a tar archive (or too damaged to tell)")
+    except DAMAGED_ARCHIVE as err:
+        where = f"near member {member}" if member else "at its start"
+        raise RawDataError(f"{archive} is damaged or incomplete: reading stopped {where} ({err}); expected an intact "
+                           ".zip or .tar.* of the release") from err
     for inner in sorted(into.rglob("*.zip")):
         _extract(inner, inner.with_suffix(""))
         inner.unlink()
 
 
+def checksum_list_beside(archive: Path):
+    """The per-file list shipped beside an archive (NAME.contents.sha256 for NAME.tar.xz or NAME.zip), or None."""
+    stem = archive.name
+    while Path(stem).suffix in ARCHIVE_SUFFIXES:
+        stem = Path(stem).stem
+    listing = archive.with_name(stem + CHECKSUM_SUFFIX)
+    return listing if listing.is_file() else None
+
+
+def read_checksum_list(listing: Path) -> dict:
+    """{path as listed: sha256} of a `sha256sum` output file; a line in another form is refused by number."""
+    if not listing.is_file():
+        raise RawDataError(f"checksum list {listing} does not exist")
+    entries = {}
+    for number, line in enumerate(listing.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        match = re.fullmatch(r"([0-9a-f]{64}) [ *](.+)", line)
+        if not match:
+            raise RawDataError(f"{listing} line {number}: expected '<64 hex digits>  <path>', found {line[:100]!r}")
+        entries[match[2]] = match[1]
+    return entries
+
+
+def verify_checksums(root: Path, marker: str, listing: Path) -> str:
+    """Check every file of `listing` under `root` and say so; the first missing or different file is refused.
+
+    The list names files as inside the archive (data/a01/p1/s01.txt); its entry for `marker` tells which leading
+    folders the release root stands for, so an unpacked copy may sit in a folder of any name.
+    """
+    entries = read_checksum_list(listing)
+    anchors = [name for name in entries if name == marker or name.endswith("/" + marker)]
+    if not anchors:
+        raise RawDataError(f"checksum list {listing} does not list {marker}, so it is not a list of this release")
+    prefix = min(anchors, key=len)[: -len(marker)]
+    for name, expected in progress(entries.items(), desc="sha256", total=len(entries)):
+        if not name.startswith(prefix):
+            raise RawDataError(f"checksum list {listing} lists {name}, outside the release folder {prefix}")
+        path = root / name[len(prefix):]
+        if not path.is_file():
+            raise RawDataError(f"missing file {name} (listed in {listing} with sha256 {expected})")
+        found = sha256_of(path)
+        if found != expected:
+            raise RawDataError(f"{name}: sha256 {found}, expected {expected} (listed in {listing})")
+    unlisted = sum(p.is_file() for p in root.rglob("*")) - len(entries)
+    return (f"per-file sha256 against {listing}: {len(entries):,} files verified"
+            + (f"; files not in the list (unchecked): {unlisted:,}" if unlisted else ""))
+
+
 @contextlib.contextmanager
-def release_root(marker: str, raw_dir=None, archive=None):
-    """Yield the release's root folder: `raw_dir` itself, or a temporary unpacking of `archive`."""
+def release_root(marker: str, raw_dir=None, archive=None, checksums=None):
+    """Yield the release's root folder (`raw_dir` itself, or a temporary unpacking of `archive`) and a sentence on
+    how its contents were checked: against the per-file sha256 list `checksums` (by default the one beside the
+    archive), else by the zip's CRC-32s, else not at all."""
     if raw_dir is not None:
-        yield find_root(Path(raw_dir), marker)
+        root = find_root(Path(raw_dir), marker)
+        yield root, verify_checksums(root, marker, Path(checksums)) if checksums else UNCHECKED
         return
     archive = Path(archive)
     if not archive.is_file():
         raise RawDataError(f"archive {archive} does not exist")
+    checksums = Path(checksums) if checksums else checksum_list_beside(archive)
     with tempfile.TemporaryDirectory(prefix="data_prep_") as tmp:
         _extract(archive, Path(tmp))
-        yield find_root(Path(tmp), marker, shown=archive)
+        root = find_root(Path(tmp), marker, shown=archive)
+        if checksums:
+            yield root, verify_checksums(root, marker, checksums)
+        elif zipfile.is_zipfile(archive):
+            files = sum(p.is_file() for p in Path(tmp).rglob("*"))
+            yield root, f"zip CRC-32 of every member verified on unpacking ({files:,} files; no per-file sha256 list)"
+        else:
+            yield root, UNCHECKED
 
 
 def sha256_of(path: Path) -> str:
