@@ -11,6 +11,7 @@ Throughput is runs per hour over each phase's wall time; the ratios are against 
 
     python scripts/bench_sweep.py --data PATH/cifar10_jpg.tar.xz [--epochs 2] [--seeds 6] [--jobs-per-gpu 8 12]
            [--out results/sweep_bench]
+    python scripts/bench_sweep.py --report results/sweep_bench    (README.md from the JSON files there)
 The JSON (sweep_bench_<device>.json) holds every run's folder summary; the table is printed last.
 """
 import argparse
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TABLE_MARK = "<!-- table: python scripts/bench_sweep.py --report results/sweep_bench -->"
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_record import save_rows  # noqa: E402
 
@@ -44,9 +46,27 @@ def summaries(root: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(root.rglob("summary.json"))]
 
 
+def report(folder: Path) -> str:
+    """The Markdown table of every record in `folder`: each phase's throughput against the same record's
+    one-after-the-other phase, and the whole-run walls of that phase."""
+    lines = ["| record | commit | phase | runs | wall s | runs/hour | vs sequential | HDQT / FP32 run wall s | "
+             "kernels compiled s |", "|---|---|---|---|---|---|---|---|---|"]
+    for path in sorted(folder.glob("*.json")):
+        record = json.loads(path.read_text())
+        base = next(r for r in record["rows"] if r["phase"] == "sequential")["runs_per_hour"]
+        for row in record["rows"]:
+            walls = row.get("run_wall_s")
+            pair = f"{walls['hdqt']:.0f} / {walls['fp32']:.0f}" if walls else ""
+            lines.append(f"| {path.name} | {record.get('commit', '')} | {row['phase']} | {row['runs']} | "
+                         f"{row['wall_s']:.0f} | {row['runs_per_hour']:.0f} | {row['runs_per_hour'] / base:.2f}x | "
+                         f"{pair} | {row.get('kernel_compile_s', '')} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True, help="CIFAR-10 image archive or folder (benchmark.root)")
+    parser.add_argument("--report", metavar="DIR", help="write DIR/README.md's table from the records in DIR")
+    parser.add_argument("--data", help="CIFAR-10 image archive or folder (benchmark.root)")
     parser.add_argument("--epochs", type=int, default=2, help="epochs a task")
     parser.add_argument("--sequential-seeds", type=int, default=2, help="runs per scheme one after the other")
     parser.add_argument("--seeds", type=int, default=6, help="runs per scheme in each packed sweep")
@@ -56,6 +76,14 @@ def main(argv=None) -> None:
                         "the baseline of the ratios and always runs)")
     parser.add_argument("--work", default=None, help="folder for the runs (default: a temporary one)")
     args = parser.parse_args(argv)
+    if args.report:
+        readme = Path(args.report) / "README.md"
+        text = readme.read_text() if readme.exists() else ""
+        head = text.split(TABLE_MARK)[0] if TABLE_MARK in text else text
+        readme.write_text(head + TABLE_MARK + "\n\n" + report(Path(args.report)))
+        return
+    if not args.data:
+        parser.error("--data is required to time a sweep")
 
     import torch  # noqa: PLC0415
 

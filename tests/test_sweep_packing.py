@@ -68,7 +68,7 @@ def test_job_gpu_without_slots_is_job_mod_device_count(monkeypatch):
 
 def test_jobs_per_gpu_auto_takes_the_table_entry_of_the_sweeps_models():
     table = {"resnet32": 8, "mlp": 12}
-    assert launcher.jobs_per_gpu("auto", table, 4, {"resnet32"}) == 8
+    assert launcher.jobs_per_gpu("auto", table, 4, {"resnet32"}) == 8  # the table given, not the config's
     assert launcher.jobs_per_gpu("auto", table, 4, {"resnet32", "mlp"}) == 8
     assert launcher.jobs_per_gpu("auto", table, 4, {"vit"}) == 4
     assert launcher.jobs_per_gpu(3, table, 4, {"mlp"}) == 3
