@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 # torch/torchvision releases known to install here (CUDA build; the code also runs on torch 2.11).
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: env run test bench clean
+.PHONY: env run test bench kernels clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: env
 
 bench: env
 	$(PY) scripts/bench_kernels.py
+
+# Rebuild the shipped GPU kernels (hdqt_cil/kernels/prebuilt/) that no longer match their sources; CPU only.
+kernels: env
+	$(PY) -m hdqt_cil.kernels.build
 
 clean:
 	rm -rf $(VENV) outputs multirun

@@ -20,6 +20,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/devic
 if [ -f .device_data/hapt_raw.tar.xz ] && [ ! -f data/hapt_features.npz ]; then
   python3 -m data_prep.hapt --archive .device_data/hapt_raw.tar.xz --out data/hapt_features.npz
 fi
+[ -f .device_data/dsads_features.npz ] && mkdir -p data && cp -u .device_data/dsads_features.npz data/
 for earlier in .device_data/runs_*.tgz .device_data/ckpt_*.tgz; do
   [ -f "$earlier" ] && tar xzf "$earlier" -C /tmp --skip-old-files
 done

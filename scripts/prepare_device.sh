@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stage what the lent GPU machine lacks into ignored folders of this checkout, to name in the device call's
 # `carry`: the Python wheels (avalanche, hydra, launchers; ../shared/tools/device_wheels.sh) in .whl/ and the
-# raw data archives in .device_data/. Usage: scripts/prepare_device.sh [hapt] [cifar10]
+# raw data archives in .device_data/ (DSADS's 137 MB archive is over what a call carries: its feature file is made
+# here instead). Usage: scripts/prepare_device.sh [hapt] [cifar10] [dsads]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 shared=${SHARED_DATA:-../shared/data}
@@ -11,7 +12,9 @@ for name in "$@"; do
   case $name in
     hapt) cp -u "$shared/hapt/hapt_raw.tar.xz" .device_data/ ;;
     cifar10) cp -u "$shared/cifar10/cifar10_jpg.tar.xz" .device_data/ ;;
-    *) echo "unknown dataset '$name'; choose hapt or cifar10" >&2; exit 2 ;;
+    dsads) [ -f .device_data/dsads_features.npz ] ||
+      python3 -m data_prep.dsads --archive "$shared/dsads/dsads_raw.tar.xz" --out .device_data/dsads_features.npz ;;
+    *) echo "unknown dataset '$name'; choose hapt, cifar10 or dsads" >&2; exit 2 ;;
   esac
 done
 du -sh .whl .device_data
