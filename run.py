@@ -6,9 +6,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from hdqt_cil.config import register_resolvers
+from hdqt_cil.config import register_schemas
 
-register_resolvers()
+register_schemas()
 # avalanche imports an optional QP solver it never needs here and deprecates its own internals: not the user's concern.
 warnings.filterwarnings("ignore", message="no QP solver found")
 warnings.filterwarnings("ignore", message="No loggers specified")

@@ -21,8 +21,8 @@ from .cl.divergence import Diverged, TrainingMonitor
 from .cl.optim import PerExperienceSGD
 from .cl.quantization import QuantizationPlugin
 from .cl.recorder import PredictionRecorder
-from .cl.strategies import build_strategy
-from .config import comparable_config, validate, validate_against_benchmark
+from .cl.strategies import build_strategy, check_fits, teachers, training_steps
+from .config import comparable_config, validate
 from .data.augment import augment_batch
 from .data.benchmarks import build_benchmark
 from .kernels._runtime import compile_seconds
@@ -149,9 +149,8 @@ def _run(cfg, run_dir: Path, gpu: int) -> dict:
     RNGManager.set_random_seeds(cfg.seed)
     device = resolve_device(cfg.trainer.device, gpu)
     bench = build_benchmark(cfg.benchmark, cfg.seed)
-    validate_against_benchmark(cfg, bench.num_classes)
-    model = build_model(cfg.model.name, bench.input_shape, bench.num_classes, cfg.model.get("hidden"),
-                        bench.input_norm)
+    check_fits(cfg.strategy, cfg.trainer, bench.num_classes)
+    model = build_model(cfg.model, bench.input_shape, bench.num_classes, bench.input_norm)
     strategy = _build_strategy(cfg, bench, model, device, run_dir)
 
     # Only a run that could be built claims its folder: bad input leaves nothing behind.
@@ -160,8 +159,8 @@ def _run(cfg, run_dir: Path, gpu: int) -> dict:
         log.info("%s already holds this run, finished; overwrite=true reruns it", run_dir)
         return read_json(run_dir / "summary.json")
 
-    joint = cfg.strategy.name == "joint"
-    steps = [bench.n_experiences - 1] if joint else list(range(bench.n_experiences))
+    steps = training_steps(cfg.strategy.name, bench.n_experiences)
+    joint = len(steps) < bench.n_experiences
     history = AccuracyHistory(bench.n_experiences, bench.num_classes)
     checkpoints = ExperienceCheckpoints(run_dir)
     first, within, elapsed_before = 0, 0, 0.0
@@ -233,7 +232,7 @@ def _build_strategy(cfg, bench, model, device, run_dir):
         raise ValueError(f"trainer.cuda_graph=true needs a CUDA device; this run is on {device} "
                          f"(trainer.device={t.device}); use auto or false")
     if t.cuda_graph and device.type == "cuda":  # true or auto
-        plugins.insert(0, CudaGraphPlugin())  # its NaN check precedes the divergence monitor's
+        plugins.insert(0, CudaGraphPlugin(teachers(cfg.strategy.name)))  # its NaN check precedes the monitor's
     if cfg.benchmark.get("augment") and cfg.benchmark.augment_on == "gpu":
         plugins.append(BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)))
     common = dict(optimizer=optimizer, criterion=torch.nn.CrossEntropyLoss(), train_mb_size=t.batch_size,

@@ -5,12 +5,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from hdqt_cil.config import register_resolvers
+from hdqt_cil.config import register_schemas
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
-register_resolvers()
+register_schemas()
 
 
 @pytest.fixture

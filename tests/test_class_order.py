@@ -5,7 +5,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hdqt_cil.config import validate
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from hdqt_cil.config import comparable_config, validate
 from hdqt_cil.data.benchmarks import build_benchmark, class_order
 
 PYCIL_1993_HAPT = [4, 2, 7, 6, 0, 3, 5, 8, 10, 9, 1]  # np.random.seed(1993); np.random.permutation(11)
@@ -29,18 +32,27 @@ def test_an_order_that_is_not_a_permutation_of_the_classes_is_refused(order):
         class_order(list(range(11)), order, True, 0, "hapt")
 
 
-@pytest.mark.parametrize("value,shown", [("[0,0,1]", "[0, 0, 1]"), ("[0,-1]", "[0, -1]"), ("[0,1.5]", "[0, 1.5]"),
-                                         ("[]", "[]"), ("3", "3")])
+@pytest.mark.parametrize("value,shown", [("[0,0,1]", "[0, 0, 1]"), ("[0,-1]", "[0, -1]"), ("[]", "[]")])
 def test_bad_class_order_is_named_before_loading(make_cfg, value, shown):
     with pytest.raises(ValueError, match=re.escape(f"benchmark.class_order={shown} must be a list of distinct")):
-        validate(make_cfg(f"+benchmark.class_order={value}"))
+        validate(make_cfg(f"benchmark.class_order={value}"))
 
 
-def test_the_default_config_has_no_class_order(make_cfg):
-    # Absent, not null: configs of runs made before the option existed stay comparable (claim_run_dir, tables).
-    cfg = make_cfg("benchmark=hapt")
-    assert "class_order" not in cfg.benchmark
-    validate(make_cfg("benchmark=hapt", "+benchmark.class_order=[4,2,7,6,0,3,5,8,10,9,1]"))
+@pytest.mark.parametrize("value", ["[0,1.5]", "3"])
+def test_class_order_of_the_wrong_type_is_refused_when_composing(make_cfg, value):
+    with pytest.raises(ConfigCompositionException, match="class_order"):
+        make_cfg(f"benchmark.class_order={value}")
+
+
+def test_a_run_made_before_class_order_existed_is_the_same_experiment(make_cfg):
+    """Its config lacks the key; today's default is null: the two compare equal (claim_run_dir, tables)."""
+    now = OmegaConf.to_container(make_cfg("benchmark=hapt"), resolve=True)
+    assert now["benchmark"]["class_order"] is None
+    before = {**now, "benchmark": {k: v for k, v in now["benchmark"].items() if k != "class_order"}}
+    assert comparable_config(before) == comparable_config(now)
+    fixed = {**now, "benchmark": {**now["benchmark"], "class_order": [4, 2, 7, 6, 0, 3, 5, 8, 10, 9, 1]}}
+    assert comparable_config(fixed) != comparable_config(now)
+    validate(make_cfg("benchmark=hapt", "benchmark.class_order=[4,2,7,6,0,3,5,8,10,9,1]"))
 
 
 def test_benchmark_follows_the_fixed_order(make_cfg, tmp_path):
@@ -50,7 +62,7 @@ def test_benchmark_follows_the_fixed_order(make_cfg, tmp_path):
     path = tmp_path / "t.csv"
     pd.DataFrame({"f": label + rng.normal(size=len(rows)), "label": label, "subject": subject}).to_csv(path, index=False)
     cfg = make_cfg("benchmark=features", f"benchmark.path={path}", "benchmark.n_experiences=null",
-                   "benchmark.classes_per_exp=2", "+benchmark.class_order=[3,0,4,1,2]")
+                   "benchmark.classes_per_exp=2", "benchmark.class_order=[3,0,4,1,2]")
     validate(cfg)
     for seed in (0, 7):
         bench = build_benchmark(cfg.benchmark, seed)

@@ -3,10 +3,11 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra.errors import MissingConfigException
+from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 
-from hdqt_cil.config import run_path, validate, validate_against_benchmark
+from hdqt_cil.cl.strategies import check_fits
+from hdqt_cil.config import run_path, validate
 from hdqt_cil.quant import scheme_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,7 +18,7 @@ GROUPS = ["benchmark", "model", "strategy", "quant", "trainer"]
 @pytest.mark.parametrize("group,member", [(g, p.stem) for g in GROUPS
                                           for p in sorted((ROOT / "configs" / g).glob("*.yaml"))])
 def test_every_group_member_composes(make_cfg, group, member):
-    cfg = make_cfg(f"{group}={member}")
+    cfg = make_cfg(f"{group}={member}", *(["benchmark.path=table.csv"] if member == "features" else []))
     OmegaConf.resolve(cfg)
     if group != "trainer":
         assert cfg[group].name == member
@@ -60,43 +61,58 @@ def test_unknown_member_lists_choices(make_cfg):
 
 @pytest.mark.parametrize("overrides,message", [
     (["trainer.epochs=0"], "trainer.epochs=0 must be a positive integer"),
-    (["trainer.epochs=ten"], "trainer.epochs='ten' must be a positive integer"),
     (["trainer.batch_size=-4"], "trainer.batch_size=-4 must be a positive integer"),
-    (["trainer.batch_size=1.5"], "trainer.batch_size=1.5 must be a positive integer"),
-    (["trainer.lr=0"], "trainer.lr=0 must be a positive number"),
-    (["trainer.lr=abc"], "trainer.lr='abc' must be a positive number"),
-    (["trainer.momentum=1"], "trainer.momentum=1 must be a number in [0, 1)"),
+    (["trainer.lr=0"], "trainer.lr=0.0 must be a positive number"),
+    (["trainer.momentum=1"], "trainer.momentum=1.0 must be a number in [0, 1)"),
     (["trainer.weight_decay=-1e-4"], "trainer.weight_decay=-0.0001 must be a non-negative number"),
     (["trainer.milestones=[100,60]"], "trainer.milestones=[100, 60] must be a list of increasing positive"),
-    (["trainer.milestones=60"], "trainer.milestones=60 must be a list"),
     (["trainer.checkpoint_every=-1"], "trainer.checkpoint_every=-1 must be a non-negative integer"),
     (["trainer.cuda_graph=maybe"], "trainer.cuda_graph='maybe' must be auto, true or false"),
     (["trainer.cuda_graph=1"], "trainer.cuda_graph=1 must be auto, true or false"),
-    (["trainer.gamma=0"], "trainer.gamma=0 must be a number in (0, 1]"),
+    (["trainer.gamma=0"], "trainer.gamma=0.0 must be a number in (0, 1]"),
     (["trainer.device=gpu"], "trainer.device='gpu' must be auto, cpu, cuda or cuda:N"),
     (["trainer.memory_size=-5"], "trainer.memory_size=-5 must be a non-negative integer"),
     (["seed=-1"], "seed=-1 must be a non-negative integer"),
-    (["seed=1.5"], "seed=1.5 must be a non-negative integer"),
     (["tag=a/b"], "tag='a/b' must be a string without '/'"),
-    (["resume=maybe"], "resume='maybe' must be true or false"),
     (["on_divergence=ignore"], "on_divergence='ignore' must be one of stop, continue"),
     (["logging.progress=sometimes"], "logging.progress='sometimes' must be one of auto, on, off"),
     (["logging.epochs=-1"], "logging.epochs=-1 must be auto or a non-negative integer"),
-    (["trainer.deterministic=yes"], "trainer.deterministic='yes' must be true or false"),
     (["benchmark.n_experiences=0"], "benchmark.n_experiences=0 must be a positive integer or null"),
+    (["benchmark=features"], "benchmark.path must be set: benchmark.path=VALUE"),
     (["benchmark.classes_per_exp=2"], "set exactly one of benchmark.n_experiences and benchmark.classes_per_exp"),
+    (["benchmark.class_order=[1,1]"], "benchmark.class_order=[1, 1] must be a list of distinct class indices"),
     (["benchmark=hapt", "benchmark.split=kfold"], "benchmark.split='kfold' must be one of subject, random"),
-    (["benchmark=hapt", "benchmark.train_fraction=1"], "benchmark.train_fraction=1 must be a number strictly"),
+    (["benchmark=hapt", "benchmark.train_fraction=1"], "benchmark.train_fraction=1.0 must be a number strictly"),
     (["benchmark=cifar10", "benchmark.augment_on=tpu"], "benchmark.augment_on='tpu' must be one of cpu, gpu"),
     (["model.hidden=0"], "model.hidden=0 must be a positive integer or null"),
-    (["strategy=lwf", "strategy.lamb=-1"], "strategy.lamb=-1 must be a non-negative number"),
-    (["strategy=lwf", "strategy.temperature=0"], "strategy.temperature=0 must be a positive number"),
-    (["strategy=bic", "strategy.val_percentage=0"], "strategy.val_percentage=0 must be a number strictly"),
+    (["strategy=lwf", "strategy.lamb=-1"], "strategy.lamb=-1.0 must be a non-negative number"),
+    (["strategy=lwf", "strategy.temperature=0"], "strategy.temperature=0.0 must be a positive number"),
+    (["strategy=bic", "strategy.val_percentage=0"], "strategy.val_percentage=0.0 must be a number strictly"),
     (["strategy=icarl", "strategy.eval_head=cnn"], "strategy.eval_head='cnn' must be one of nme, linear"),
+    (["strategy=icarl", "strategy.eval_head=nme"], "strategy.eval_head='nme' needs strategy.loss=bce"),
+    (["quant=hdqt", "quant.acc_bits=3"], "quant.acc_bits=3 must be null (no saturation) or an integer from"),
+    (["quant=hot", "quant.hla_rank=2", "quant.hla_rank_ratio=0.5"], "quant.hla_rank=2 and quant.hla_rank_ratio"),
 ])
 def test_bad_values_are_named(make_cfg, overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         validate(make_cfg(*overrides))
+
+
+@pytest.mark.parametrize("override,key,value", [
+    ("trainer.epochs=ten", "trainer.epochs", "ten"),
+    ("trainer.batch_size=1.5", "trainer.batch_size", "1.5"),
+    ("trainer.lr=abc", "trainer.lr", "abc"),
+    ("trainer.milestones=60", "trainer.milestones", "60"),
+    ("seed=1.5", "seed", "1.5"),
+    ("resume=maybe", "resume", "maybe"),
+    ("trainer.deterministic=perhaps", "trainer.deterministic", "perhaps"),
+    ("quant.bits=four", "quant.bits", "four"),
+])
+def test_values_of_the_wrong_type_are_refused_when_composing(make_cfg, override, key, value):
+    """Hydra checks each value against its setting's type while composing, naming the key and the value."""
+    with pytest.raises(ConfigCompositionException) as err:
+        make_cfg(override)
+    assert key in str(err.value) and value in str(err.value)
 
 
 def test_bic_auto_distillation_weight_is_allowed(make_cfg):
@@ -104,8 +120,9 @@ def test_bic_auto_distillation_weight_is_allowed(make_cfg):
 
 
 def test_icarl_memory_smaller_than_classes(make_cfg):
+    cfg = make_cfg("trainer.memory_size=5")
     with pytest.raises(ValueError, match="memory_size=5 .* 10 classes"):
-        validate_against_benchmark(make_cfg("trainer.memory_size=5"), num_classes=10)
+        check_fits(cfg.strategy, cfg.trainer, num_classes=10)
 
 
 def test_run_folder_names_the_run(make_cfg):

@@ -1,14 +1,22 @@
 import pytest
 from omegaconf import OmegaConf
 
-from hdqt_cil.quant.schemes import PRESET_CONFIGS, preset, scheme_from_config
+from hdqt_cil.quant.schemes import SCHEMES, preset, preset_settings, scheme_from_config
 
 
-@pytest.mark.parametrize("name", sorted(PRESET_CONFIGS))
-def test_config_files_equal_the_presets(make_cfg, name):
+@pytest.mark.parametrize("name", SCHEMES.names())
+def test_config_files_are_the_presets(make_cfg, name):
+    """Each configs/quant/<name>.yaml composes to its scheme's defaults, and the run's seed reaches the scheme."""
     cfg = make_cfg(f"quant={name}", "seed=0")
-    assert OmegaConf.to_container(cfg.quant, resolve=True) == PRESET_CONFIGS[name]
+    assert OmegaConf.to_container(cfg.quant, resolve=True) == preset_settings(name)
     assert scheme_from_config(cfg.quant) == preset(name)
+    if name != "fp32":
+        assert scheme_from_config(make_cfg(f"quant={name}", "seed=7").quant).seed == 7
+
+
+def test_int4_is_hdqt_without_the_hadamard_transform():
+    hdqt, int4 = preset_settings("hdqt"), preset_settings("int4")
+    assert {k for k in hdqt if hdqt[k] != int4[k]} == {"name", "hadamard"} and int4["hadamard"] is False
 
 
 def test_hdqt_preset_is_the_paper():
@@ -36,22 +44,24 @@ def test_hydra_overrides_reach_the_scheme(make_cfg):
 
 
 @pytest.mark.parametrize("cfg,message", [
-    ({"name": "hdqt", "bits": 1}, r"quant.bits=1 is out of range; allowed: integers 2..16"),
+    ({"name": "hdqt", "bits": 1}, r"quant.bits=1 must be an integer in 2..16"),
     ({"name": "hdqt", "bits": 17}, "quant.bits=17"),
-    ({"name": "hdqt", "acc_bits": 3}, r"quant.acc_bits=3 is out of range.*quant.bits=4.*to 32"),
+    ({"name": "hdqt", "acc_bits": 3}, r"quant.acc_bits=3 must be null \(no saturation\).*quant.bits=4.*to 32"),
     ({"name": "hdqt", "acc_bits": 33}, "quant.acc_bits=33"),
     ({"name": "hdqt", "tile": 0}, "quant.tile=0 must be a positive integer"),
     ({"name": "hdqt", "tile": -32}, "quant.tile=-32"),
     ({"name": "hadamard"}, "unknown quantization scheme quant.name='hadamard'; choose one of fp32, hdqt"),
-    ({"name": "hdqt", "bitz": 4}, "quant.bitz is not a setting of quant=hdqt; its settings are name, bits"),
+    ({"name": "hdqt", "bitz": 4}, "quant.bitz is not a setting of quant=hdqt; its settings are name, backend"),
     ({"name": "fp32", "bits": 4}, "quant.bits is not a setting of quant=fp32"),
-    ({"name": "hdqt", "rounding": {"activations": "nearest"}}, "quant.rounding.activations: unknown role"),
-    ({"name": "hdqt", "rounding": {"input": "up"}}, "quant.rounding.input='up' is not allowed"),
+    ({"name": "hdqt", "rounding": {"activations": "nearest"}}, "quant.rounding.activations is not a setting"),
+    ({"name": "hdqt", "rounding": {"input": "up"}}, "quant.rounding.input='up' must be one of nearest, stochastic"),
     ({"name": "hdqt", "granularity": {"bwd_weight": "sample"}}, "granularity.bwd_weight='sample'"),
     ({"name": "hdqt", "hadamard_cap": 24}, "quant.hadamard_cap=24 must be a power of two"),
     ({"name": "hdqt", "ste": "hard"}, "quant.ste='hard'"),
     ({"name": "hdqt", "backend": "triton"}, "quant.backend='triton'"),
     ({"name": "hdqt", "fwd_clip": 1.5}, "quant.fwd_clip=1.5"),
+    ({"name": "hdqt", "bits": "four"}, "quant.bits='four'"),
+    ({"name": "hot", "abc": "sometimes"}, "quant.abc='sometimes' must be true, false or pointwise"),
     ({"name": "luq", "bits": 6}, "bits=6 is out of range; a log2 grid allows 2..5"),
 ])
 def test_bad_configs_name_the_value(cfg, message):

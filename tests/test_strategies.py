@@ -100,7 +100,7 @@ def test_cuda_graph_plugin_lends_the_old_models_out_for_an_experience_only():
     lwf, bic = SimpleNamespace(old_model=nn.Linear(3, 2)), SimpleNamespace(model_old=nn.Linear(3, 2))
     old_lwf, old_bic = lwf.old_model, bic.model_old
     strategy = SimpleNamespace(model=nn.Linear(3, 2), forward=lambda: None, plugins=[lwf, bic], is_training=True)
-    plugin = CudaGraphPlugin()
+    plugin = CudaGraphPlugin(("old_model", "model_old"))
     plugin.before_training_exp(strategy)
     assert isinstance(lwf.old_model, CapturedInference) and isinstance(bic.model_old, CapturedInference)
     x = torch.randn(4, 3)
@@ -165,3 +165,17 @@ def test_pycil_losses_by_hand():
         kd = -(teacher * F.log_softmax(logits[:, :2] / 2, dim=1)).sum(1).mean()
         expected = F.cross_entropy(logits[:, first:4], batch.mb_y - first) + 0.5 * kd
         assert torch.allclose(batch.loss, expected)
+
+
+@pytest.mark.parametrize("name", ["lwf", "icarl", "bic"])
+def test_each_distilling_strategy_names_the_teacher_its_plugins_hold(make_cfg, name):
+    """What a strategy lends to CUDA-graph replay is an attribute one of its plugins really has."""
+    from hdqt_cil.cl.strategies import build_strategy, teachers
+    from hdqt_cil.models import build_model
+
+    cfg = make_cfg(f"strategy={name}")
+    model = build_model(cfg.model, (64,), 10)
+    common = dict(optimizer=torch.optim.SGD(model.parameters(), lr=0.1), criterion=nn.CrossEntropyLoss(),
+                  train_mb_size=8, train_epochs=1, eval_mb_size=8, device="cpu", plugins=[])
+    strategy = build_strategy(cfg.strategy, cfg.trainer, model, common, image_inputs=False)
+    assert teachers(name) and all(any(hasattr(p, t) for p in strategy.plugins) for t in teachers(name))

@@ -4,7 +4,7 @@ import pytest
 
 from omegaconf import OmegaConf
 
-from hdqt_cil.quant.schemes import PRESET_CONFIGS
+from hdqt_cil.quant.schemes import preset_settings
 from hdqt_cil.results.io import write_json
 from hdqt_cil.results.tables import aggregate, collect_runs, display_table, make_tables
 
@@ -60,7 +60,7 @@ def test_no_runs_is_an_error(tmp_path):
 
 def _run_with_config(root, name, summary, strategy=None, trainer=None, **quant):
     write_json(root / name / "summary.json", summary)
-    config = {"quant": {**PRESET_CONFIGS[summary["run"]["quant"]], **quant},
+    config = {"quant": {**preset_settings(summary["run"]["quant"]), **quant},
               "strategy": strategy or {"name": summary["run"]["strategy"]}, "trainer": trainer or {}}
     (root / name / "config.yaml").write_text(OmegaConf.to_yaml(config))
 

@@ -2,7 +2,8 @@
 and the forward of the old model that LwF, iCaRL and BiC distil from.
 
 The strategy's `forward` is routed through `CapturedTraining` for the length of each training experience, and the
-plugins' old model (`old_model` of LwFPlugin, `model_old` of avalanche's BiCPlugin) through `CapturedInference`;
+old models the strategy distils from (the plugin attributes it names, e.g. LwFPlugin's `old_model`, BiC's
+`model_old`) through `CapturedInference`;
 both are handed back before the experience's end, so checkpoints pickle plain modules. Eval and BiC's bias stage
 run eagerly as before. A NaN or Inf reaching a quantizer inside a replay cannot raise at once (that would need a
 sync per step): it is checked at each epoch's end, before the divergence monitor and the epoch checkpoint see the
@@ -13,12 +14,12 @@ from torch import nn
 
 from ..quant.capture import CapturedInference, CapturedTraining
 
-TEACHERS = ("old_model", "model_old")  # the plugins' attributes that hold an old model to distil from
-
-
 class CudaGraphPlugin(SupervisedPlugin):
-    def __init__(self):
+    """`teachers`: the strategy's plugin attributes that hold an old model to distil from (cl/strategies.py)."""
+
+    def __init__(self, teachers: tuple[str, ...] = ()):
         super().__init__()
+        self.teacher_attributes = teachers
         self.captured: CapturedTraining | None = None
         self.teachers: list[tuple[object, str, CapturedInference]] = []
 
@@ -30,7 +31,7 @@ class CudaGraphPlugin(SupervisedPlugin):
             return captured(strategy.mb_x) if strategy.is_training else eager()
         strategy.forward = forward
         for plugin in strategy.plugins:
-            for name in TEACHERS:
+            for name in self.teacher_attributes:
                 teacher = getattr(plugin, name, None)
                 if isinstance(teacher, nn.Module):
                     wrapped = CapturedInference(teacher)

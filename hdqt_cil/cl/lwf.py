@@ -14,10 +14,15 @@ PyCIL's iCaRL trains with the same distillation but a cross-entropy over every c
 bring the old ones): `current_only=False`, λ = 1 (cl/icarl.py).
 """
 import copy
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from avalanche.core import SupervisedPlugin
+from avalanche.training.templates import SupervisedTemplate
+
+from ..settings import NON_NEGATIVE, POSITIVE, setting
+from .strategies import STRATEGIES, StrategyConfig
 
 
 def soft_cross_entropy(logits, teacher_logits, temperature: float):
@@ -54,3 +59,16 @@ class LwFPlugin(SupervisedPlugin):
         self.old_model = copy.deepcopy(strategy.model).eval()
         for p in self.old_model.parameters():
             p.requires_grad_(False)
+
+
+@dataclass
+class LwFConfig(StrategyConfig):
+    name: str = "lwf"
+    lamb: float = setting(3.0, NON_NEGATIVE)  # weight of the distillation loss
+    temperature: float = setting(2.0, POSITIVE)
+
+
+@STRATEGIES.register("lwf", LwFConfig, teachers=("old_model",))
+def build(cfg, trainer, model, common, image_inputs):
+    common = {**common, "plugins": [*common["plugins"], LwFPlugin(cfg.lamb, cfg.temperature)]}
+    return SupervisedTemplate(model=model, **common)

@@ -1,85 +1,67 @@
-"""One registered builder per strategy; each is a thin layer over avalanche's templates and plugins.
+"""The strategies: each a thin layer over avalanche's templates and plugins, registered with its settings.
 
-Every builder receives the same `common` keyword arguments (optimizer, criterion, batch sizes, epochs, device,
-plugins, evaluator); a new strategy is one `@register` function here plus one file in configs/strategy/.
+A strategy module registers `build(cfg, trainer, model, common, image_inputs)` with `STRATEGIES.register(name,
+SettingsClass, ...)`, where `common` holds the keyword arguments every avalanche template takes (optimizer,
+criterion, batch sizes, epochs, device, plugins, evaluator). What a strategy tells the run besides:
+- `joint=True`: it trains once, on every experience's data together (the upper bound), after the last one;
+- `teachers=(...)`: the attributes of its plugins that hold an old model it distils from, which the run replays
+  from CUDA graphs (cl/cuda_graphs.py);
+- `fits(cfg, trainer, num_classes)`: its checks against the benchmark (e.g. memory for one exemplar a class).
 """
-from typing import Callable
+from dataclasses import dataclass
 
-from avalanche.training import ICaRL, JointTraining, Naive
-from avalanche.core import SupervisedPlugin
+from avalanche.training import JointTraining, Naive
 from avalanche.training.templates import SupervisedTemplate
-from torchvision.transforms import v2
+from omegaconf import MISSING
 
-from .bic import BiCPlugin
-from .icarl import pycil_icarl_plugins
-from .lwf import LwFPlugin
+from ..registry import Registry
 
-_BUILDERS: dict[str, Callable] = {}
+STRATEGIES = Registry("strategy")
 
 
-def register(name: str):
-    def add(builder):
-        _BUILDERS[name] = builder
-        return builder
-    return add
+@dataclass
+class StrategyConfig:
+    name: str = MISSING
 
 
-def strategy_names() -> tuple[str, ...]:
-    return tuple(sorted(_BUILDERS))
+@dataclass
+class NaiveConfig(StrategyConfig):
+    """Plain fine-tuning: the lower bound."""
+    name: str = "naive"
 
 
-def build_strategy(cfg, trainer, model, common: dict, image_inputs: bool) -> SupervisedTemplate:
-    """The avalanche strategy `cfg.name` around `model` (a models.Classifier)."""
-    if cfg.name not in _BUILDERS:
-        raise ValueError(f"unknown strategy {cfg.name!r}; choose one of {', '.join(strategy_names())}")
-    return _BUILDERS[cfg.name](cfg, trainer, model, common, image_inputs)
+@dataclass
+class JointConfig(StrategyConfig):
+    """Every experience at once: the upper bound."""
+    name: str = "joint"
 
 
-@register("naive")
+@STRATEGIES.register("naive", NaiveConfig)
 def _naive(cfg, trainer, model, common, image_inputs):
     return Naive(model=model, **common)
 
 
-@register("joint")
+@STRATEGIES.register("joint", JointConfig, joint=True)
 def _joint(cfg, trainer, model, common, image_inputs):
     return JointTraining(model=model, **common)
 
 
-@register("lwf")
-def _lwf(cfg, trainer, model, common, image_inputs):
-    common = {**common, "plugins": [*common["plugins"], LwFPlugin(cfg.lamb, cfg.temperature)]}
-    return SupervisedTemplate(model=model, **common)
+def build_strategy(cfg, trainer, model, common: dict, image_inputs: bool) -> SupervisedTemplate:
+    """The avalanche strategy `cfg.name` around `model` (a models.Classifier)."""
+    return STRATEGIES.builder(cfg.name)(cfg, trainer, model, common, image_inputs)
 
 
-class _ScoreWithTrainedHead(SupervisedPlugin):
-    """Evaluate iCaRL by its trained linear head instead of the nearest-mean-of-exemplars classifier."""
-
-    def after_eval_forward(self, strategy, **kwargs):
-        model = strategy.model
-        strategy.mb_output = model.train_classifier(model.feature_extractor(strategy.mb_x))
+def training_steps(name: str, n_experiences: int) -> list[int]:
+    """The experiences after which strategy `name` trains: each one, or (joint) only the last, on all of them."""
+    return [n_experiences - 1] if STRATEGIES.facts(name).get("joint") else list(range(n_experiences))
 
 
-@register("icarl")
-def _icarl(cfg, trainer, model, common, image_inputs):
-    if cfg.loss == "ce_kd":
-        if cfg.eval_head != "linear":
-            raise ValueError(f"strategy.eval_head={cfg.eval_head!r} needs strategy.loss=bce; loss=ce_kd (PyCIL's "
-                             "iCaRL) is scored by its trained head: set strategy.eval_head=linear")
-        plugins = [*common["plugins"], *pycil_icarl_plugins(model, trainer.memory_size, cfg.temperature)]
-        return SupervisedTemplate(model=model, **{**common, "plugins": plugins})
-    # Exemplars are raw uint8 images (the model normalises); replay gets the geometric augmentation.
-    replay_tf = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()]) if image_inputs else None
-    kwargs = {k: v for k, v in common.items() if k != "criterion"}  # iCaRL brings its own loss
-    if cfg.eval_head == "linear":
-        kwargs["plugins"] = [*kwargs["plugins"], _ScoreWithTrainedHead()]
-    return ICaRL(feature_extractor=model.features, classifier=model.classifier,
-                 memory_size=trainer.memory_size, buffer_transform=replay_tf,
-                 fixed_memory=cfg.fixed_memory, **kwargs)
+def teachers(name: str) -> tuple[str, ...]:
+    return STRATEGIES.facts(name).get("teachers", ())
 
 
-@register("bic")
-def _bic(cfg, trainer, model, common, image_inputs):
-    plugin = BiCPlugin(mem_size=trainer.memory_size, val_percentage=cfg.val_percentage, T=cfg.temperature,
-                       stage_2_epochs=cfg.stage_2_epochs, lamb=cfg.lamb, lr=cfg.stage_2_lr)
-    common = {**common, "plugins": [*common["plugins"], plugin]}
-    return SupervisedTemplate(model=model, **common)
+def check_fits(cfg, trainer, num_classes: int) -> None:
+    """The strategy's own checks against the benchmark's class count (ValueError naming what to change)."""
+    fits = STRATEGIES.facts(cfg.name).get("fits")
+    if fits is not None:
+        fits(cfg, trainer, num_classes)

@@ -1,4 +1,8 @@
-"""Benchmark construction: a dataset loader per name, then one class-incremental split for all of them.
+"""Benchmark construction: a registered loader per dataset, then one class-incremental split for all of them.
+
+A dataset module registers `load(cfg, seed) -> (train, test, class names, per-sample train transform or None,
+input normalisation or None)` with `BENCHMARKS.register(name, SettingsClass)`; its settings extend
+`BenchmarkConfig`, which holds the split into experiences and the class order that every benchmark shares.
 
 The split uses avalanche's `nc_benchmark` (not `class_incremental_benchmark`: avalanche 0.6.0's iCaRL and BiC
 read `n_classes_per_exp` and `classes_order`, which only the NC scenarios carry). Classes are relabelled 0..C-1 in
@@ -6,13 +10,36 @@ the order they arrive, so logits, exemplar memories and per-class tables all spe
 `class_names[order[i]]` names relabelled class i.
 """
 from dataclasses import dataclass
+from typing import List, Optional
 
 import numpy as np
 from avalanche.benchmarks import nc_benchmark
+from omegaconf import MISSING
 
-from . import cifar, digits, har
+from ..registry import Registry
+from ..settings import BOOL, POSITIVE_INT, Rule, optional, setting
 
-BENCHMARKS = ("digits", "cifar10", "cifar100", "hapt", "dsads", "pamap2", "features")
+BENCHMARKS = Registry("benchmark")
+
+CLASS_ORDER = Rule(lambda v: v is None or (len(v) > 0 and all(c >= 0 for c in v) and len(set(v)) == len(v)),
+                   "a list of distinct class indices (a permutation of 0..C-1), or null")
+
+
+@dataclass
+class BenchmarkConfig:
+    name: str = MISSING
+    n_experiences: Optional[int] = setting(None, optional(POSITIVE_INT))
+    # Or this many classes a task, the last taking the remainder (then n_experiences: null).
+    classes_per_exp: Optional[int] = setting(None, optional(POSITIVE_INT))
+    shuffle_classes: bool = setting(True, BOOL)  # the class order drawn from the seed; false: sorted
+    # One class order for every seed (indices into the sorted class ids), e.g. PyCIL's
+    # `np.random.seed(1993); np.random.permutation(C)`; null: shuffle_classes decides.
+    class_order: Optional[List[int]] = setting(None, CLASS_ORDER)
+
+    def check(self, path: str) -> None:
+        split = {"n_experiences": self.n_experiences, "classes_per_exp": self.classes_per_exp}
+        if sum(v is not None for v in split.values()) != 1:
+            raise ValueError(f"set exactly one of {path}n_experiences and {path}classes_per_exp (got {split})")
 
 
 @dataclass
@@ -28,20 +55,6 @@ class Benchmark:
     @property
     def n_experiences(self) -> int:
         return len(self.scenario.train_stream)
-
-
-def _load(cfg, seed: int):
-    """(train set, test set, class names, per-sample train transform, input normalisation) of `cfg.name`."""
-    name = cfg.name
-    if name == "digits":
-        return (*digits.load(), None, None)
-    if name in ("cifar10", "cifar100"):
-        train, test, names = cifar.load(name, cfg.root, download=cfg.download, verify=cfg.verify)
-        per_sample = cfg.augment and cfg.augment_on == "cpu"
-        return train, test, names, cifar.train_transform(cfg.color_jitter) if per_sample else None, cifar.MEAN_STD[name]
-    if name in ("hapt", "dsads", "pamap2", "features"):
-        return (*har.load(cfg, seed), None, None)
-    raise ValueError(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}")
 
 
 def experience_sizes(n_classes: int, n_experiences, classes_per_exp, name: str) -> list[int]:
@@ -75,7 +88,7 @@ def class_order(classes: list, fixed, shuffle: bool, seed: int, name: str) -> li
 def build_benchmark(cfg, seed: int) -> Benchmark:
     """Split benchmark `cfg.name` into experiences (see `experience_sizes`); the class order is
     `benchmark.class_order` when set, else shuffled by `seed` (see `class_order`)."""
-    train, test, names, train_tf, input_norm = _load(cfg, seed)
+    train, test, names, train_tf, input_norm = BENCHMARKS.builder(cfg.name)(cfg, seed)
     classes = sorted(set(train.targets))
     sizes = experience_sizes(len(classes), cfg.get("n_experiences"), cfg.get("classes_per_exp"), cfg.name)
     missing = sorted(set(classes) - set(test.targets))

@@ -7,7 +7,9 @@ so exemplar memories, evaluation and every strategy see the same raw images.
 import io
 import pickle
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -17,7 +19,9 @@ from torchvision.datasets.utils import check_md5, download_and_extract_archive
 from torchvision.transforms import v2
 from tqdm.auto import tqdm
 
+from ..settings import BOOL, Rule, one_of, setting
 from .arrays import ArrayDataset
+from .benchmarks import BENCHMARKS, BenchmarkConfig
 from .decoded import decoded_once
 
 _TORCHVISION = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100}
@@ -25,6 +29,20 @@ MEAN_STD = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
              "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))}
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 DECODER = "cifar-rgb32-v1"  # names what _decode and _stack make of the files: change it when they change
+
+
+@dataclass
+class CifarConfig(BenchmarkConfig):
+    # torchvision's pickle folder under root (cifar-10-batches-py, cifar-100-python), or a folder of
+    # train|test/<class>/*.jpg images, or a .tar.xz of one.
+    root: str = "${data_root}"
+    download: bool = setting(False, BOOL)
+    verify: bool = setting(True, BOOL)  # check torchvision's md5 of each pickle file
+    n_experiences: Optional[int] = 5
+    augment: bool = setting(True, BOOL)  # random crop (pad 4) + horizontal flip
+    augment_on: str = setting("cpu", one_of("cpu", "gpu"))  # per sample in the data loader | per batch on the device
+    # Brightness jitter, 63/255 as in the paper; 0 turns it off.
+    color_jitter: float = setting(0.24706, Rule(lambda v: 0 <= v < 1, "a number in [0, 1)"))
 
 
 def load(name: str, root: str, download: bool = False, verify: bool = True):
@@ -133,3 +151,12 @@ def _read_image_archive(archive: Path):
     names = sorted({c for s, c, _ in items if s == "train"})
     return _stack(items, names)
 
+
+
+@BENCHMARKS.register("cifar10", CifarConfig)
+@BENCHMARKS.register("cifar100", CifarConfig)
+def benchmark(cfg, seed: int):
+    """The split sets; augmentation per sample (augment_on=cpu) or none here (gpu: per batch, cl/batch_augment)."""
+    train, test, names = load(cfg.name, cfg.root, download=cfg.download, verify=cfg.verify)
+    per_sample = cfg.augment and cfg.augment_on == "cpu"
+    return train, test, names, train_transform(cfg.color_jitter) if per_sample else None, MEAN_STD[cfg.name]

@@ -1,10 +1,20 @@
 """scikit-learn's bundled 8×8 handwritten digits: real data that needs no download (the default benchmark)."""
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from .arrays import ArrayDataset
+from .benchmarks import BENCHMARKS, BenchmarkConfig
+
+
+@dataclass
+class DigitsConfig(BenchmarkConfig):
+    name: str = "digits"
+    n_experiences: Optional[int] = 5
 
 
 def load(test_fraction: float = 0.3, split_seed: int = 0):
@@ -16,3 +26,8 @@ def load(test_fraction: float = 0.3, split_seed: int = 0):
     )
     names = [str(c) for c in range(10)]
     return ArrayDataset(torch.from_numpy(x_tr), y_tr), ArrayDataset(torch.from_numpy(x_te), y_te), names
+
+
+@BENCHMARKS.register("digits", DigitsConfig)
+def benchmark(cfg, seed: int):
+    return (*load(), None, None)

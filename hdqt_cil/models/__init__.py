@@ -1,13 +1,23 @@
-"""Backbones split into a feature extractor and a linear classifier (iCaRL needs the split)."""
-import math
+"""Backbones split into a feature extractor and a linear classifier (iCaRL needs the split).
+
+A backbone module registers `build(cfg, input_shape) -> feature extractor` (a module with `out_features`) with
+`MODELS.register(name, SettingsClass)`; `build_model` puts the image normalisation in front and the classifier
+behind it.
+"""
+from dataclasses import dataclass
 
 import torch
+from omegaconf import MISSING
 from torch import nn
 
-from .mlp import MLPFeatures
-from .resnet32 import ResNetFeatures
+from ..registry import Registry
 
-MODELS = ("resnet32", "mlp")
+MODELS = Registry("model")
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
 
 
 class Classifier(nn.Module):
@@ -40,18 +50,12 @@ class _Normalized(nn.Sequential):
         self.out_features = features.out_features
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, hidden: int | None = None,
-                input_norm: tuple | None = None) -> Classifier:
-    """Build a backbone for inputs of `input_shape` (without the batch dimension); `input_norm` = (mean, std)
-    for uint8 images."""
-    if name == "resnet32":
-        if len(input_shape) != 3:
-            raise ValueError(f"model=resnet32 needs image inputs (C, H, W); the benchmark gives shape {input_shape}")
-        features = ResNetFeatures(in_channels=input_shape[0])
-        if input_norm is not None:
-            features = _Normalized(ImageNormalize(*input_norm), features)
-    elif name == "mlp":
-        features = MLPFeatures(math.prod(input_shape), hidden)
-    else:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+def build_model(model, input_shape: tuple[int, ...], num_classes: int, input_norm: tuple | None = None) -> Classifier:
+    """The backbone for inputs of `input_shape` (without the batch dimension): `model` is its settings (the
+    `model` config group) or its name (its default settings); `input_norm` = (mean, std) per channel for uint8
+    images."""
+    cfg = MODELS.settings(model)() if isinstance(model, str) else model
+    features = MODELS.builder(cfg.name)(cfg, input_shape)
+    if input_norm is not None:
+        features = _Normalized(ImageNormalize(*input_norm), features)
     return Classifier(features, num_classes)

@@ -2,7 +2,14 @@
 
 The hidden layers have no bias (as in the authors' network); d is the number of input features.
 """
+import math
+from dataclasses import dataclass
+from typing import Optional
+
 from torch import nn
+
+from ..settings import POSITIVE_INT, optional, setting
+from . import MODELS, ModelConfig
 
 
 class MLPFeatures(nn.Module):
@@ -20,3 +27,15 @@ class MLPFeatures(nn.Module):
 
     def forward(self, x):
         return self.net(x)
+
+
+@dataclass
+class MLPConfig(ModelConfig):
+    name: str = "mlp"
+    # Width of the two hidden layers; null = the number of input features (the paper's HAR MLP).
+    hidden: Optional[int] = setting(None, optional(POSITIVE_INT))
+
+
+@MODELS.register("mlp", MLPConfig)
+def build(cfg, input_shape: tuple[int, ...]) -> MLPFeatures:
+    return MLPFeatures(math.prod(input_shape), cfg.hidden)

@@ -3,8 +3,12 @@
 Shortcuts are "option A": stride-2 subsampling plus zero-padded channels, so the network has no projection
 convolutions and about 0.46 M parameters, as in the HDQT paper's backbone.
 """
-from torch import nn
+from dataclasses import dataclass
+
 import torch.nn.functional as F
+from torch import nn
+
+from . import MODELS, ModelConfig
 
 
 class _PadShortcut(nn.Module):
@@ -61,3 +65,15 @@ class ResNetFeatures(nn.Module):
         x = F.relu(self.bn1(self.conv1(x)))
         x = self.stages(x)
         return F.adaptive_avg_pool2d(x, 1).flatten(1)
+
+
+@dataclass
+class ResNet32Config(ModelConfig):
+    name: str = "resnet32"
+
+
+@MODELS.register("resnet32", ResNet32Config)
+def build(cfg, input_shape: tuple[int, ...]) -> ResNetFeatures:
+    if len(input_shape) != 3:
+        raise ValueError(f"model=resnet32 needs image inputs (C, H, W); the benchmark gives shape {input_shape}")
+    return ResNetFeatures(in_channels=input_shape[0])

@@ -7,17 +7,22 @@ A layer computes three products (docs/quant.md):
 A `Product` says how each operand is quantized (a QuantSpec, or None: it enters as it is, i.e. float in the
 forward and the forward's levels in the backward), whether both operands are Hadamard-transformed along the
 contraction dimension first, and the accumulator (tile, acc_bits). Schemes are built from a flat config (the
-Hydra group `quant`, one file a preset under configs/quant/) by one registered builder per scheme name.
+Hydra group `quant`, one file a preset under configs/quant/ over the scheme's settings dataclass below) by one
+registered builder per scheme name.
 
 HOT (`HotScheme`) does not fit a `Product` triple: its forward is float, its two backward products have
 different transforms (Hadamard along the output channels, HLA along the tokens), one of them reads a
 compressed copy of the input saved by the forward (ABC), and the scale granularity of one operand is chosen per
 layer (LQS). It has its own small dataclass; `quantize_model` gives its layers the HOT classes (quant/hot.py).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
 
+from ..registry import Registry
+from ..settings import BOOL, NON_NEGATIVE_INT, Rule, check_settings, one_of, setting
 from .quantizers import BITS_RANGE, GRANULARITIES, ROUNDINGS, QuantSpec
 
 ROLES = ("input", "weight", "grad_output", "bwd_weight", "bwd_input")
@@ -25,13 +30,6 @@ BACKWARD_ROLES = ("grad_output", "bwd_weight", "bwd_input")
 STES = ("authors", "clip", "none")
 BACKENDS = ("auto", "torch", "cupy")
 ACC_BITS_MAX = 32
-# Scale granularities that keep every scale constant along the contraction dimension (docs/quant.md, "Layouts").
-# The forward quantizes per tensor: its levels are reused by backward products that contract over other dimensions.
-ROLE_GRANULARITIES = {
-    "grad_output": GRANULARITIES,
-    "bwd_weight": ("tensor", "row"),
-    "bwd_input": GRANULARITIES,
-}
 
 
 @dataclass(frozen=True)
@@ -162,168 +160,199 @@ class HotScheme:
         return None if self.abc_bits is None else QuantSpec(self.abc_bits, "signed", "sawb", 1.0, "sample", "nearest")
 
 
-# The config of every preset: the Python twin of configs/quant/<name>.yaml (a test keeps them equal).
-_INTEGER_DEFAULTS = {
-    "bits": 4, "acc_bits": 8, "tile": 32, "fwd_clip": 0.975, "hadamard": True, "hadamard_cap": None,
-    "backward_tiling": False, "ste": "authors",
-    "rounding": {"input": "nearest", "weight": "nearest", "grad_output": "stochastic",
-                 "bwd_weight": "nearest", "bwd_input": "stochastic"},
-    "granularity": {"grad_output": "sample", "bwd_weight": "tensor", "bwd_input": "sample"},
-    "backend": "auto", "seed": 0,
-}
-PRESET_CONFIGS = {
-    "fp32": {"name": "fp32"},
-    "hdqt": {"name": "hdqt", **_INTEGER_DEFAULTS},
-    "int4": {"name": "int4", **_INTEGER_DEFAULTS, "hadamard": False},
-    "luq": {"name": "luq", "bits": 4, "acc_bits": 8, "tile": None, "ste": "none", "backend": "auto", "seed": 0},
-    "hot": {"name": "hot", "gx_bits": 4, "gw_bits": 8, "abc_bits": 8, "hadamard_cap": 16, "hla_rank": None,
-            "hla_rank_ratio": None, "lqs": True, "lqs_threshold": 0.5, "abc": True, "backend": "auto", "seed": 0},
-}
+# ---------------------------------------------------------------------------------------------------------------
+# settings: one dataclass a scheme (its schema for configs/quant/<name>.yaml), one builder a name
+
+SCHEMES = Registry("quant")
+BITS = Rule(lambda v: isinstance(v, int) and not isinstance(v, bool) and BITS_RANGE[0] <= v <= BITS_RANGE[1],
+            f"an integer in {BITS_RANGE[0]}..{BITS_RANGE[1]}")
+OPTIONAL_BITS = Rule(lambda v: v is None or BITS.test(v),
+                     f"an integer in {BITS_RANGE[0]}..{BITS_RANGE[1]} (8 and below run on the int8 kernels), or null "
+                     "(that operand stays float)")
+POWER_OF_TWO = Rule(lambda v: v is None or (isinstance(v, int) and v >= 1 and not v & (v - 1)),
+                    "a power of two (or null: no cap)")
+TILE = Rule(lambda v: v is None or (isinstance(v, int) and v >= 1),
+            "a positive integer (or null: the whole K is one tile)")
+UNIT_FRACTION = Rule(lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
-def _build_float(cfg: dict) -> Scheme:
-    return Scheme(cfg["name"], Product(), Product(), Product())
+@dataclass
+class QuantConfig:
+    name: str = MISSING
+    backend: str = setting("auto", one_of(*BACKENDS))  # torch | cupy | auto (the kernels for CUDA tensors)
+    # The random bits of stochastic rounding: the run's seed unless set.
+    seed: int = setting("${oc.select:seed,0}", NON_NEGATIVE_INT)
 
 
-def _build_integer(cfg: dict) -> Scheme:
+@dataclass
+class Fp32Config:
+    name: str = "fp32"
+
+
+@dataclass
+class RoundingConfig:
+    """nearest | stochastic, per tensor role."""
+    input: str = setting("nearest", one_of(*ROUNDINGS))
+    weight: str = setting("nearest", one_of(*ROUNDINGS))
+    grad_output: str = setting("stochastic", one_of(*ROUNDINGS))
+    bwd_weight: str = setting("nearest", one_of(*ROUNDINGS))
+    bwd_input: str = setting("stochastic", one_of(*ROUNDINGS))
+
+
+@dataclass
+class GranularityConfig:
+    """Backward scales: tensor | sample (per sample in conv layers) | row. Each keeps its scales constant along
+    the contraction of the product it enters (docs/quant.md, "Layouts")."""
+    grad_output: str = setting("sample", one_of(*GRANULARITIES))
+    bwd_weight: str = setting("tensor", one_of("tensor", "row"))
+    bwd_input: str = setting("sample", one_of(*GRANULARITIES))
+
+
+@dataclass
+class HdqtConfig(QuantConfig):
+    """HDQT (Schiemer et al., CoLLAs 2025): 4-bit inputs, 8-bit tiled accumulators, Hadamard-domain backward.
+    Meanings: docs/quant.md; the numeric rules: docs/numerics.md."""
+    name: str = "hdqt"
+    bits: int = setting(4, BITS)  # input levels: signed ±(2^(bits-1)-1), unsigned 0..2^bits-1
+    # Accumulator: tile sums saturate at ±(2^(acc_bits-1)-1) (bits..32; null = never).
+    acc_bits: Optional[int] = 8
+    tile: Optional[int] = setting(32, TILE)  # forward K tile (null = the whole K saturates once)
+    fwd_clip: float = setting(0.975, Rule(lambda v: 0 < v <= 1, "a fraction of max|t| in (0, 1]"))
+    hadamard: bool = setting(True, BOOL)  # backward operands Hadamard-transformed along the contraction
+    hadamard_cap: Optional[int] = setting(None, POWER_OF_TWO)  # largest Hadamard block (null: no cap)
+    backward_tiling: bool = setting(False, BOOL)  # backward products tiled like the forward (the paper: whole K)
+    ste: str = setting("authors", one_of(*STES))  # authors (zero where |t| > 2^(bits-1)-1) | clip | none
+    rounding: RoundingConfig = setting(RoundingConfig())
+    granularity: GranularityConfig = setting(GranularityConfig())
+
+    def check(self, path: str) -> None:
+        check_accumulator(self.acc_bits, self.bits, path)
+
+
+@dataclass
+class Int4Config(HdqtConfig):
+    """Plain INT4: HDQT's quantizers and accumulators without the Hadamard transform."""
+    name: str = "int4"
+    hadamard: bool = setting(False, BOOL)
+
+
+@dataclass
+class LuqConfig(QuantConfig):
+    """LUQ (Chmiel et al., ICLR 2023) as the HDQT authors ran it: SAWB INT4 forward; the output gradient in radix-2
+    FP4 with stochastic underflow and logarithmic unbiased rounding (docs/quant.md)."""
+    name: str = "luq"
+    bits: int = setting(4, BITS)  # forward INT4 levels; the gradient: 1 sign + (bits-1) exponent bits
+    acc_bits: Optional[int] = 8  # forward accumulator (bits..32, null = never saturates)
+    tile: Optional[int] = setting(None, TILE)  # the authors' LUQ saturates the whole-K sum
+    ste: str = setting("none", one_of(*STES))  # LUQ's straight-through estimator passes every gradient
+
+    def check(self, path: str) -> None:
+        check_accumulator(self.acc_bits, self.bits, path)
+
+
+@dataclass
+class HotConfig(QuantConfig):
+    """HOT (Kim et al., CVPR 2025): float forward; g_x = G·W on Hadamard-domain operands, g_W = Gᵀ·x after a
+    Hadamard low-rank approximation (HLA) along the tokens; the forward saves that compressed x (ABC); LQS picks
+    per-tensor or per-token scales for G per layer on one training batch (docs/quant.md, "HOT")."""
+    name: str = "hot"
+    gx_bits: Optional[int] = setting(4, OPTIONAL_BITS)  # G (stochastic) and W (SAWB, nearest) in g_x
+    gw_bits: Optional[int] = setting(8, OPTIONAL_BITS)  # G after HLA in g_W (stochastic)
+    abc_bits: Optional[int] = setting(8, OPTIONAL_BITS)  # the saved x after HLA (SAWB, nearest)
+    hadamard_cap: Optional[int] = setting(16, POWER_OF_TWO)  # g_x block: min(cap, largest power of two dividing O)
+    # Rows kept per HLA block (at most the block), or as a fraction of it; both null: LP_L1's triangle.
+    hla_rank: Optional[int] = setting(None, Rule(lambda v: v is None or (isinstance(v, int) and v >= 1),
+                                                 "a positive integer (rows kept per HLA block) or null"))
+    hla_rank_ratio: Optional[float] = setting(None, Rule(lambda v: v is None or UNIT_FRACTION.test(v),
+                                                         "a fraction of the HLA block in (0, 1] or null"))
+    lqs: bool = setting(True, BOOL)  # layer-wise quantizer selection before the first experience
+    lqs_threshold: float = setting(0.5, UNIT_FRACTION)  # per-token scales when e_token < threshold · e_tensor
+    # Save the compressed x: true (every layer) | pointwise (Linear, 1x1 convs) | false.
+    abc: Any = setting(True, Rule(lambda v: isinstance(v, bool) or v == "pointwise", "true, false or pointwise"))
+
+    def check(self, path: str) -> None:
+        if self.hla_rank is not None and self.hla_rank_ratio is not None:
+            raise ValueError(f"{path}hla_rank={self.hla_rank!r} and {path}hla_rank_ratio={self.hla_rank_ratio!r} "
+                             "exclude each other; set one of them to null")
+
+
+def check_accumulator(acc_bits, bits: int, path: str) -> None:
+    if acc_bits is not None and not bits <= acc_bits <= ACC_BITS_MAX:
+        raise ValueError(f"{path}acc_bits={acc_bits!r} must be null (no saturation) or an integer from "
+                         f"{path}bits={bits} (an accumulator narrower than its inputs means nothing) to {ACC_BITS_MAX}")
+
+
+@SCHEMES.register("fp32", Fp32Config)
+def _build_float(cfg) -> Scheme:
+    return Scheme(cfg.name, Product(), Product(), Product())
+
+
+@SCHEMES.register("hdqt", HdqtConfig)
+@SCHEMES.register("int4", Int4Config)
+def _build_integer(cfg) -> Scheme:
     """HDQT and plain INT4: forward max-clip quantizers; backward re-quantizers max|t|/qmax, with or without Hadamard."""
-    bits, rounding, granularity = cfg["bits"], cfg["rounding"], cfg["granularity"]
-
     def spec(role: str, signedness="signed", clip=1.0) -> QuantSpec:
-        return QuantSpec(bits, signedness, "max", clip, granularity.get(role, "tensor"), rounding[role])
+        return QuantSpec(cfg.bits, signedness, "max", clip, getattr(cfg.granularity, role, "tensor"),
+                         getattr(cfg.rounding, role))
 
-    backward_tile = cfg["tile"] if cfg["backward_tiling"] else None
-    backward = dict(hadamard=cfg["hadamard"], tile=backward_tile, acc_bits=cfg["acc_bits"])
+    backward = dict(hadamard=cfg.hadamard, tile=cfg.tile if cfg.backward_tiling else None, acc_bits=cfg.acc_bits)
     return Scheme(
-        name=cfg["name"],
-        forward=Product(spec("input", "auto", cfg["fwd_clip"]), spec("weight", clip=cfg["fwd_clip"]),
-                        tile=cfg["tile"], acc_bits=cfg["acc_bits"]),
+        name=cfg.name,
+        forward=Product(spec("input", "auto", cfg.fwd_clip), spec("weight", clip=cfg.fwd_clip),
+                        tile=cfg.tile, acc_bits=cfg.acc_bits),
         grad_input=Product(spec("grad_output"), spec("bwd_weight"), **backward),
         grad_weight=Product(spec("grad_output"), spec("bwd_input"), **backward),
-        hadamard_cap=cfg["hadamard_cap"], ste=cfg["ste"], seed=cfg["seed"], backend=cfg["backend"])
+        hadamard_cap=cfg.hadamard_cap, ste=cfg.ste, seed=cfg.seed, backend=cfg.backend)
 
 
-def _build_luq(cfg: dict) -> Scheme:
-    """LUQ (Chmiel et al. 2023) as the HDQT authors ran it ('luq_corrected'): SAWB INT4 forward, nearest, saturated
-    over the whole K; the output gradient in radix-2 FP4 with stochastic underflow and logarithmic unbiased
-    rounding, quantized once; the backward products use the forward's INT4 levels and do not saturate."""
-    bits = cfg["bits"]
-    gradient = QuantSpec(bits, "signed", "max", 1.0, "tensor", "stochastic", grid="log2")
+@SCHEMES.register("luq", LuqConfig)
+def _build_luq(cfg) -> Scheme:
+    """LUQ as the HDQT authors ran it ('luq_corrected'): SAWB INT4 forward, nearest, saturated over the whole K;
+    the output gradient in radix-2 FP4 with stochastic underflow and logarithmic unbiased rounding, quantized
+    once; the backward products use the forward's INT4 levels and do not saturate."""
+    gradient = QuantSpec(cfg.bits, "signed", "max", 1.0, "tensor", "stochastic", grid="log2")
     return Scheme(
-        name=cfg["name"],
-        forward=Product(QuantSpec(bits, "auto", "sawb"), QuantSpec(bits, "signed", "sawb"),
-                        tile=cfg["tile"], acc_bits=cfg["acc_bits"]),
+        name=cfg.name,
+        forward=Product(QuantSpec(cfg.bits, "auto", "sawb"), QuantSpec(cfg.bits, "signed", "sawb"),
+                        tile=cfg.tile, acc_bits=cfg.acc_bits),
         grad_input=Product(gradient, None),
         grad_weight=Product(gradient, None),
-        ste=cfg["ste"], seed=cfg["seed"], backend=cfg["backend"])
+        ste=cfg.ste, seed=cfg.seed, backend=cfg.backend)
 
 
-def _build_hot(cfg: dict) -> HotScheme:
-    return HotScheme(**cfg)
-
-
-BUILDERS = {"fp32": _build_float, "hdqt": _build_integer, "int4": _build_integer, "luq": _build_luq,
-            "hot": _build_hot}
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_choice(key: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"quant.{key}={value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
-
-
-def _merge(name: str, given: dict) -> dict:
-    """The preset's config with `given` on top; unknown keys and roles are errors."""
-    merged = {key: dict(value) if isinstance(value, dict) else value for key, value in PRESET_CONFIGS[name].items()}
-    for key, value in given.items():
-        if key not in merged:
-            raise ValueError(f"quant.{key} is not a setting of quant={name}; its settings are {', '.join(merged)}")
-        if isinstance(merged[key], dict):
-            if not isinstance(value, dict):
-                raise ValueError(f"quant.{key} must map roles to values; got {value!r}")
-            for role, role_value in value.items():
-                if role not in merged[key]:
-                    raise ValueError(f"quant.{key}.{role}: unknown role; the roles are {', '.join(merged[key])}")
-                merged[key][role] = role_value
-        else:
-            merged[key] = value
-    return merged
-
-
-# How each bits key may also be null (HOT: that operand stays float).
-_BITS_KEYS = {"bits": "", **dict.fromkeys(("gx_bits", "gw_bits", "abc_bits"),
-                                           " (8 and below run on the int8 kernels), or null (that operand stays float)")}
-
-
-def _validate(cfg: dict) -> None:
-    """Ranges with the config key in every message, so an override like quant.bits=1 says what is wrong. Every
-    check runs where its key exists: `_merge` has already refused keys that the named scheme does not have."""
-    for key, null in _BITS_KEYS.items():
-        value = cfg.get(key)
-        if value is not None and (not _is_int(value) or not BITS_RANGE[0] <= value <= BITS_RANGE[1]):
-            raise ValueError(f"quant.{key}={value!r} is out of range; allowed: integers "
-                             f"{BITS_RANGE[0]}..{BITS_RANGE[1]}{null}")
-    bits = cfg.get("bits")
-    acc_bits = cfg.get("acc_bits")
-    if acc_bits is not None and (not _is_int(acc_bits) or not bits <= acc_bits <= ACC_BITS_MAX):
-        raise ValueError(f"quant.acc_bits={acc_bits!r} is out of range; allowed: null (no saturation) or integers "
-                         f"from quant.bits={bits} (an accumulator narrower than its inputs means nothing) "
-                         f"to {ACC_BITS_MAX}")
-    tile = cfg.get("tile")
-    if tile is not None and (not _is_int(tile) or tile < 1):
-        raise ValueError(f"quant.tile={tile!r} must be a positive integer (or null: the whole K is one tile)")
-    clip = cfg.get("fwd_clip", 1.0)
-    if not isinstance(clip, (int, float)) or not 0 < clip <= 1:
-        raise ValueError(f"quant.fwd_clip={clip!r} must be a fraction of max|t| in (0, 1]")
-    cap = cfg.get("hadamard_cap")
-    if cap is not None and (not _is_int(cap) or cap < 1 or cap & (cap - 1)):
-        raise ValueError(f"quant.hadamard_cap={cap!r} must be a power of two (or null: no cap)")
-    for flag in ("hadamard", "backward_tiling", "lqs"):
-        if flag in cfg and not isinstance(cfg[flag], bool):
-            raise ValueError(f"quant.{flag}={cfg[flag]!r} must be true or false")
-    if "ste" in cfg:
-        _check_choice("ste", cfg["ste"], STES)
-    if "backend" in cfg:
-        _check_choice("backend", cfg["backend"], BACKENDS)
-    for role, value in cfg.get("rounding", {}).items():
-        _check_choice(f"rounding.{role}", value, ROUNDINGS)
-    for role, value in cfg.get("granularity", {}).items():
-        _check_choice(f"granularity.{role}", value, ROLE_GRANULARITIES[role])
-    seed = cfg.get("seed", 0)
-    if not _is_int(seed) or seed < 0:
-        raise ValueError(f"quant.seed={seed!r} must be a non-negative integer")
-    rank, ratio = cfg.get("hla_rank"), cfg.get("hla_rank_ratio")
-    if rank is not None and (not _is_int(rank) or rank < 1):
-        raise ValueError(f"quant.hla_rank={rank!r} must be a positive integer (rows kept per HLA block, at most "
-                         "the block) or null (LP_L1's triangle, or hla_rank_ratio)")
-    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1):
-        raise ValueError(f"quant.hla_rank_ratio={ratio!r} must be a fraction of the HLA block in (0, 1] "
-                         "(1 = full rank) or null (LP_L1's triangle, or hla_rank)")
-    if rank is not None and ratio is not None:
-        raise ValueError(f"quant.hla_rank={rank!r} and quant.hla_rank_ratio={ratio!r} exclude each other; "
-                         "set one of them to null")
-    threshold = cfg.get("lqs_threshold")
-    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
-                                  or not 0 < threshold <= 1):
-        raise ValueError(f"quant.lqs_threshold={threshold!r} must lie in (0, 1]: per-token scales are chosen when "
-                         "e_token < lqs_threshold · e_tensor")
-    if "abc" in cfg and not (isinstance(cfg["abc"], bool) or cfg["abc"] == "pointwise"):
-        raise ValueError(f"quant.abc={cfg['abc']!r} is not allowed; choose one of true (every layer), "
-                         "pointwise (Linear and 1x1 convs), false")
+@SCHEMES.register("hot", HotConfig)
+def _build_hot(cfg) -> HotScheme:
+    return HotScheme(**{f.name: getattr(cfg, f.name) for f in fields(HotScheme)})
 
 
 def scheme_from_config(cfg) -> Scheme | HotScheme:
-    """Build the scheme named by cfg['name'] from a dict or DictConfig; missing keys take the preset's values."""
+    """The scheme named by cfg['name'] from the `quant` config group (a DictConfig) or a plain dict of settings:
+    what is not given takes the scheme's defaults; every value is checked, naming `quant.<key>`."""
     given = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    name = given.pop("name", None)
-    if name not in BUILDERS:
-        raise ValueError(f"unknown quantization scheme quant.name={name!r}; choose one of {', '.join(BUILDERS)}")
-    merged = _merge(name, given)
-    _validate(merged)
-    return BUILDERS[name](merged)
+    name = given.get("name")
+    if name not in SCHEMES.names():
+        raise ValueError(f"unknown quantization scheme quant.name={name!r}; choose one of {', '.join(SCHEMES.names())}")
+    settings = OmegaConf.to_object(_settings_node(name, given))
+    check_settings(settings, "quant.")
+    return SCHEMES.builder(name)(settings)
+
+
+def _settings_node(name: str, given: dict) -> DictConfig:
+    """Scheme `name`'s settings with `given` on top (outside a run, the seed defaults to 0)."""
+    schema = SCHEMES.settings(name)
+    unbound_seed = {"seed": 0} if any(f.name == "seed" for f in fields(schema)) else {}
+    try:
+        return OmegaConf.merge(OmegaConf.structured(schema), unbound_seed, given)
+    except ConfigKeyError as err:
+        raise ValueError(f"quant.{err.full_key} is not a setting of quant={name}; its settings are "
+                         f"{', '.join(f.name for f in fields(schema))}") from err
+    except ValidationError as err:
+        raise ValueError(f"quant.{err.full_key}={err.value!r}: {err.msg}") from err
+
+
+def preset_settings(name: str) -> dict:
+    """The settings of preset `name` (its defaults) as a plain dict, as a run's config.yaml holds them."""
+    return OmegaConf.to_container(_settings_node(name, {"name": name}), resolve=True)
 
 
 def preset(name: str) -> Scheme | HotScheme:

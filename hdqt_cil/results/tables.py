@@ -17,7 +17,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from ..config import comparable_config
-from ..quant.schemes import PRESET_CONFIGS
+from ..quant.schemes import SCHEMES, preset_settings
 from .io import read_json, write_atomic
 
 KEYS = ["benchmark", "model", "strategy", "quant"]
@@ -44,7 +44,7 @@ def _run_config(run_dir: Path) -> dict:
 def quant_setting(config: dict) -> str:
     """'key=value, ...' for the quant settings of a run that differ from its preset ('' when none do)."""
     quant = config.get("quant", {})
-    preset = _flat(PRESET_CONFIGS.get(quant.get("name"), {}))
+    preset = _flat(preset_settings(quant["name"]) if quant.get("name") in SCHEMES.names() else {})
     return ", ".join(f"{k}={v}" for k, v in sorted(_flat(quant).items())
                      if k not in _NEUTRAL_SETTINGS and k in preset and preset[k] != v)
 
@@ -162,7 +162,7 @@ def ablation_runs(df: pd.DataFrame) -> pd.DataFrame:
 def _setting_value(setting: str, key: str, scheme: str):
     """The numeric value of `key` in a run's setting, or the preset's value for the 'default' row."""
     if setting == "default":
-        return _flat(PRESET_CONFIGS[scheme]).get(key)
+        return _flat(preset_settings(scheme)).get(key)
     name, _, value = setting.partition("=")
     return float(value) if name == key and "," not in value and value.lstrip("-").isdigit() else None
 
