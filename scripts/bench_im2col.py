@@ -4,7 +4,7 @@ strided adds) against the kernels (im2col.cu), on ResNet-32's conv shapes at bat
 float32 rows; eagerly (host work included) and replayed from a CUDA graph of 20 calls (device time, as in a
 captured training step), against the copy-bandwidth floor.
 
-    python scripts/bench_im2col.py > results/bench/<version>_im2col.log      # on the GPU machine
+    python scripts/bench_im2col.py > results/bench/im2col_h100.log      # on the GPU machine (here an H100)
 """
 import sys
 from pathlib import Path
