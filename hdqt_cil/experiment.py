@@ -4,6 +4,7 @@ import os
 import sys
 import time
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -22,16 +23,18 @@ from .cl.optim import PerExperienceSGD
 from .cl.quantization import QuantizationPlugin
 from .cl.recorder import PredictionRecorder
 from .cl.strategies import build_strategy, check_fits, teachers, training_steps
-from .config import comparable_config, validate
+from .config import validate
 from .data.augment import augment_batch
 from .data.benchmarks import build_benchmark
 from .kernels._runtime import compile_seconds
 from .models import build_model
-from .results.io import read_json, write_atomic, write_json
+from .results.io import read_json
 from .results.metrics import AccuracyHistory, summarize
-from .results.tables import display_table, aggregate, collect_runs, to_markdown
+from .results.tables import aggregate, collect_runs, display_table, to_markdown
+from .run_folder import RunFolder, Start
 
 log = logging.getLogger(__name__)
+
 
 def resolve_device(name: str, gpu: int = 0) -> torch.device:
     """`auto`: CUDA when present, GPU `gpu` (a sweep's job is given one: hdqt_cil/sweep/gpu_slots.py)."""
@@ -43,25 +46,6 @@ def resolve_device(name: str, gpu: int = 0) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"trainer.device={name!r} but CUDA is not available here; use auto or cpu")
     return device
-
-
-def claim_run_dir(run_dir: Path, cfg_dict: dict, overwrite: bool) -> str:
-    """Make `run_dir` ours. Returns 'done' (this exact run finished there), 'again' (this run started there
-    before) or 'new'. A folder holding a different config is refused."""
-    config_file = run_dir / "config.yaml"
-    state = "new"
-    if config_file.exists() and not overwrite:
-        previous = OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
-        if comparable_config(previous) != comparable_config(cfg_dict):
-            raise FileExistsError(
-                f"{run_dir} holds a run with a different config; set tag=<name> to write this one elsewhere, "
-                f"or overwrite=true to replace it")
-        summary = run_dir / "summary.json"
-        if summary.exists() and read_json(summary)["status"] in ("complete", "diverged"):
-            return "done"
-        state = "again"
-    write_atomic(config_file, OmegaConf.to_yaml(OmegaConf.create(cfg_dict)))
-    return state
 
 
 def _show_bars(cfg) -> bool:
@@ -109,13 +93,6 @@ def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s
     }
 
 
-def _write_results(run_dir: Path, summary: dict) -> None:
-    write_json(run_dir / "summary.json", summary)
-    header = "after_exp," + ",".join(f"exp{j}" for j in range(summary["n_experiences"]))
-    lines = [header] + [f"{k}," + ",".join(f"{a:.2f}" for a in row) for k, row in enumerate(summary["acc_matrix"])]
-    write_atomic(run_dir / "accuracy_matrix.csv", "\n".join(lines) + "\n")
-
-
 @contextmanager
 def deterministic_kernels():
     """torch's deterministic algorithms, cuDNN's and cuBLAS's included, for one run, then the previous settings
@@ -145,66 +122,111 @@ def run(cfg, run_dir, gpu: int = 0) -> dict:
         return _run(cfg, Path(run_dir), gpu)
 
 
+@dataclass
+class RunPlugins:
+    """The plugins every run adds to its strategy, in the order avalanche calls them: CUDA-graph replay first (its
+    NaN check precedes the monitor's), the prediction recorder, the training monitor, the optimizer protocol,
+    the quantization, the GPU batch augmentation; the epoch checkpoints last, just before avalanche's clock, so
+    that they see every plugin's records of the epoch and the next epoch's lr."""
+    recorder: PredictionRecorder
+    monitor: TrainingMonitor
+    optimizer: PerExperienceSGD
+    quantization: QuantizationPlugin
+    epochs: EpochCheckpoints
+    graphs: CudaGraphPlugin | None = None
+    augment: BatchAugment | None = None
+
+    @classmethod
+    def declare(cls, cfg, device: torch.device, run_dir: Path) -> "RunPlugins":
+        t = cfg.trainer
+        if t.cuda_graph is True and device.type != "cuda":
+            raise ValueError(f"trainer.cuda_graph=true needs a CUDA device; this run is on {device} "
+                             f"(trainer.device={t.device}); use auto or false")
+        gpu_augment = cfg.benchmark.get("augment") and cfg.benchmark.augment_on == "gpu"
+        return cls(
+            recorder=PredictionRecorder(), monitor=TrainingMonitor(epoch_log_every(cfg)),
+            optimizer=PerExperienceSGD(t.lr, list(t.milestones), t.gamma), quantization=QuantizationPlugin(cfg.quant),
+            epochs=EpochCheckpoints(ExperienceCheckpoints(run_dir).root, t.checkpoint_every),
+            graphs=CudaGraphPlugin(teachers(cfg.strategy.name)) if t.cuda_graph and device.type == "cuda" else None,
+            augment=BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)) if gpu_augment else None)
+
+    @classmethod
+    def of(cls, strategy) -> "RunPlugins":
+        """The plugins of `strategy` (a strategy restored from a checkpoint holds copies of the declared ones)."""
+        found = {type(p): p for p in strategy.plugins}
+        return cls(found[PredictionRecorder], found[TrainingMonitor], found[PerExperienceSGD],
+                   found[QuantizationPlugin], found[EpochCheckpoints], found.get(CudaGraphPlugin),
+                   found.get(BatchAugment))
+
+    def attach(self, strategy):
+        """Place the epoch checkpoints just before avalanche's clock (the template appends its own plugins and the
+        clock after the ones it is given)."""
+        strategy.plugins.insert(strategy.plugins.index(strategy.clock), self.epochs)
+        return strategy
+
+    def given(self) -> list:
+        """The plugins handed to the strategy template, in order."""
+        return [p for p in (self.graphs, self.recorder, self.monitor, self.optimizer, self.quantization, self.augment)
+                if p is not None]
+
+
 def _run(cfg, run_dir: Path, gpu: int) -> dict:
     RNGManager.set_random_seeds(cfg.seed)
     device = resolve_device(cfg.trainer.device, gpu)
     bench = build_benchmark(cfg.benchmark, cfg.seed)
     check_fits(cfg.strategy, cfg.trainer, bench.num_classes)
     model = build_model(cfg.model, bench.input_shape, bench.num_classes, bench.input_norm)
-    strategy = _build_strategy(cfg, bench, model, device, run_dir)
+    plugins = RunPlugins.declare(cfg, device, run_dir)
+    plugins.quantization.apply(model)  # before the strategy copies the model (old models quantized alike)
+    strategy = plugins.attach(build_strategy(cfg.strategy, cfg.trainer, model,
+                                             _template_arguments(cfg, model, device, plugins.given(), run_dir),
+                                             image_inputs=len(bench.input_shape) == 3))
 
     # Only a run that could be built claims its folder: bad input leaves nothing behind.
-    state = claim_run_dir(run_dir, OmegaConf.to_container(cfg, resolve=True), cfg.overwrite)
+    folder = RunFolder(run_dir)
+    state = folder.claim(OmegaConf.to_container(cfg, resolve=True), cfg.overwrite)
     if state == "done":
         log.info("%s already holds this run, finished; overwrite=true reruns it", run_dir)
-        return read_json(run_dir / "summary.json")
+        return read_json(folder.summary_file)
+    start = Start(history=AccuracyHistory(bench.n_experiences, bench.num_classes))
+    if state == "again" and cfg.resume:
+        strategy, start = folder.resume(strategy, device, start.history, cfg.trainer.checkpoint_every)
+        plugins = RunPlugins.of(strategy)
+    if start.resumed:
+        log.info("resuming %s after experience %d%s", run_dir, start.first,
+                 f", epoch {start.within} of the next" if start.within else "")
+    else:
+        folder.clear_checkpoints()
+    return _train(cfg, bench, strategy, plugins, folder, start, device)
 
+
+def _train(cfg, bench, strategy, plugins: RunPlugins, folder: RunFolder, start: Start, device) -> dict:
+    """Train and evaluate experience by experience from `start`, checkpointing at each boundary and recording the
+    results after each one; a divergence or an interruption is recorded before it propagates."""
     steps = training_steps(cfg.strategy.name, bench.n_experiences)
     joint = len(steps) < bench.n_experiences
-    history = AccuracyHistory(bench.n_experiences, bench.num_classes)
-    checkpoints = ExperienceCheckpoints(run_dir)
-    first, within, elapsed_before = 0, 0, 0.0
-    resuming = state == "again" and cfg.resume
-    if resuming:
-        if checkpoints.exists():
-            strategy, first, history = checkpoints.load(strategy, device)
-        epochs = next(p for p in strategy.plugins if isinstance(p, EpochCheckpoints))
-        epochs.every = cfg.trainer.checkpoint_every  # a run-independent setting: the resuming command's holds
-        within = epochs.arm(first)
-    if first or within:
-        summary = run_dir / "summary.json"
-        elapsed_before = read_json(summary)["wall_time_s"] if summary.exists() else 0.0
-        log.info("resuming %s after experience %d%s", run_dir, first,
-                 f", epoch {within} of the next" if within else "")
-    else:
-        checkpoints.clear()
-    recorder = next(p for p in strategy.plugins if isinstance(p, PredictionRecorder))
-    quantization = next(p for p in strategy.plugins if isinstance(p, QuantizationPlugin))
-    monitor = next(p for p in strategy.plugins if isinstance(p, TrainingMonitor))
-
-    started, compiled_before = time.time(), compile_seconds()
-    scenario = bench.scenario
+    history, scenario = start.history, bench.scenario
     loader_args = {"num_workers": cfg.trainer.num_workers}
+    started, compiled_before = time.time(), compile_seconds()
     log.info("%s: %d classes in %d experiences on %s → %s", cfg.benchmark.name, bench.num_classes,
-             bench.n_experiences, device, run_dir)
+             bench.n_experiences, device, folder.path)
 
     def write(status, error=None):
-        elapsed = elapsed_before + time.time() - started
-        _write_results(run_dir, _summary(cfg, bench, history, status, elapsed, device, monitor.losses,
-                                         compile_seconds() - compiled_before, error))
-        if quantization.epochs:
-            write_json(run_dir / "quant_stats.json", quantization.epochs)
-        if quantization.calibration:  # HOT's LQS choice per layer (made once, before the first experience)
-            write_json(run_dir / "lqs.json", quantization.calibration)
+        elapsed = start.elapsed_before + time.time() - started
+        summary = _summary(cfg, bench, history, status, elapsed, device, plugins.monitor.losses,
+                           compile_seconds() - compiled_before, error)
+        # quant_stats: the layers' saturation and clipping per epoch; lqs: HOT's per-layer choice (made once)
+        folder.write(summary, {"quant_stats.json": plugins.quantization.epochs,
+                               "lqs.json": plugins.quantization.calibration})
 
     try:
-        for k in steps[first:]:
+        for k in steps[start.first:]:
             strategy.train(scenario.train_stream if joint else scenario.train_stream[k], **loader_args)
-            recorder.seen_classes = sum(bench.classes_per_exp[: k + 1])
+            plugins.recorder.seen_classes = sum(bench.classes_per_exp[: k + 1])
             strategy.eval(scenario.test_stream[: k + 1], **loader_args)
-            history.add_step(recorder.results)
+            history.add_step(plugins.recorder.results)
             if k != steps[-1]:
-                checkpoints.save(strategy, steps.index(k) + 1, history)
+                folder.checkpoints.save(strategy, steps.index(k) + 1, history)
             write("complete" if k == steps[-1] else "running")
             log.info("after experience %d/%d: accuracy on seen classes %.2f%% (%.0f s)", k + 1,
                      bench.n_experiences, history.seen_acc[-1], time.time() - started)
@@ -216,32 +238,17 @@ def _run(cfg, run_dir: Path, gpu: int) -> dict:
     except BaseException as exc:
         write("interrupted", error=repr(exc))
         raise
-    checkpoints.clear()
-    return read_json(run_dir / "summary.json")
+    folder.clear_checkpoints()
+    return read_json(folder.summary_file)
 
 
-def _build_strategy(cfg, bench, model, device, run_dir):
+def _template_arguments(cfg, model, device, plugins: list, run_dir: Path) -> dict:
+    """What every avalanche template takes: optimizer, loss, batch sizes, epochs, device, plugins, evaluator."""
     t = cfg.trainer
-    quantization = QuantizationPlugin(cfg.quant)
-    quantization.apply(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
-    plugins = [PredictionRecorder(), TrainingMonitor(epoch_log_every(cfg)),
-               PerExperienceSGD(t.lr, list(t.milestones), t.gamma),
-               quantization]
-    if t.cuda_graph is True and device.type != "cuda":
-        raise ValueError(f"trainer.cuda_graph=true needs a CUDA device; this run is on {device} "
-                         f"(trainer.device={t.device}); use auto or false")
-    if t.cuda_graph and device.type == "cuda":  # true or auto
-        plugins.insert(0, CudaGraphPlugin(teachers(cfg.strategy.name)))  # its NaN check precedes the monitor's
-    if cfg.benchmark.get("augment") and cfg.benchmark.augment_on == "gpu":
-        plugins.append(BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)))
-    common = dict(optimizer=optimizer, criterion=torch.nn.CrossEntropyLoss(), train_mb_size=t.batch_size,
-                  train_epochs=t.epochs, eval_mb_size=t.eval_batch_size, device=device, plugins=plugins,
-                  evaluator=_evaluator(cfg, run_dir))
-    strategy = build_strategy(cfg.strategy, t, model, common, image_inputs=len(bench.input_shape) == 3)
-    strategy.plugins.insert(strategy.plugins.index(strategy.clock),
-                            EpochCheckpoints(ExperienceCheckpoints(run_dir).root, t.checkpoint_every))
-    return strategy
+    return dict(optimizer=torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum,
+                                          weight_decay=t.weight_decay),
+                criterion=torch.nn.CrossEntropyLoss(), train_mb_size=t.batch_size, train_epochs=t.epochs,
+                eval_mb_size=t.eval_batch_size, device=device, plugins=plugins, evaluator=_evaluator(cfg, run_dir))
 
 
 def run_table(run_dir) -> str:

@@ -1,0 +1,83 @@
+"""A run's folder: whose run it holds, where that run stopped, and its results.
+
+`claim` makes the folder this run's (or says it already holds this run, finished); `resume` puts a strategy back
+where the folder's checkpoints left it (cl/checkpoint.py); `write` records the results, each file atomically.
+"""
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from .cl.checkpoint import EpochCheckpoints, ExperienceCheckpoints
+from .config import comparable_config
+from .results.io import read_json, write_atomic, write_json
+from .results.metrics import AccuracyHistory
+
+
+@dataclass
+class Start:
+    """Where training starts: the first experience to train, the history before it, the epochs already done inside
+    it (an epoch checkpoint) and the wall time spent before."""
+    first: int = 0
+    history: AccuracyHistory | None = None
+    within: int = 0
+    elapsed_before: float = 0.0
+    resumed: bool = field(init=False, default=False)
+
+    def __post_init__(self):
+        self.resumed = bool(self.first or self.within)
+
+
+class RunFolder:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.checkpoints = ExperienceCheckpoints(self.path)
+
+    @property
+    def summary_file(self) -> Path:
+        return self.path / "summary.json"
+
+    def claim(self, cfg_dict: dict, overwrite: bool) -> str:
+        """Make the folder this run's. Returns 'done' (this exact run finished there), 'again' (this run started
+        there before) or 'new'. A folder holding a different config is refused."""
+        config_file = self.path / "config.yaml"
+        state = "new"
+        if config_file.exists() and not overwrite:
+            previous = OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
+            if comparable_config(previous) != comparable_config(cfg_dict):
+                raise FileExistsError(f"{self.path} holds a run with a different config; set tag=<name> to write this "
+                                      "one elsewhere, or overwrite=true to replace it")
+            if self.summary_file.exists() and read_json(self.summary_file)["status"] in ("complete", "diverged"):
+                return "done"
+            state = "again"
+        write_atomic(config_file, OmegaConf.to_yaml(OmegaConf.create(cfg_dict)))
+        return state
+
+    def resume(self, strategy, device, history: AccuracyHistory, checkpoint_every: int):
+        """(strategy, Start): `strategy` restored from the last experience checkpoint, if any, and armed to re-enter
+        the next experience at its last epoch checkpoint; `checkpoint_every` is the resuming command's (a
+        setting that does not change results)."""
+        first = 0
+        if self.checkpoints.exists():
+            strategy, first, history = self.checkpoints.load(strategy, device)
+        epochs = next(p for p in strategy.plugins if isinstance(p, EpochCheckpoints))
+        epochs.every = checkpoint_every
+        start = Start(first, history, epochs.arm(first))
+        if start.resumed and self.summary_file.exists():
+            start.elapsed_before = read_json(self.summary_file)["wall_time_s"]
+        return strategy, start
+
+    def clear_checkpoints(self) -> None:
+        self.checkpoints.clear()
+
+    def write(self, summary: dict, extras: dict) -> None:
+        """summary.json, accuracy_matrix.csv (row k: accuracy on each seen experience after training k) and the
+        `extras` ({file name: JSON-able}) that are not empty."""
+        write_json(self.summary_file, summary)
+        header = "after_exp," + ",".join(f"exp{j}" for j in range(summary["n_experiences"]))
+        lines = [header] + [f"{k}," + ",".join(f"{a:.2f}" for a in row)
+                            for k, row in enumerate(summary["acc_matrix"])]
+        write_atomic(self.path / "accuracy_matrix.csv", "\n".join(lines) + "\n")
+        for name, content in extras.items():
+            if content:
+                write_json(self.path / name, content)
