@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from .cl.batch_augment import BatchAugment
 from .cl.checkpoint import EpochCheckpoints, ExperienceCheckpoints
 from .cl.cuda_graphs import CudaGraphPlugin
-from .cl.divergence import Diverged, TrainingMonitor
+from .cl.monitor import Diverged, TrainingMonitor
 from .cl.optim import PerExperienceSGD
 from .cl.quantization import QuantizationPlugin
 from .cl.recorder import PredictionRecorder

@@ -13,7 +13,7 @@ Cases (one table at the end, every number in OUT/hot_<device>.json):
   backward replayed from CUDA graphs.
 - resnet32: one training step (forward, backward, SGD), CIFAR shape, batch 128, fp32 (TF32 off) against HOT
   (and HOT with quant.abc=pointwise: the 3×3 convs keep their float input); both also with the forward and backward
-  replayed from CUDA graphs (hdqt_cil.quant.capture, trainer.cuda_graph).
+  replayed from CUDA graphs (hdqt_cil.graph_replay, trainer.cuda_graph).
 - memory: per case, peak torch.cuda.max_memory_allocated during a step minus what was allocated before it (model,
   optimizer state, the batch); and bytes saved for the backward per quantized layer kind (saved_tensors_hooks,
   parameters left out), summed over the model, and all that the forward saves with each storage counted once
@@ -40,7 +40,7 @@ from bench_record import print_device_profile, save_rows  # noqa: E402
 from hdqt_cil.models import build_model  # noqa: E402
 from hdqt_cil.quant import calibrate_lqs, lqs_choices, preset, quantize_model  # noqa: E402
 from hdqt_cil.quant.backend import resolve_ops  # noqa: E402
-from hdqt_cil.quant.capture import CapturedTraining  # noqa: E402
+from hdqt_cil.graph_replay import CapturedTraining  # noqa: E402
 
 ROWS = []
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from bench_record import print_device_profile, save_rows  # noqa: E402
 from hdqt_cil import kernels  # noqa: E402
 from hdqt_cil.kernels import _runtime as rt  # noqa: E402
-from hdqt_cil.quant.capture import warm_up  # noqa: E402
+from hdqt_cil.graph_replay import warm_up  # noqa: E402
 
 
 def cuda_time(fn, reps=20, warmup=3) -> float:
@@ -324,11 +324,11 @@ def quantizers_of(n_el: int, copy_bw):
 
 def training_step(model_name: str, scheme_name: str, backend: str, batch=128, graph=False):
     """One SGD step (forward, cross-entropy, backward, update) as a function, after three warm-up steps; with
-    `graph`, the forward and backward replayed from CUDA graphs (hdqt_cil.quant.capture, what
+    `graph`, the forward and backward replayed from CUDA graphs (hdqt_cil.graph_replay, what
     trainer.cuda_graph=true runs). Returns (step, the captured module or None)."""
     from hdqt_cil.models import build_model
     from hdqt_cil.quant import preset, quantize_model
-    from hdqt_cil.quant.capture import CapturedTraining
+    from hdqt_cil.graph_replay import CapturedTraining
 
     torch.manual_seed(0)
     shape, classes = ((561,), 11) if model_name == "mlp" else ((3, 32, 32), 10)

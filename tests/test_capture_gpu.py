@@ -13,7 +13,7 @@ from hdqt_cil import kernels
 from hdqt_cil.experiment import run
 from hdqt_cil.models import build_model
 from hdqt_cil.quant import NonFiniteError, layer_steps, preset, quant_stats, quantize_model
-from hdqt_cil.quant.capture import CapturedInference, CapturedTraining
+from hdqt_cil.graph_replay import CapturedInference, CapturedTraining
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),

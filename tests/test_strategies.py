@@ -13,7 +13,7 @@ from torch import nn
 from hdqt_cil import experiment
 from hdqt_cil.cl.cuda_graphs import CudaGraphPlugin
 from hdqt_cil.experiment import run
-from hdqt_cil.quant.capture import CapturedInference
+from hdqt_cil.graph_replay import CapturedInference
 
 STRATEGIES = ["naive", "lwf", "icarl", "bic", "joint"]
 VARIANTS = {"bic": ["strategy.stage_2_epochs=2"], "icarl-bce": ["strategy.loss=bce", "strategy.eval_head=nme"]}
@@ -54,9 +54,9 @@ def test_finished_run_is_reused_and_different_config_refused(make_cfg, tmp_path)
 def test_epoch_progress_lines(make_cfg, tmp_path, caplog, every, epochs, logged):
     cfg = make_cfg("strategy=naive", f"trainer.epochs={epochs}", f"logging.epochs={every}",
                    "benchmark.n_experiences=2", "trainer.device=cpu")
-    with caplog.at_level(logging.INFO, logger="hdqt_cil.cl.divergence"):
+    with caplog.at_level(logging.INFO, logger="hdqt_cil.cl.monitor"):
         summary = run(cfg, tmp_path / "run")
-    lines = [r.getMessage() for r in caplog.records if r.name == "hdqt_cil.cl.divergence"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "hdqt_cil.cl.monitor"]
     expected = [f"experience {k}, epoch {e}/{epochs}: mean training loss {summary['train_loss'][k - 1][e - 1]:.4f}"
                 for k in (1, 2) for e in logged]
     assert [line.split(" (")[0] for line in lines] == expected

@@ -1,4 +1,4 @@
-"""trainer.cuda_graph: every training iteration's forward and backward replayed from CUDA graphs (quant/capture.py),
+"""trainer.cuda_graph: every training iteration's forward and backward replayed from CUDA graphs (graph_replay.py),
 and the forward of the old model that LwF, iCaRL and BiC distil from.
 
 The strategy's `forward` is routed through `CapturedTraining` for the length of each training experience, and the
@@ -12,7 +12,7 @@ epoch.
 from avalanche.core import SupervisedPlugin
 from torch import nn
 
-from ..quant.capture import CapturedInference, CapturedTraining
+from ..graph_replay import CapturedInference, CapturedTraining
 
 class CudaGraphPlugin(SupervisedPlugin):
     """`teachers`: the strategy's plugin attributes that hold an old model to distil from (cl/strategies.py)."""

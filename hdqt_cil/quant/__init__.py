@@ -4,8 +4,9 @@ from .hla import hla_compress, hla_rank, hla_reconstruct, hla_rows, lp_l1_rank
 from .hot import HotConv2d, HotLinear
 from .im2col import col2im, im2col
 from .intmm import sum_entries, tiled_int_matmul
-from .layers import (NonFiniteError, QuantConv2d, QuantLinear, layer_steps, quant_stats, quantize_model,
-                     reset_quant_stats, set_layer_steps)
+from .convert import quantize_model
+from .layers import NonFiniteError, QuantConv2d, QuantLinear
+from .stats import layer_steps, quant_stats, reset_quant_stats, set_layer_steps
 from .lqs import calibrate_lqs, lqs_choices, lqs_pending
 from .quantizers import QuantSpec, compute_scale, dequantize, quantize
 from .rounding import Counter, counter_uniform, round_nearest, round_stochastic

@@ -7,18 +7,16 @@ per sample (batch = the samples, as the authors vmap), a linear layer's as one b
 stay the parameters; bias, the sum of per-sample weight gradients and everything outside these layers stay float.
 """
 import math
-import warnings
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from .backend import resolve_ops
-from .hadamard import hadamard_block_size
 from .im2col import conv_output_size
-from .quantizers import QuantSpec, level_range
+from . import operands
+from .operands import Operand, backward_operand, forward_operand, hadamard_block
 from .rounding import Counter
-from .schemes import HotScheme, Product, Scheme
+from .schemes import Product, Scheme
 
 # role id = layer index * ROLE_STRIDE + code: every quantized tensor of a step draws its own random bits.
 ROLE_STRIDE = 8
@@ -34,52 +32,11 @@ class NonFiniteError(FloatingPointError):
     """A NaN or Inf reached a quantizer; the message names the layer, the tensor role and the value."""
 
 
-class _Operand(NamedTuple):
-    """One side of a product: integer levels with their scale (broadcastable), or a float tensor (scale None)."""
-    values: torch.Tensor
-    scale: torch.Tensor | None
-    bound: float = 0.0  # the largest |level| it can hold (integer operands)
-
-    @property
-    def is_integer(self) -> bool:
-        return self.scale is not None
-
-    def transposed(self) -> "_Operand":
-        scale = None if self.scale is None else _swap_last(self.scale)
-        return _Operand(self.values.transpose(-1, -2), scale, self.bound)
-
-    def dequantized(self) -> torch.Tensor:
-        return self.values if self.scale is None else self.values * self.scale
-
-
-def _swap_last(t: torch.Tensor) -> torch.Tensor:
-    return t.transpose(-1, -2) if t.dim() >= 2 else t
-
-
-def _product(ops, a: _Operand, bt: _Operand, block: int, product: Product, sum_batch: bool = False):
-    """a (..., M, K) times btᵀ (K along bt's last dim too), scaled back by s_a · s_b / block; with sum_batch,
-    summed over the leading dims (in order, `sum_entries`, for the integer product).
-
-    Returns (result float32, saturated tile sums or None, number of tile sums).
-    """
-    if not (a.is_integer and bt.is_integer):
-        out = torch.matmul(a.dequantized(), bt.dequantized().transpose(-1, -2))
-        out = out / block if block > 1 else out
-        return (out.sum(dim=0) if sum_batch else out), None, 0
-    out, saturated = ops.scaled_int_matmul(a.values, bt.values.transpose(-1, -2), a.scale, _swap_last(bt.scale),
-                                           block, product.tile, product.acc_bits, bounds=(a.bound, bt.bound),
-                                           count_saturated=True, sum_batch=sum_batch)
-    lead, (m, k), n = a.values.shape[:-2], a.values.shape[-2:], bt.values.shape[-2]
-    products = math.prod(torch.broadcast_shapes(lead, bt.values.shape[:-2])) * m * n
-    tiles = 1 if product.tile is None or product.acc_bits is None else max(1, math.ceil(k / product.tile))
-    return out, saturated, products * tiles
-
-
-class _QuantLayer:
+class QuantLayer:
     """What QuantLinear and QuantConv2d share: scheme, identity (name, index), step counter, statistics.
 
     Everything a training step changes lives on the layer's device (buffers `quant_step`, `quant_counts`,
-    `quant_worst`), so that a step needs no host round trip and can be captured in a CUDA graph (quant/capture.py).
+    `quant_worst`), so that a step needs no host round trip and can be captured in a CUDA graph (graph_replay.py).
     `_extra_buffers` names buffers a subclass adds (HOT's layers, quant/hot.py), removed when `quantize_model`
     switches the class away."""
     _extra_buffers: tuple[str, ...] = ()
@@ -152,47 +109,6 @@ class _QuantLayer:
                                      f"reaching its quantizer (scheme {self.scheme.name})")
 
 
-def _forward_operand(layer, t, spec: QuantSpec | None, role: str, step, training: bool, ops, checks):
-    """Quantize a forward operand per tensor; with training, count clipped values and build the STE mask."""
-    if spec is None:
-        return _Operand(t, None), None
-    levels, scale = ops.quantize(t, spec, layer._counter(role, step))
-    checks.append((role, t, scale))
-    keep = None
-    if training:
-        low, high = level_range(t, spec)
-        v = t.to(torch.float32) / scale
-        inside = (v >= low) & (v <= high)
-        layer._count(f"{role}_clipped", (~inside).sum(), t.numel())
-        ste = layer.scheme.ste
-        keep = inside if ste == "clip" else t.abs() <= 2 ** (spec.bits - 1) - 1 if ste == "authors" else None
-    return _Operand(levels, scale.reshape(()), spec.level_bound), keep
-
-
-def _backward_operand(layer, t, spec: QuantSpec | None, source: _Operand | None, block: int, role: str,
-                      step, ops, checks) -> _Operand:
-    """A backward operand, block-Hadamard-transformed along K (its last dim) when block > 1: re-quantized (the
-    transform fused into the quantizer), or the forward's levels / floats transformed as they are.
-
-    Re-quantized forward levels carry the product of both scales (s_requant · s_forward, float32)."""
-    if spec is None:
-        t = ops.block_hadamard(t, -1, block) if block > 1 else t
-        if source is None or not source.is_integer:
-            return _Operand(t, None)
-        return _Operand(t, source.scale, source.bound * block)
-    counter = layer._counter(role, step)
-    levels, scale = ops.hadamard_quantize(t, spec, counter, block) if block > 1 else ops.quantize(t, spec, counter)
-    checks.append((role, t, scale))
-    if source is not None and source.is_integer:
-        scale = scale * source.scale
-    return _Operand(levels, scale, spec.level_bound)
-
-
-def _block(product: Product, cap, k: int) -> int:
-    """The Hadamard block along a backward product's K (1: no transform)."""
-    return hadamard_block_size(k, cap) if product.hadamard else 1
-
-
 class _QuantProduct(torch.autograd.Function):
     """y = x · Wᵀ as the scheme's forward product; its backward computes grad_input and grad_weight the same way."""
 
@@ -201,12 +117,12 @@ class _QuantProduct(torch.autograd.Function):
         scheme = layer.scheme
         ops = resolve_ops(scheme.backend, x.device)
         checks = []
-        x_op, x_keep = _forward_operand(layer, x, scheme.forward.left, "input", step, training, ops, checks)
-        w_op, w_keep = _forward_operand(layer, weight.reshape(weight.shape[0], -1), scheme.forward.right,
+        x_op, x_keep = forward_operand(layer, x, scheme.forward.left, "input", step, training, ops, checks)
+        w_op, w_keep = forward_operand(layer, weight.reshape(weight.shape[0], -1), scheme.forward.right,
                                         "weight", step, training, ops, checks)
         layer._check_finite(checks, backward=False)
-        rows = _Operand(layer._forward_rows(x_op.values, ops), x_op.scale, x_op.bound)
-        y_rows, saturated, sums = _product(ops, rows, w_op, 1, scheme.forward)
+        rows = Operand(layer._forward_rows(x_op.values, ops), x_op.scale, x_op.bound)
+        y_rows, saturated, sums = operands.product(ops, rows, w_op, 1, scheme.forward)
         if training:
             layer._count("forward_saturated", saturated, sums)
         w_keep = None if w_keep is None else w_keep.reshape(weight.shape)
@@ -219,37 +135,37 @@ class _QuantProduct(torch.autograd.Function):
     def backward(ctx, grad_y):
         layer, scheme, step = ctx.layer, ctx.scheme, ctx.step
         x_values, w_values, x_keep, w_keep = ctx.saved_tensors
-        x_op, w_op = _Operand(x_values, *ctx.x_meta), _Operand(w_values, *ctx.w_meta)
+        x_op, w_op = Operand(x_values, *ctx.x_meta), Operand(w_values, *ctx.w_meta)
         ops = resolve_ops(scheme.backend, grad_y.device)
         g_rows, g_cols = layer._grad_output_layouts(grad_y.to(torch.float32))
         checks, grad_x, grad_w, shared_g = [], None, None, None
 
-        def grad_output_operand(product: Product, g, block: int, role: str) -> _Operand:
+        def grad_output_operand(product: Product, g, block: int, role: str) -> Operand:
             nonlocal shared_g
             if not scheme.shares_grad_output:
-                return _backward_operand(layer, g, product.left, None, block, role, step, ops, checks)
+                return backward_operand(layer, g, product.left, None, block, role, step, ops, checks)
             if shared_g is None:  # quantized once, in the grad_input layout (S, M, out)
-                shared_g = _backward_operand(layer, g_rows, product.left, None, 1, "grad_input.grad_output",
+                shared_g = backward_operand(layer, g_rows, product.left, None, 1, "grad_input.grad_output",
                                              step, ops, checks)
             return shared_g if g is g_rows else shared_g.transposed()
 
         if ctx.needs_input_grad[0]:
             product = scheme.grad_input
-            block = _block(product, scheme.hadamard_cap, g_rows.shape[-1])
+            block = hadamard_block(product, scheme.hadamard_cap, g_rows.shape[-1])
             qa = grad_output_operand(product, g_rows, block, "grad_input.grad_output")
-            qb = _backward_operand(layer, w_values.transpose(0, 1), product.right, w_op, block, "grad_input.weight",
+            qb = backward_operand(layer, w_values.transpose(0, 1), product.right, w_op, block, "grad_input.weight",
                                    step, ops, checks)
-            rows, saturated, sums = _product(ops, qa, qb, block, product)
+            rows, saturated, sums = operands.product(ops, qa, qb, block, product)
             layer._count("grad_input_saturated", saturated, sums)
             grad_x = layer._grad_input(rows, ctx.x_shape, ops)
             grad_x = grad_x if x_keep is None else grad_x * x_keep
         if ctx.needs_input_grad[1]:
             product = scheme.grad_weight
-            block = _block(product, scheme.hadamard_cap, g_cols.shape[-1])
+            block = hadamard_block(product, scheme.hadamard_cap, g_cols.shape[-1])
             qa = grad_output_operand(product, g_cols, block, "grad_weight.grad_output")
-            qb = _backward_operand(layer, layer._input_columns(x_values, ops), product.right, x_op, block,
+            qb = backward_operand(layer, layer._input_columns(x_values, ops), product.right, x_op, block,
                                    "grad_weight.input", step, ops, checks)
-            grad_w, saturated, sums = _product(ops, qa, qb, block, product, sum_batch=True)
+            grad_w, saturated, sums = operands.product(ops, qa, qb, block, product, sum_batch=True)
             layer._count("grad_weight_saturated", saturated, sums)
             grad_w = grad_w.reshape(ctx.w_shape)
             grad_w = grad_w if w_keep is None else grad_w * w_keep
@@ -257,7 +173,7 @@ class _QuantProduct(torch.autograd.Function):
         return grad_x, grad_w, None, None, None
 
 
-class QuantLinear(_QuantLayer, nn.Linear):
+class QuantLinear(QuantLayer, nn.Linear):
     """nn.Linear whose products follow `scheme`; same parameters and state-dict keys as nn.Linear."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, scheme: Scheme, name: str = "",
@@ -286,7 +202,7 @@ class QuantLinear(_QuantLayer, nn.Linear):
         return rows.reshape(x_shape)
 
 
-class QuantConv2d(_QuantLayer, nn.Conv2d):
+class QuantConv2d(QuantLayer, nn.Conv2d):
     """nn.Conv2d (groups=1, zero padding) as im2col + the products of a linear layer; same state-dict keys."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
@@ -330,107 +246,3 @@ class QuantConv2d(_QuantLayer, nn.Conv2d):
     def _grad_input(self, rows, x_shape, ops):
         """col2im of (B, L, K) (quant/im2col.py)."""
         return ops.col2im(rows, x_shape, self.kernel_size, self.padding, self.dilation, self.stride)
-
-
-def _layer_classes(scheme) -> dict:
-    """torch class → the quantized class that runs `scheme` (the one place that tells the schemes' layers apart)."""
-    if isinstance(scheme, HotScheme):
-        from .hot import HotConv2d, HotLinear  # noqa: PLC0415 (hot.py builds on this module)
-        return {nn.Linear: HotLinear, nn.Conv2d: HotConv2d}
-    return {nn.Linear: QuantLinear, nn.Conv2d: QuantConv2d}
-
-
-def _torch_class(module: nn.Module, name: str):
-    """nn.Linear / nn.Conv2d for a layer to quantize, or None to leave it in float (with a warning where that
-    may surprise)."""
-    if isinstance(module, _QuantLayer):
-        return nn.Linear if isinstance(module, nn.Linear) else nn.Conv2d
-    if type(module) is nn.Linear:
-        return nn.Linear
-    if type(module) is nn.Conv2d:
-        if module.groups != 1:
-            return None  # grouped / depthwise convs stay float (HDQT and HOT quantize groups=1 only)
-        if module.padding_mode == "zeros" and not isinstance(module.padding, str):
-            return nn.Conv2d
-        warnings.warn(f"{name}: Conv2d with padding={module.padding!r}, padding_mode={module.padding_mode!r} "
-                      "is left in float")
-    elif isinstance(module, (nn.Linear, nn.Conv2d)):
-        warnings.warn(f"{name}: {type(module).__name__} subclasses a Linear/Conv2d and is left in float")
-    return None
-
-
-def quantize_model(model: nn.Module, scheme: Scheme | HotScheme) -> nn.Module:
-    """Make every nn.Linear and nn.Conv2d (groups=1) of `model` quantized by `scheme`, in place; return `model`.
-
-    Layers change class in place (QuantLinear subclasses nn.Linear), so parameters, their identity in the
-    optimizer, hooks and state-dict keys stay as they were. Idempotent and cheap: call it again whenever layers
-    may have appeared (avalanche's IncrementalClassifier replaces its Linear as classes arrive) or to switch
-    schemes. Layer indices (for the random bits) follow module order; a new layer starts at the model's step.
-    A HotScheme gives the layers HOT's classes (quant/hot.py); switching between HOT and another scheme
-    changes the class again, keeping the parameters and the step.
-    """
-    step = max((m.step for m in model.modules() if isinstance(m, _QuantLayer)), default=0)
-    classes = _layer_classes(scheme)
-    index = 0
-    for name, module in model.named_modules():
-        base = _torch_class(module, name)
-        if base is None:
-            continue
-        cls = classes[base]
-        if type(module) is cls:
-            module.scheme, module.quant_name, module.quant_index = scheme, name, index
-        else:
-            layer_step = module.step if isinstance(module, _QuantLayer) else step
-            for buffer in getattr(module, "_extra_buffers", ()):
-                if buffer not in cls._extra_buffers:
-                    module._buffers.pop(buffer, None)
-            module.__class__ = cls
-            module._setup_quant(scheme, name, index, layer_step)
-        index += 1
-    return model
-
-
-def quant_stats(model: nn.Module) -> dict[str, dict[str, float]]:
-    """Per quantized layer, since the last reset: shares of saturated tile sums (per product) and of clipped
-    forward values. One device transfer for the whole model."""
-    layers = [(name, m) for name, m in model.named_modules() if isinstance(m, _QuantLayer)]
-    if not layers:
-        return {}
-    device = layers[0][1].quant_counts.device
-    counts = torch.stack([m.quant_counts.to(device) for _, m in layers]).tolist()
-    return {name: {stat: h / total if total else 0.0 for stat, h, total in zip(STATS, hits, totals)}
-            for (name, _), (hits, totals) in zip(layers, counts)}
-
-
-def check_captured_steps(model: nn.Module) -> None:
-    """Raise NonFiniteError if a NaN or Inf reached a quantizer in a step replayed from a CUDA graph (one sync)."""
-    layers = [(name, m) for name, m in model.named_modules() if isinstance(m, _QuantLayer)]
-    if not layers:
-        return
-    device = layers[0][1].quant_worst.device
-    worst = torch.stack([m.quant_worst.to(device) for _, m in layers])
-    if bool(worst.isfinite().all()):
-        return
-    for (name, m), row in zip(layers, worst.tolist()):
-        for where, value in zip(("forward", "backward"), row):
-            if not math.isfinite(value):
-                raise NonFiniteError(f"layer '{name}': a non-finite value ({value}) reached a quantizer of the "
-                                     f"{where} pass in a step replayed from a CUDA graph (scheme {m.scheme.name}); "
-                                     "run the step without graph capture to see the tensor role")
-
-
-def layer_steps(model: nn.Module) -> dict[str, int]:
-    """Each quantized layer's training step (its stochastic-rounding counter), by name: state a checkpoint keeps."""
-    return {name: m.step for name, m in model.named_modules() if isinstance(m, _QuantLayer)}
-
-
-def set_layer_steps(model: nn.Module, steps: dict[str, int]) -> None:
-    for name, module in model.named_modules():
-        if isinstance(module, _QuantLayer):
-            module.step = steps[name]
-
-
-def reset_quant_stats(model: nn.Module) -> None:
-    for module in model.modules():
-        if isinstance(module, _QuantLayer):
-            module.quant_counts.zero_()

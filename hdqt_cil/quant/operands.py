@@ -1,0 +1,92 @@
+"""The operands of a quantized layer's products: integer levels with their scale, or float tensors, and the
+product of two of them scaled back (docs/quant.md: which operand each product takes, and how)."""
+import math
+from typing import NamedTuple
+
+import torch
+
+from .hadamard import hadamard_block_size
+from .quantizers import QuantSpec, level_range
+from .schemes import Product
+
+
+class Operand(NamedTuple):
+    """One side of a product: integer levels with their scale (broadcastable), or a float tensor (scale None)."""
+    values: torch.Tensor
+    scale: torch.Tensor | None
+    bound: float = 0.0  # the largest |level| it can hold (integer operands)
+
+    @property
+    def is_integer(self) -> bool:
+        return self.scale is not None
+
+    def transposed(self) -> "Operand":
+        scale = None if self.scale is None else swap_last(self.scale)
+        return Operand(self.values.transpose(-1, -2), scale, self.bound)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.values if self.scale is None else self.values * self.scale
+
+
+def swap_last(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(-1, -2) if t.dim() >= 2 else t
+
+
+def product(ops, a: Operand, bt: Operand, block: int, product: Product, sum_batch: bool = False):
+    """a (..., M, K) times btᵀ (K along bt's last dim too), scaled back by s_a · s_b / block; with sum_batch,
+    summed over the leading dims (in order, `sum_entries`, for the integer product).
+
+    Returns (result float32, saturated tile sums or None, number of tile sums).
+    """
+    if not (a.is_integer and bt.is_integer):
+        out = torch.matmul(a.dequantized(), bt.dequantized().transpose(-1, -2))
+        out = out / block if block > 1 else out
+        return (out.sum(dim=0) if sum_batch else out), None, 0
+    out, saturated = ops.scaled_int_matmul(a.values, bt.values.transpose(-1, -2), a.scale, swap_last(bt.scale),
+                                           block, product.tile, product.acc_bits, bounds=(a.bound, bt.bound),
+                                           count_saturated=True, sum_batch=sum_batch)
+    lead, (m, k), n = a.values.shape[:-2], a.values.shape[-2:], bt.values.shape[-2]
+    products = math.prod(torch.broadcast_shapes(lead, bt.values.shape[:-2])) * m * n
+    tiles = 1 if product.tile is None or product.acc_bits is None else max(1, math.ceil(k / product.tile))
+    return out, saturated, products * tiles
+
+
+def forward_operand(layer, t, spec: QuantSpec | None, role: str, step, training: bool, ops, checks):
+    """Quantize a forward operand per tensor; with training, count clipped values and build the STE mask."""
+    if spec is None:
+        return Operand(t, None), None
+    levels, scale = ops.quantize(t, spec, layer._counter(role, step))
+    checks.append((role, t, scale))
+    keep = None
+    if training:
+        low, high = level_range(t, spec)
+        v = t.to(torch.float32) / scale
+        inside = (v >= low) & (v <= high)
+        layer._count(f"{role}_clipped", (~inside).sum(), t.numel())
+        ste = layer.scheme.ste
+        keep = inside if ste == "clip" else t.abs() <= 2 ** (spec.bits - 1) - 1 if ste == "authors" else None
+    return Operand(levels, scale.reshape(()), spec.level_bound), keep
+
+
+def backward_operand(layer, t, spec: QuantSpec | None, source: Operand | None, block: int, role: str,
+                      step, ops, checks) -> Operand:
+    """A backward operand, block-Hadamard-transformed along K (its last dim) when block > 1: re-quantized (the
+    transform fused into the quantizer), or the forward's levels / floats transformed as they are.
+
+    Re-quantized forward levels carry the product of both scales (s_requant · s_forward, float32)."""
+    if spec is None:
+        t = ops.block_hadamard(t, -1, block) if block > 1 else t
+        if source is None or not source.is_integer:
+            return Operand(t, None)
+        return Operand(t, source.scale, source.bound * block)
+    counter = layer._counter(role, step)
+    levels, scale = ops.hadamard_quantize(t, spec, counter, block) if block > 1 else ops.quantize(t, spec, counter)
+    checks.append((role, t, scale))
+    if source is not None and source.is_integer:
+        scale = scale * source.scale
+    return Operand(levels, scale, spec.level_bound)
+
+
+def hadamard_block(product: Product, cap, k: int) -> int:
+    """The Hadamard block along a backward product's K (1: no transform)."""
+    return hadamard_block_size(k, cap) if product.hadamard else 1
