@@ -143,3 +143,22 @@ def test_features_benchmark_reads_a_csv(make_cfg, tmp_path):
 def _save(frame, tmp_path, name="t.csv"):
     frame.to_csv(tmp_path / name, index=False)
     return tmp_path / name
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("header_only.csv", "f1,label\n", r"header_only.csv: no rows, only the header \['f1', 'label'\]"),
+    ("text.npz", "not an archive", r"text.npz is not a NumPy .npz archive .*numpy.savez with X"),
+])
+def test_unreadable_tables_name_the_file_and_what_is_wrong(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        features.load_feature_table(path)
+
+
+def test_a_single_array_saved_as_npz_is_named(tmp_path):
+    path = tmp_path / "one.npz"
+    with open(path, "wb") as handle:
+        np.save(handle, np.zeros(3))
+    with pytest.raises(ValueError, match="one.npz holds a single .npy array, not an .npz archive"):
+        features.load_feature_table(path)

@@ -65,7 +65,14 @@ def _read_frame(path: Path, suffix: str):
 
 
 def _from_npz(path: Path) -> FeatureTable:
-    with np.load(path, allow_pickle=False) as npz:
+    try:
+        npz = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as err:  # numpy's message for a non-archive advises unpickling: not for us
+        raise ValueError(f"{path} is not a NumPy .npz archive ({type(err).__name__}); a feature NPZ is written by "
+                         "numpy.savez with X (N, d), y (N,) and optionally subject (N,) and feature_names (d,)") from err
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path} holds a single .npy array, not an .npz archive of X, y (and subject)")
+    with npz:
         missing = [k for k in ("X", "y") if k not in npz.files]
         if missing:
             raise ValueError(f"{path} lacks the key(s) {missing} (it has {sorted(npz.files)}); a feature NPZ holds "
@@ -99,6 +106,8 @@ def _integer_labels(values, path, what):
 def _from_frame(frame, path: Path) -> FeatureTable:
     import pandas as pd
 
+    if frame.empty:
+        raise ValueError(f"{path}: no rows, only the header {list(frame.columns)}")
     if LABEL not in frame.columns:
         raise ValueError(f"{path} has no `{LABEL}` column (columns: {list(frame.columns)[:10]}...); name the class "
                          f"column `{LABEL}` (and the subject column, if any, `{SUBJECT}`)")
