@@ -28,7 +28,7 @@ from .data.augment import augment_batch
 from .data.benchmarks import build_benchmark
 from .kernels._runtime import compile_seconds
 from .models import build_model
-from .results.io import read_json
+from .files import read_json
 from .results.metrics import AccuracyHistory, summarize
 from .results.tables import aggregate, collect_runs, display_table, to_markdown
 from .run_folder import RunFolder, Start

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from .cl.checkpoint import EpochCheckpoints, ExperienceCheckpoints
 from .config import comparable_config
-from .results.io import read_json, write_atomic, write_json
+from .files import read_json, write_atomic, write_json
 from .results.metrics import AccuracyHistory
 
 

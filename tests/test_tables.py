@@ -5,7 +5,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from hdqt_cil.quant.schemes import preset_settings
-from hdqt_cil.results.io import write_json
+from hdqt_cil.files import write_json
 from hdqt_cil.results.tables import aggregate, collect_runs, display_table, make_tables
 
 

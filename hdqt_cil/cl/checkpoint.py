@@ -17,7 +17,7 @@ from avalanche.checkpointing import maybe_load_checkpoint, save_checkpoint
 from avalanche.core import SupervisedPlugin
 
 from ..quant import layer_steps, set_layer_steps
-from ..results.io import write_atomic
+from ..files import write_atomic
 from ..results.metrics import AccuracyHistory
 
 _CLOCK_COUNTERS = ("train_iterations", "train_exp_counter", "train_exp_epochs", "train_exp_iterations",

@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..cache import cache_root, exclusive, file_digest, write_bytes_atomic
+from ..files import cache_root, exclusive, file_digest, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def _write(entry: Path, splits: Splits) -> None:
     (x_train, y_train), (x_test, y_test), names = splits
     buffer = io.BytesIO()
     np.savez(buffer, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test, names=np.asarray(names))
-    write_bytes_atomic(entry, buffer.getvalue())
+    write_atomic(entry, buffer.getvalue())
 
 
 def decoded_once(source: Path, decode: Callable[[Path], Splits], decoder: str, suffixes: tuple[str, ...]) -> Splits:

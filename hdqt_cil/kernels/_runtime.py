@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cache import cache_root, exclusive, write_bytes_atomic
+from ..files import cache_root, exclusive, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ def compile_cubin(name: str, expressions: tuple[str, ...], arch: str) -> tuple[b
         log.info("compiled %s%s for %s in %.1f s (not among the prebuilt kernels)", name,
                  f" {expressions[0]}" if len(expressions) == 1 else "", arch, seconds)
         try:
-            write_bytes_atomic(path, pickle.dumps(result))
+            write_atomic(path, pickle.dumps(result))
         except OSError:
             pass
     return result

@@ -64,7 +64,7 @@ def build(arch: str, workers: int) -> int:
         bundle.addfile(*_member("index.json", json.dumps(index, indent=1, sort_keys=True).encode()))
         for key, _, _, cubin, _ in results:
             bundle.addfile(*_member(f"{key}.cubin", cubin))
-    rt.write_bytes_atomic(rt.prebuilt_path(arch), buffer.getvalue())
+    rt.write_atomic(rt.prebuilt_path(arch), buffer.getvalue())
     return len(buffer.getvalue())
 
 

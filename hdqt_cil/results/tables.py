@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from ..config import comparable_config
 from ..quant.schemes import SCHEMES, preset_settings
-from .io import read_json, write_atomic
+from ..files import read_json, write_atomic
 
 KEYS = ["benchmark", "model", "strategy", "quant"]
 ROW_KEYS = [*KEYS, "variant", "quant_variant"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
-from ..results.io import read_json, write_atomic, write_json
+from ..files import read_json, write_atomic, write_json
 
 log = logging.getLogger(__name__)
 
