@@ -1,6 +1,6 @@
 """Writing feature files, and deciding whether an existing one can be reused instead of recomputed.
 
-A file is the NPZ that `hdqt_cil.data.features.load_feature_table` reads: X (N, d) float32, y and subject int64,
+A file is the NPZ that `hdqt_cil.benchmarks.features.load_feature_table` reads: X (N, d) float32, y and subject int64,
 feature_names, class_ids/class_names, plus `extractor` (which code made it), `contents_check` (how the raw files
 were checked) and dataset-specific extras.
 """
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hdqt_cil.data.features import load_feature_table
+from hdqt_cil.benchmarks.features import load_feature_table
 
 
 def save(path: Path, *, X, y, subject, feature_names, class_names: dict, extractor: str, contents_check: str,

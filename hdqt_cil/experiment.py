@@ -15,17 +15,17 @@ from avalanche.training.determinism.rng_manager import RNGManager
 from avalanche.training.plugins import EvaluationPlugin
 from omegaconf import OmegaConf
 
-from .cl.batch_augment import BatchAugment
-from .cl.checkpoint import EpochCheckpoints, ExperienceCheckpoints
-from .cl.cuda_graphs import CudaGraphPlugin
-from .cl.monitor import Diverged, TrainingMonitor
-from .cl.optim import PerExperienceSGD
-from .cl.quantization import QuantizationPlugin
-from .cl.recorder import PredictionRecorder
-from .cl.strategies import build_strategy, check_fits, teachers, training_steps
+from .trainer.batch_augment import BatchAugment
+from .trainer.checkpoint import EpochCheckpoints, ExperienceCheckpoints
+from .trainer.cuda_graphs import CudaGraphPlugin
+from .trainer.monitor import Diverged, TrainingMonitor
+from .trainer.optim import PerExperienceSGD
+from .trainer.quantization import QuantizationPlugin
+from .trainer.recorder import PredictionRecorder
+from .strategies import build_strategy, check_fits, teachers, training_steps
 from .config import validate
-from .data.augment import augment_batch
-from .data.benchmarks import build_benchmark
+from .benchmarks.augment import augment_batch
+from .benchmarks import build_benchmark
 from .kernels._runtime import compile_seconds
 from .models import build_model
 from .files import read_json

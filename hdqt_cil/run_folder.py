@@ -1,14 +1,14 @@
 """A run's folder: whose run it holds, where that run stopped, and its results.
 
 `claim` makes the folder this run's (or says it already holds this run, finished); `resume` puts a strategy back
-where the folder's checkpoints left it (cl/checkpoint.py); `write` records the results, each file atomically.
+where the folder's checkpoints left it (trainer/checkpoint.py); `write` records the results, each file atomically.
 """
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from .cl.checkpoint import EpochCheckpoints, ExperienceCheckpoints
+from .trainer.checkpoint import EpochCheckpoints, ExperienceCheckpoints
 from .config import comparable_config
 from .files import read_json, write_atomic, write_json
 from .results.metrics import AccuracyHistory

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import Subset
 
-from hdqt_cil.data.arrays import ArrayDataset
+from hdqt_cil.benchmarks.arrays import ArrayDataset
 
 
 def _round_trip(obj):

@@ -2,7 +2,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hdqt_cil.data.augment import augment_batch
+from hdqt_cil.benchmarks.augment import augment_batch
 from hdqt_cil.experiment import run
 from test_cifar import write_torchvision_cifar
 

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from torchvision import datasets
 
-from hdqt_cil.data import cifar
+from hdqt_cil.benchmarks import cifar
 from hdqt_cil.experiment import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def test_icarl_resnet32_on_generated_cifar10(make_cfg, tmp_path):
 
 LOAD_AND_HASH = """
 import hashlib, logging, sys
-from hdqt_cil.data import cifar
+from hdqt_cil.benchmarks import cifar
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 train, test, names = cifar.load("cifar10", sys.argv[1])
 print(hashlib.sha256(train.inputs.numpy().tobytes() + test.inputs.numpy().tobytes()).hexdigest(), names)

@@ -9,7 +9,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from hdqt_cil.config import comparable_config, validate
-from hdqt_cil.data.benchmarks import build_benchmark, class_order
+from hdqt_cil.benchmarks.split import build_benchmark, class_order
 
 PYCIL_1993_HAPT = [4, 2, 7, 6, 0, 3, 5, 8, 10, 9, 1]  # np.random.seed(1993); np.random.permutation(11)
 

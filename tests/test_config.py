@@ -6,7 +6,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 
-from hdqt_cil.cl.strategies import check_fits
+from hdqt_cil.strategies import check_fits
 from hdqt_cil.config import run_path, validate
 from hdqt_cil.quant import scheme_from_config
 

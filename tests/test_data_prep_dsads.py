@@ -14,7 +14,7 @@ import pytest
 
 from conftest import SHARED_DATA
 from data_prep import dsads
-from hdqt_cil.data import features
+from hdqt_cil.benchmarks import features
 
 REAL_ARCHIVE = SHARED_DATA / "dsads" / "dsads_raw.tar.xz"
 REAL_LIST = SHARED_DATA / "dsads" / "dsads_raw.contents.sha256"

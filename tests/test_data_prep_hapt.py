@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from data_prep import cli, hapt, uci_features
-from hdqt_cil.data.features import load_feature_table
+from hdqt_cil.benchmarks.features import load_feature_table
 
 REAL_ARCHIVE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "hapt" / "hapt_raw.tar.xz"
 ACTIVITIES = ["WALKING", "WALKING_UPSTAIRS", "WALKING_DOWNSTAIRS", "SITTING", "STANDING", "LAYING",

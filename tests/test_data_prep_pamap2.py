@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from data_prep import pamap2
-from hdqt_cil.data import features
+from hdqt_cil.benchmarks import features
 
 SINE_HZ, AMPLITUDE, OFFSET = 2.0, 1.5, 9.8  # hand accelerometer x; 2 Hz is FFT bin 10 of a 500-sample window
 # activity runs (id, samples) per file; 5 s windows with a 2.5 s step

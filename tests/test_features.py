@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hdqt_cil.data import features, har
+from hdqt_cil.benchmarks import features, har
 
 
 def _frame(n_subjects=10, per_class=4, classes=(1, 2, 3), seed=0):

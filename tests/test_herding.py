@@ -2,7 +2,7 @@ import torch
 from avalanche.training.storage_policy import HerdingSelectionStrategy
 from torch import nn
 
-from hdqt_cil.cl.icarl import DeviceHerding
+from hdqt_cil.strategies.icarl import DeviceHerding
 
 
 def test_device_herding_gives_avalanches_order():

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from hdqt_cil import experiment
-from hdqt_cil.cl.cuda_graphs import CudaGraphPlugin
+from hdqt_cil.trainer.cuda_graphs import CudaGraphPlugin
 from hdqt_cil.experiment import run
 from hdqt_cil.graph_replay import CapturedInference
 
@@ -54,9 +54,9 @@ def test_finished_run_is_reused_and_different_config_refused(make_cfg, tmp_path)
 def test_epoch_progress_lines(make_cfg, tmp_path, caplog, every, epochs, logged):
     cfg = make_cfg("strategy=naive", f"trainer.epochs={epochs}", f"logging.epochs={every}",
                    "benchmark.n_experiences=2", "trainer.device=cpu")
-    with caplog.at_level(logging.INFO, logger="hdqt_cil.cl.monitor"):
+    with caplog.at_level(logging.INFO, logger="hdqt_cil.trainer.monitor"):
         summary = run(cfg, tmp_path / "run")
-    lines = [r.getMessage() for r in caplog.records if r.name == "hdqt_cil.cl.monitor"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "hdqt_cil.trainer.monitor"]
     expected = [f"experience {k}, epoch {e}/{epochs}: mean training loss {summary['train_loss'][k - 1][e - 1]:.4f}"
                 for k in (1, 2) for e in logged]
     assert [line.split(" (")[0] for line in lines] == expected
@@ -149,7 +149,7 @@ def test_pycil_losses_by_hand():
     import torch.nn.functional as F
     from types import SimpleNamespace
 
-    from hdqt_cil.cl.lwf import LwFPlugin
+    from hdqt_cil.strategies.lwf import LwFPlugin
 
     torch.manual_seed(0)
     old_model = torch.nn.Linear(4, 6)
@@ -170,7 +170,7 @@ def test_pycil_losses_by_hand():
 @pytest.mark.parametrize("name", ["lwf", "icarl", "bic"])
 def test_each_distilling_strategy_names_the_teacher_its_plugins_hold(make_cfg, name):
     """What a strategy lends to CUDA-graph replay is an attribute one of its plugins really has."""
-    from hdqt_cil.cl.strategies import build_strategy, teachers
+    from hdqt_cil.strategies import build_strategy, teachers
     from hdqt_cil.models import build_model
 
     cfg = make_cfg(f"strategy={name}")

@@ -17,7 +17,7 @@ from avalanche.training.templates import SupervisedTemplate
 from torch.optim.lr_scheduler import MultiStepLR
 
 from ..settings import FRACTION, NON_NEGATIVE, POSITIVE, POSITIVE_INT, Rule, setting
-from .strategies import STRATEGIES, StrategyConfig
+from .base import STRATEGIES, StrategyConfig
 
 
 class _MultiStepLR(MultiStepLR):

@@ -40,7 +40,7 @@ class ExperienceCheckpoints:
         name = f"exp{next_exp:03d}"
 
         def fill(folder: Path) -> None:
-            # Optimizer state is cleared at every experience start (cl/optim.py), so a boundary checkpoint needs
+            # Optimizer state is cleared at every experience start (trainer/optim.py), so a boundary checkpoint needs
             # none; the evaluator holds open log files.
             save_checkpoint(strategy, folder / "strategy.pkl", exclude=["optimizer", "evaluator"])
             torch.save({"next_exp": next_exp, "history": asdict(history), "rng": _rng_states()},

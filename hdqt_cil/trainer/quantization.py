@@ -62,7 +62,7 @@ class QuantizationPlugin(SupervisedPlugin):
                  f" ({', '.join(per_token)})" if per_token else "")
 
     def epoch_state(self):
-        """What an epoch checkpoint keeps of this plugin (cl/checkpoint.py)."""
+        """What an epoch checkpoint keeps of this plugin (trainer/checkpoint.py)."""
         return list(self.epochs)
 
     def load_epoch_state(self, state) -> None:

@@ -1,7 +1,7 @@
 """CIFAR-10/100 from torchvision's pickle format, and CIFAR-style images stored as JPEG folders.
 
 Both end as uint8 (N, 3, 32, 32) tensors held in memory. Augmentation keeps uint8 (torchvision v2 per sample,
-or data/augment.py per batch on the GPU); the model's first layer scales and normalises (models/__init__.py),
+or benchmarks/augment.py per batch on the GPU); the model's first layer scales and normalises (models/__init__.py),
 so exemplar memories, evaluation and every strategy see the same raw images.
 """
 import io
@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from ..settings import BOOL, Rule, one_of, setting
 from .arrays import ArrayDataset
-from .benchmarks import BENCHMARKS, BenchmarkConfig
+from .split import BENCHMARKS, BenchmarkConfig
 from .decoded import decoded_once
 
 _TORCHVISION = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100}
@@ -50,7 +50,7 @@ def load(name: str, root: str, download: bool = False, verify: bool = True):
 
     `root` may hold torchvision's pickle folder (`cifar-10-batches-py` / `cifar-100-python`), a folder of
     `train|test/<class>/*.jpg` images, or a `.tar`/`.tar.xz` archive of such a folder; images are decoded once
-    per machine (data/decoded.py).
+    per machine (benchmarks/decoded.py).
     """
     tv = _TORCHVISION[name]
     root_path = Path(root).expanduser()

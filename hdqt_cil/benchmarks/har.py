@@ -13,7 +13,7 @@ from omegaconf import MISSING
 
 from ..settings import BOOL, FRACTION, INT_LIST, one_of, setting
 from .arrays import ArrayDataset
-from .benchmarks import BENCHMARKS, BenchmarkConfig
+from .split import BENCHMARKS, BenchmarkConfig
 
 _MAKERS = {"hapt": "python -m data_prep.hapt", "dsads": "python -m data_prep.dsads",
            "pamap2": "python -m data_prep.pamap2"}

@@ -15,7 +15,7 @@ from torch import nn
 from ..graph_replay import CapturedInference, CapturedTraining
 
 class CudaGraphPlugin(SupervisedPlugin):
-    """`teachers`: the strategy's plugin attributes that hold an old model to distil from (cl/strategies.py)."""
+    """`teachers`: the strategy's plugin attributes that hold an old model to distil from (strategies/base.py)."""
 
     def __init__(self, teachers: tuple[str, ...] = ()):
         super().__init__()

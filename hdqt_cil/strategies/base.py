@@ -5,7 +5,7 @@ SettingsClass, ...)`, where `common` holds the keyword arguments every avalanche
 criterion, batch sizes, epochs, device, plugins, evaluator). What a strategy tells the run besides:
 - `joint=True`: it trains once, on every experience's data together (the upper bound), after the last one;
 - `teachers=(...)`: the attributes of its plugins that hold an old model it distils from, which the run replays
-  from CUDA graphs (cl/cuda_graphs.py);
+  from CUDA graphs (trainer/cuda_graphs.py);
 - `fits(cfg, trainer, num_classes)`: its checks against the benchmark (e.g. memory for one exemplar a class).
 """
 from dataclasses import dataclass

@@ -8,7 +8,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from .arrays import ArrayDataset
-from .benchmarks import BENCHMARKS, BenchmarkConfig
+from .split import BENCHMARKS, BenchmarkConfig
 
 
 @dataclass

@@ -17,7 +17,7 @@ from torchvision.transforms import v2
 
 from ..settings import BOOL, POSITIVE, one_of, setting
 from .lwf import LwFPlugin
-from .strategies import STRATEGIES, StrategyConfig
+from .base import STRATEGIES, StrategyConfig
 
 
 class DeviceHerding(HerdingSelectionStrategy):

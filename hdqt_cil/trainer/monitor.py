@@ -37,7 +37,7 @@ class TrainingMonitor(SupervisedPlugin):
         self._since, self._epochs_since = time.perf_counter(), 0
 
     def epoch_state(self):
-        """What an epoch checkpoint keeps of this plugin (cl/checkpoint.py)."""
+        """What an epoch checkpoint keeps of this plugin (trainer/checkpoint.py)."""
         return [list(epochs) for epochs in self.losses]
 
     def load_epoch_state(self, state) -> None:

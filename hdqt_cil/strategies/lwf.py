@@ -8,10 +8,10 @@ cross-entropy to the current experience's classes and distils the old model's ol
     loss = CE(logits[:, current], y - known) + λ · KD_T(logits[:, old], old_model(x)[:, old])
 
 with KD_T the soft cross-entropy between temperature-T softmaxes (λ = 3, T = 2 in PyCIL). Classes are
-relabelled in arrival order (data/benchmarks.py), so old classes are 0..known-1.
+relabelled in arrival order (benchmarks/split.py), so old classes are 0..known-1.
 
 PyCIL's iCaRL trains with the same distillation but a cross-entropy over every class seen so far (the exemplars
-bring the old ones): `current_only=False`, λ = 1 (cl/icarl.py).
+bring the old ones): `current_only=False`, λ = 1 (strategies/icarl.py).
 """
 import copy
 from dataclasses import dataclass
@@ -22,7 +22,7 @@ from avalanche.core import SupervisedPlugin
 from avalanche.training.templates import SupervisedTemplate
 
 from ..settings import NON_NEGATIVE, POSITIVE, setting
-from .strategies import STRATEGIES, StrategyConfig
+from .base import STRATEGIES, StrategyConfig
 
 
 def soft_cross_entropy(logits, teacher_logits, temperature: float):
