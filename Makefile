@@ -23,7 +23,7 @@ test: env
 	$(PY) -m pytest -q
 
 bench: env
-	$(PY) scripts/bench_kernels.py
+	$(PY) -m scripts.bench.kernels
 
 # Rebuild the shipped GPU kernels (hdqt_cil/kernels/prebuilt/) that no longer match their sources; CPU only.
 kernels: env

@@ -26,7 +26,7 @@ from .strategies import build_strategy, check_fits, teachers, training_steps
 from .config import validate
 from .benchmarks.augment import augment_batch
 from .benchmarks import build_benchmark
-from .kernels._runtime import compile_seconds
+from .kernels.compile import compile_seconds
 from .models import build_model
 from .files import read_json
 from .results.metrics import AccuracyHistory, summarize
@@ -87,7 +87,7 @@ def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s
         "class_order": bench.class_order,
         "class_names": [bench.class_names[c] for c in bench.class_order],
         "wall_time_s": elapsed,
-        "kernel_compile_s": compile_s,  # compiling GPU kernels not shipped prebuilt (kernels/_runtime.py)
+        "kernel_compile_s": compile_s,  # compiling GPU kernels not shipped prebuilt (kernels/compile.py)
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "command": " ".join(sys.argv),
     }

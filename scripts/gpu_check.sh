@@ -8,15 +8,16 @@
 #   check.log    device, CUDA MPS's control binary, whether the kernels load (from the prebuilt bundle: the log
 #                names any module compiled here), pytest of tests/test_kernels_gpu.py, tests/test_capture_gpu.py
 #                and tests/test_sweep_gpu.py
-#   bench.log    scripts/bench_kernels.py (its table is printed last)
-#   hot.log      the GPU tests of quant (HOT and the torch reference on CUDA), then scripts/bench_hot.py
+#   bench.log    python -m scripts.bench.kernels (its table is printed last)
+#   hot.log      the GPU tests of quant (HOT and the torch reference on CUDA), then python -m scripts.bench.hot
 #   bench_kernels_<device>.json, hot_<device>.json, junit.xml
 # Environment: CHECK_TESTS=0 skips the tests (TEST_FILES names them), CHECK_BENCH=0 the benchmark, CHECK_HOT=0 the HOT stage,
-# BENCH_ARGS passes options to bench_kernels.py, HOT_ARGS to bench_hot.py, PYTEST_ARGS to pytest (e.g. "-k gemm").
-# NCU_CASES="gemm:256x128:4 quantize:Hadamard" profiles those cases of bench_kernels.py --repeat-case with Nsight
+# BENCH_ARGS passes options to scripts.bench.kernels, HOT_ARGS to scripts.bench.hot, PYTEST_ARGS to pytest (e.g. "-k gemm").
+# NCU_CASES="gemm:256x128:4 quantize:Hadamard" profiles those cases of scripts.bench.kernels --repeat-case with Nsight
 # Compute (the six launches after the first two: stall reasons, issue slots, pipes, memory) into ncu.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+status=0  # non-zero when a test run or a benchmark failed
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -34,8 +35,8 @@ export PYTHONPATH=$([ -d /tmp/site ] && echo /tmp/site:)$PWD
   $PY -c "import torch, cupy; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cupy', cupy.__version__)"
   echo "== CUDA MPS: control binary, and what it answers with no daemon running"
   command -v nvidia-cuda-mps-control && { echo get_server_list | nvidia-cuda-mps-control; echo "exit $?"; }
-  # Registers and spills per kernel come from ptxas on the CPU, before a call: scripts/kernel_resources.py.
-  $PY -c "from hdqt_cil import kernels; from hdqt_cil.kernels import _runtime as rt; print('available:', kernels.available(), kernels.unavailable_reason(), '| compiled here:', rt.compile_seconds(), 's')"
+  # Registers and spills per kernel come from ptxas on the CPU, before a call: python -m scripts.bench.kernel_resources.
+  $PY -c "from hdqt_cil import kernels; from hdqt_cil.kernels import compile; print('available:', kernels.available(), kernels.unavailable_reason(), '| compiled here:', compile.compile_seconds(), 's')"
 } >>"$log" 2>&1
 
 if [ "${CHECK_TESTS:-1}" = 1 ]; then
@@ -44,13 +45,13 @@ if [ "${CHECK_TESTS:-1}" = 1 ]; then
     --junitxml="$OUT/junit.xml" ${TEST_FILES:-tests/test_capture_gpu.py tests/test_kernels_gpu.py tests/test_sweep_gpu.py} \
     ${PYTEST_ARGS:-} \
     >>"$log" 2>&1
-  echo "pytest exit $?" >>"$log"
+  code=$?; echo "pytest exit $code" >>"$log"; [ $code = 0 ] || status=1
   tail -n 60 "$log"
 fi
 
 if [ "${CHECK_BENCH:-1}" = 1 ]; then
-  timeout ${BENCH_TIMEOUT:-240} $PY scripts/bench_kernels.py --out "$OUT" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
-  echo "bench exit $?" >>"$OUT/bench.log"
+  timeout ${BENCH_TIMEOUT:-240} $PY -m scripts.bench.kernels --out "$OUT" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
+  code=$?; echo "bench exit $code" >>"$OUT/bench.log"; [ $code = 0 ] || status=1
   tail -n 70 "$OUT/bench.log"
 fi
 
@@ -59,9 +60,9 @@ if [ "${CHECK_HOT:-1}" = 1 ]; then
     echo "== GPU tests of quant: HOT and the reference, torch vs CuPy"
     timeout ${HOT_TEST_TIMEOUT:-200} $PY -m pytest -p no:cacheprovider -q -rfEs -m gpu \
       tests/test_quant_hot.py tests/test_quant_gpu.py
-    echo "pytest exit $?"
-    timeout ${HOT_BENCH_TIMEOUT:-200} $PY scripts/bench_hot.py --out "$OUT" ${HOT_ARGS:-}
-    echo "bench_hot exit $?"
+    code=$?; echo "pytest exit $code"; [ $code = 0 ] || status=1
+    timeout ${HOT_BENCH_TIMEOUT:-200} $PY -m scripts.bench.hot --out "$OUT" ${HOT_ARGS:-}
+    code=$?; echo "bench_hot exit $code"; [ $code = 0 ] || status=1
   } >"$OUT/hot.log" 2>&1
   tail -n 60 "$OUT/hot.log"
 fi
@@ -71,6 +72,9 @@ for case in ${NCU_CASES:-}; do
   timeout 150 ncu --clock-control none --launch-skip 2 --launch-count 6 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section SchedulerStats --section WarpStateStats --section InstructionStats --section Occupancy --section LaunchStats \
-    $PY scripts/bench_kernels.py --repeat-case "$case" >>"$OUT/ncu.log" 2>&1
+    $PY -m scripts.bench.kernels --repeat-case "$case" >>"$OUT/ncu.log" 2>&1
 done
-[ -n "${NCU_CASES:-}" ] && grep -E "^== ncu|^  [a-z_]+.*\(|Duration|Issue Slots Busy|No Eligible|Executed Ipc A|Achieved Occupancy|Memory Throughput|Registers Per|Executed Instructions  |Warp Cycles Per Issued" "$OUT/ncu.log" | head -120
+if [ -n "${NCU_CASES:-}" ]; then
+  grep -E "^== ncu|^  [a-z_]+.*\(|Duration|Issue Slots Busy|No Eligible|Executed Ipc A|Achieved Occupancy|Memory Throughput|Registers Per|Executed Instructions  |Warp Cycles Per Issued" "$OUT/ncu.log" | head -120
+fi
+exit $status

@@ -1,10 +1,15 @@
-"""CPU checks of hdqt_cil.kernels: every .cu source compiles through NVRTC for sm_90 (no GPU needed), and the
-package refuses CPU tensors with a clear error."""
+"""CPU checks of hdqt_cil.kernels: every .cu source of the repository compiles through NVRTC for sm_90 (no GPU
+needed), and the package refuses CPU tensors with a clear error."""
+from pathlib import Path
+
 import pytest
 import torch
 
 from hdqt_cil import kernels
-from hdqt_cil.kernels import _runtime as rt
+from hdqt_cil.kernels import compile as rt
+from hdqt_cil.quant.backend import KERNEL_OPS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="the CuPy wheel brings NVRTC")
 
@@ -35,6 +40,25 @@ def test_every_source_in_the_folder_is_listed():
     assert sorted(p.name for p in rt.HERE.glob("*.cu")) == sorted(rt.SOURCES)
 
 
+# Sources outside the package: the benchmark's tensor-core ceiling and the tests' division kernel.
+OTHER_SOURCES = {"scripts/bench/peak.cu": ("mma_peak_plain", "mma_peak_clamped", "mma_peak_packed"),
+                 "tests/cuda/divide.cu": ("divide_f32",)}
+
+
+def test_every_other_source_is_listed():
+    found = {str(p.relative_to(ROOT)) for folder in ("hdqt_cil", "scripts", "tests", "data_prep")
+             for p in (ROOT / folder).rglob("*.cu")} - {f"hdqt_cil/kernels/{n}" for n in rt.SOURCES}
+    assert found == set(OTHER_SOURCES)
+
+
+@pytest.mark.parametrize("path", sorted(OTHER_SOURCES))
+def test_other_sources_compile_for_sm90_with_the_package_headers(path):
+    name = str(ROOT / path)
+    cubin, lowered, _ = rt.nvrtc_compile(name, OTHER_SOURCES[path], "sm_90")
+    assert cubin[:4] == b"\x7fELF" and set(lowered) == set(OTHER_SOURCES[path])
+    assert set(rt.headers(name)) <= {p.name for p in rt.HERE.glob("*.cuh")}
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
 def test_without_cuda_the_kernels_are_unavailable_and_say_why():
     assert not kernels.available()
@@ -46,9 +70,9 @@ def test_without_cuda_the_kernels_are_unavailable_and_say_why():
     with pytest.raises(ValueError, match="CUDA tensors"):
         kernels.tiled_int_matmul(torch.ones(2, 32), torch.ones(32, 2))
     with pytest.raises(ValueError, match="CUDA tensors"):
-        kernels.col2im(torch.ones(1, 4, 9), (1, 1, 2, 2), (3, 3), (1, 1), (1, 1), (1, 1))
+        kernels.col2im(torch.ones(1, 4, 9), (1, 1, 2, 2), (3, 3), (1, 1), (1, 1), (1, 1), (2, 2))
     with pytest.raises(ValueError, match="CUDA tensors"):
-        kernels.im2col(torch.ones(1, 1, 2, 2), (3, 3), (1, 1), (1, 1), (1, 1))
+        kernels.im2col(torch.ones(1, 1, 2, 2), (3, 3), (1, 1), (1, 1), (1, 1), False, (2, 2))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
@@ -84,17 +108,12 @@ def test_torch_backend_fused_ops_are_the_compositions():
         with pytest.raises(ValueError, match="power of two"):
             TORCH_OPS.scaled_int_matmul(a, b, sa, sb, block)
         with pytest.raises(ValueError, match="power of two"):
-            kernels.scaled_int_matmul(a, b, sa, sb, block)
+            KERNEL_OPS.scaled_int_matmul(a, b, sa, sb, block)
 
 
 def test_resource_report_names_every_kernel_with_its_figures():
-    """scripts/kernel_resources.py reads ptxas' registers, spills and shared memory off NVRTC's log."""
-    import importlib.util  # noqa: PLC0415
-
-    spec = importlib.util.spec_from_file_location("kernel_resources", rt.HERE.parents[1] / "scripts" /
-                                                  "kernel_resources.py")
-    resources = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(resources)
+    """scripts/bench/kernel_resources.py reads ptxas' registers, spills and shared memory off NVRTC's log."""
+    from scripts.bench import kernel_resources as resources  # noqa: PLC0415
     rows = {r["kernel"]: r for r in resources.report("quant.cu", rt.QUANT_KERNELS, "sm_90")}
     assert set(rows) == set(rt.QUANT_KERNELS)
     assert all(0 < r["registers"] <= 255 for r in rows.values())

@@ -7,13 +7,17 @@ with either backend must leave bit-identical weights.
 import dataclasses
 import math
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from hdqt_cil import kernels
-from hdqt_cil.kernels import _runtime as rt
+from hdqt_cil.kernels import flat
+from hdqt_cil.kernels import runtime as rt
+from hdqt_cil.kernels.compile import GEMM_CONFIGS
+from hdqt_cil.quant.backend import KERNEL_OPS as CUPY
 from hdqt_cil.quant import QuantSpec, block_hadamard, preset, quant_stats, quantize, quantize_model
 from hdqt_cil.quant import tiled_int_matmul
 from hdqt_cil.quant.rounding import Counter
@@ -24,11 +28,20 @@ pytestmark = [pytest.mark.gpu,
                                  reason=f"kernels unavailable: {kernels.unavailable_reason()}")]
 
 
+def _poisoned(shape, dtype, device):
+    """An output buffer filled with NaN, or 0x7f bytes for integers: every element a kernel fails to write shows."""
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if dtype.is_floating_point:
+        return out.fill_(float("nan"))
+    if dtype in (torch.int8, torch.uint8):
+        out.view(torch.uint8).fill_(0x7F)
+        return out
+    return out.fill_(0x7F7F7F7F)
+
+
 @pytest.fixture(autouse=True)
-def _poison_outputs():
-    rt.POISON = True
-    yield
-    rt.POISON = False
+def _poison_outputs(monkeypatch):
+    monkeypatch.setattr(rt, "empty", _poisoned)
 
 
 def gen(seed):
@@ -83,7 +96,7 @@ def test_quantize_bit_identical(shape, spec):
     for k, (label, t) in enumerate(inputs(shape, zlib.crc32(f'{shape}{spec}'.encode()))):
         counter = Counter(seed=12345 + k, step=987654321, role=8 * 3 + 2)
         ref_levels, ref_scale = quantize(t, spec, counter)
-        levels, scale = kernels.quantize(t, spec, counter)
+        levels, scale = CUPY.quantize(t, spec, counter)
         assert levels.dtype == torch.int8
         assert_same(levels, ref_levels, f"levels {label}")
         assert_same(scale, ref_scale, f"scale {label}")
@@ -100,8 +113,8 @@ def test_quantize_other_inputs():
     partly[2] = 0
     half = torch.randn(8, 64, generator=g, device="cuda").half()
     for label, t in (("int8", int8), ("strided", strided), ("zeros", zeros), ("zero sample", partly), ("half", half)):
-        assert_same(kernels.quantize(t, spec, counter)[0], quantize(t, spec, counter)[0], label)
-        assert_same(kernels.quantize(t, spec, counter)[1], quantize(t, spec, counter)[1], label)
+        assert_same(CUPY.quantize(t, spec, counter)[0], quantize(t, spec, counter)[0], label)
+        assert_same(CUPY.quantize(t, spec, counter)[1], quantize(t, spec, counter)[1], label)
 
 
 @pytest.mark.parametrize("spec", [SPECS[0], SPECS[3], SPECS[9], SPECS[11]], ids=str)
@@ -116,7 +129,7 @@ def test_quantize_extreme_magnitudes(spec):
                          torch.randint(-8, 8, (64, 300), generator=g, device="cuda")) * torch.sign(
         torch.randn(64, 300, generator=g, device="cuda"))
     for label, t in (("spread", spread), ("subnormal", subnormal), ("powers of two", powers)):
-        got, ref = kernels.quantize(t, spec, counter), quantize(t, spec, counter)
+        got, ref = CUPY.quantize(t, spec, counter), quantize(t, spec, counter)
         assert_same(got[0], ref[0], f"levels {label}")
         assert_same(got[1], ref[1], f"scale {label}")
 
@@ -125,14 +138,17 @@ def test_quantize_propagates_nan_into_the_scale():
     t = torch.randn(4, 100, device="cuda")
     t[1, 7] = float("nan")
     for granularity in ("tensor", "sample"):
-        scale = kernels.quantize(t, QuantSpec(4, "signed", "max", 1.0, granularity), None)[1]
+        scale = CUPY.quantize(t, QuantSpec(4, "signed", "max", 1.0, granularity), None)[1]
         assert not torch.isfinite(scale).all()
         assert torch.isfinite(scale.flatten()[0]) == (granularity == "sample")
 
 
+DIVIDE_SOURCE = str(Path(__file__).resolve().parent / "cuda" / "divide.cu")
+
+
 def _divide(v, s):
     out = torch.full_like(v, float("nan"))
-    rt.launch(rt.function("quant.cu", "divide_f32"), (264,), (256,),
+    rt.launch(rt.function(DIVIDE_SOURCE, "divide_f32"), (264,), (256,),
               (rt.ptr(v), rt.ptr(s), rt.u32(s.numel()), rt.ptr(out)))
     return out
 
@@ -173,17 +189,17 @@ def test_divider_gives_the_ieee_quotient():
 def test_stochastic_rounding_depends_on_the_counter_only():
     t = torch.randn(1000, 37, generator=gen(9), device="cuda")
     spec = QuantSpec(4, "signed", "max", 1.0, "tensor", "stochastic")
-    a = kernels.quantize(t, spec, Counter(1, 2, 3))[0]
-    assert torch.equal(a, kernels.quantize(t.clone(), spec, Counter(1, 2, 3))[0])
-    assert not torch.equal(a, kernels.quantize(t, spec, Counter(1, 2, 4))[0])
+    a = CUPY.quantize(t, spec, Counter(1, 2, 3))[0]
+    assert torch.equal(a, CUPY.quantize(t.clone(), spec, Counter(1, 2, 3))[0])
+    assert not torch.equal(a, CUPY.quantize(t, spec, Counter(1, 2, 4))[0])
     with pytest.raises(ValueError, match="Counter"):
-        kernels.quantize(t, spec, None)
+        CUPY.quantize(t, spec, None)
 
 
 def test_wide_levels_fall_back_to_the_reference():
     t = torch.randn(10, 10, device="cuda")
     spec = QuantSpec(12, "signed", "max")
-    levels, scale = kernels.quantize(t, spec)
+    levels, scale = CUPY.quantize(t, spec)
     ref = quantize(t, spec)
     assert torch.equal(levels, ref[0]) and torch.equal(scale, ref[1])
 
@@ -200,8 +216,8 @@ def test_single_pass_group_quantize(shape, granularity):
             for x in (torch.randn(shape, generator=g, device="cuda"),
                       torch.randint(-9, 9, shape, generator=g, device="cuda", dtype=torch.int8)):
                 counter = Counter(3, 5, 7)
-                assert_same(kernels.quantize(x, spec, counter)[0], quantize(x, spec, counter)[0], str(spec))
-                assert_same(kernels.quantize(x, spec, counter)[1], quantize(x, spec, counter)[1], str(spec))
+                assert_same(CUPY.quantize(x, spec, counter)[0], quantize(x, spec, counter)[0], str(spec))
+                assert_same(CUPY.quantize(x, spec, counter)[1], quantize(x, spec, counter)[1], str(spec))
 
 
 # ----------------------------------------------------------------------------------------------------- Hadamard
@@ -213,25 +229,25 @@ HADAMARD_CASES = [((8, 16), -1, None), ((3, 5, 4), -1, None), ((7, 100), -1, Non
 
 
 def test_cases_reach_both_shapes_of_the_flat_kernels():
-    """Hadamard kernels hold one run of 8 a thread below kernels.FLAT_RUNS_FROM elements, four from there."""
+    """Hadamard kernels hold one run of 8 a thread below flat.FLAT_RUNS_FROM elements, four from there."""
     sizes = [math.prod(shape) for shape, _, _ in HADAMARD_CASES]
-    assert min(sizes) < kernels.FLAT_RUNS_FROM <= max(sizes)
+    assert min(sizes) < flat.FLAT_RUNS_FROM <= max(sizes)
 
 
 @pytest.mark.parametrize("shape, dim, block", HADAMARD_CASES, ids=str)
 def test_block_hadamard_bit_identical(shape, dim, block):
     g = gen(len(shape) * 1000 + shape[-1])
     x = torch.randn(shape, generator=g, device="cuda") * 10
-    assert_same(kernels.block_hadamard(x, dim, block), block_hadamard(x, dim, block), "float input")
+    assert_same(CUPY.block_hadamard(x, dim, block), block_hadamard(x, dim, block), "float input")
     levels = torch.randint(-8, 16, shape, generator=g, device="cuda", dtype=torch.int8)
-    assert_same(kernels.block_hadamard(levels, dim, block), block_hadamard(levels, dim, block), "int8 input")
+    assert_same(CUPY.block_hadamard(levels, dim, block), block_hadamard(levels, dim, block), "int8 input")
     t = x.transpose(0, -1)
-    assert_same(kernels.block_hadamard(t, dim, None), block_hadamard(t, dim, None), "strided input")
+    assert_same(CUPY.block_hadamard(t, dim, None), block_hadamard(t, dim, None), "strided input")
 
 
 def test_block_hadamard_rejects_bad_blocks():
     with pytest.raises(ValueError, match="power of two"):
-        kernels.block_hadamard(torch.ones(4, 12, device="cuda"), -1, 8)
+        CUPY.block_hadamard(torch.ones(4, 12, device="cuda"), -1, 8)
 
 
 @pytest.mark.parametrize("spec", [SPECS[3], SPECS[4], SPECS[1], SPECS[9], SPECS[12]], ids=str)
@@ -243,7 +259,7 @@ def test_hadamard_quantize_bit_identical(shape, block, spec):
     counter = Counter(7, 11, 13)
     for x in (torch.randn(shape, generator=g, device="cuda"),
               torch.randint(-7, 8, shape, generator=g, device="cuda", dtype=torch.int8)):
-        levels, scale = kernels.hadamard_quantize(x, spec, counter, block)
+        levels, scale = CUPY.hadamard_quantize(x, spec, counter, block)
         ref_levels, ref_scale = quantize(block_hadamard(x, -1, block), spec, counter)
         assert_same(levels, ref_levels, f"levels {x.dtype}")
         assert_same(scale, ref_scale, f"scale {x.dtype}")
@@ -274,12 +290,12 @@ def reference_product(a, b, tile, acc_bits, count=True):
 def test_tiled_int_matmul_bit_identical(shape, tile, acc_bits):
     for seed, (lo, hi, blo, bhi) in enumerate(((-7, 8, 0, 16), (-7, 8, -7, 8), (-128, 128, -128, 128))):
         a, b = int_operands(shape, seed=seed, low=lo, high=hi, b_low=blo, b_high=bhi)
-        out, count = kernels.tiled_int_matmul(a, b, tile, acc_bits, count_saturated=True)
+        out, count = CUPY.tiled_int_matmul(a, b, tile, acc_bits, count_saturated=True)
         ref, ref_count = reference_product(a, b, tile, acc_bits)
         assert_same(out, ref, f"values, operands {lo}..{hi - 1}")
         assert count.dtype == torch.int64 and count.item() == ref_count.item()
         # without the count, tile 32 with 4-bit operands takes the packed (16-bit halves) mode
-        assert_same(kernels.tiled_int_matmul(a, b, tile, acc_bits), ref, f"no count, operands {lo}..{hi - 1}")
+        assert_same(CUPY.tiled_int_matmul(a, b, tile, acc_bits), ref, f"no count, operands {lo}..{hi - 1}")
 
 
 @pytest.mark.parametrize("batch_a, batch_b", [((4,), (4,)), ((3,), ()), ((), (5,)), ((2, 3), (2, 3)), ((1,), (6,))])
@@ -290,7 +306,7 @@ def test_batched_and_broadcast(batch_a, batch_b):
     bt = torch.randint(-7, 8, (*batch_b, n, k), generator=g, device="cuda", dtype=torch.int8)
     b = bt.transpose(-1, -2)
     for tile, acc_bits in ((32, 8), (None, 8)):
-        out, count = kernels.tiled_int_matmul(a, b, tile, acc_bits, count_saturated=True)
+        out, count = CUPY.tiled_int_matmul(a, b, tile, acc_bits, count_saturated=True)
         ref, ref_count = reference_product(a, b, tile, acc_bits)
         assert_same(out, ref)
         assert count.item() == ref_count.item()
@@ -299,7 +315,7 @@ def test_batched_and_broadcast(batch_a, batch_b):
     for sa in (torch.rand((*lead, 1, 1), generator=g, device="cuda"), torch.rand((*lead, m, 1), generator=g,
                                                                                    device="cuda")):
         sb = torch.rand((1, n), generator=g, device="cuda")
-        out = kernels.scaled_int_matmul(a, b, sa, sb, 8, 32, 8)
+        out = CUPY.scaled_int_matmul(a, b, sa, sb, 8, 32, 8)
         assert_same(out, reference_product(a, b, 32, 8, count=False).to(torch.float32) * ((sa * sb) / 8))
 
 
@@ -309,18 +325,18 @@ def test_layouts_and_dtypes_that_need_a_copy():
     b = torch.randint(-7, 8, (90, 45), generator=g, device="cuda").float()       # N contiguous, not K
     at = torch.randint(-7, 8, (90, 70), generator=g, device="cuda", dtype=torch.int8).t()  # M contiguous
     for x, y in ((a, b), (at, b), (a[:, 1:], b[1:]), (a.to(torch.int8), b.to(torch.int8))):
-        assert_same(kernels.tiled_int_matmul(x, y, 32, 8), reference_product(x, y, 32, 8, count=False))
-        assert_same(kernels.tiled_int_matmul(x, y, 32, 8, bounds=(7, 7)), reference_product(x, y, 32, 8, False))
+        assert_same(CUPY.tiled_int_matmul(x, y, 32, 8), reference_product(x, y, 32, 8, count=False))
+        assert_same(CUPY.tiled_int_matmul(x, y, 32, 8, bounds=(7, 7)), reference_product(x, y, 32, 8, False))
     # batches of M-major int8 levels on both sides (the transposing kernel), one of them sliced
     at3 = torch.randint(-7, 8, (3, 130, 200), generator=g, device="cuda", dtype=torch.int8).transpose(-1, -2)
     b3 = torch.randint(-7, 8, (3, 130, 67), generator=g, device="cuda", dtype=torch.int8)
     for x, y in ((at3, b3), (at3[:, 5:150], b3[:, :, 3:])):
-        assert_same(kernels.tiled_int_matmul(x, y, 32, 8), reference_product(x, y, 32, 8, count=False))
+        assert_same(CUPY.tiled_int_matmul(x, y, 32, 8), reference_product(x, y, 32, 8, count=False))
 
 
 def test_wide_sums_come_back_as_float64_like_the_reference():
     a, b = int_operands((20, 30, 2000), low=-128, high=128, b_low=-128, b_high=128)
-    out = kernels.tiled_int_matmul(a, b, None, None)
+    out = CUPY.tiled_int_matmul(a, b, None, None)
     ref = reference_product(a, b, None, None, count=False)
     assert out.dtype == ref.dtype == torch.float64
     assert_same(out, ref)
@@ -329,18 +345,18 @@ def test_wide_sums_come_back_as_float64_like_the_reference():
 def test_odd_tiles_fall_back_with_a_warning():
     a, b = int_operands((10, 12, 100))
     with pytest.warns(UserWarning, match="multiple of 32"):
-        out = kernels.tiled_int_matmul(a, b, 20, 8)
+        out = CUPY.tiled_int_matmul(a, b, 20, 8)
     assert_same(out, reference_product(a, b, 20, 8, count=False))
 
 
-@pytest.mark.parametrize("config", sorted(rt.GEMM_CONFIGS))
+@pytest.mark.parametrize("config", sorted(GEMM_CONFIGS))
 def test_every_gemm_config(config):
     """Each CTA tile the dispatcher may pick, on shapes with ragged M, N and K, all accumulator modes."""
     for shape, batch, low in (((300, 260, 1000), (), -128), ((70, 45, 129), (3,), -128), ((260, 300, 2000), (), -7)):
         a, b = int_operands(shape, batch=batch, seed=11, low=low, high=-low, b_low=low, b_high=-low)
         for tile, acc_bits in ((32, 8), (32, 10), (64, 8), (None, 8), (None, None)):
             for count in (False, True):
-                got = kernels._int_matmul(a, b, tile, acc_bits, None, count, None, config=config)
+                got = kernels.tiled_int_matmul(a, b, tile, acc_bits, None, count, config=config)
                 ref = reference_product(a, b, tile, acc_bits, count=count)
                 if count:
                     assert_same(got[0], ref[0], f"{config} {tile} {acc_bits}")
@@ -349,14 +365,14 @@ def test_every_gemm_config(config):
                     assert_same(got, ref, f"{config} {tile} {acc_bits}")
         if low == -7:  # the packed mode must have been eligible here; compare it with the plain one too
             for count in (False, True):
-                plain = kernels._int_matmul(a, b, 32, 8, None, count, None, config=config, packed=False)
-                got = kernels._int_matmul(a, b, 32, 8, None, count, None, config=config)
+                plain = kernels.tiled_int_matmul(a, b, 32, 8, None, count, config=config, packed=False)
+                got = kernels.tiled_int_matmul(a, b, 32, 8, None, count, config=config)
                 assert_same(got[0] if count else got, plain[0] if count else plain, f"packed, count={count}")
                 if count:
                     assert got[1].item() == plain[1].item()
         sa = torch.rand((*batch, shape[0], 1), device="cuda")
         sb = torch.rand((*batch, 1, shape[1]), device="cuda")
-        got = kernels._int_matmul(a, b, 32, 8, None, False, (sa, sb, 16), config=config)
+        got = kernels.scaled_int_matmul(a, b, sa, sb, 16, 32, 8, config=config)
         assert_same(got, reference_product(a, b, 32, 8, count=False).to(torch.float32) * ((sa * sb) / 16))
 
 
@@ -369,7 +385,7 @@ def test_scaled_int_matmul_equals_the_layers_epilogue(granularity):
     sa = torch.rand(shapes[granularity][0], generator=g, device="cuda") / 7
     sb = torch.rand(shapes[granularity][1], generator=g, device="cuda") / 3
     for block in (1, 64):
-        out, count = kernels.scaled_int_matmul(a, b, sa, sb, block, 32, 8, count_saturated=True)
+        out, count = CUPY.scaled_int_matmul(a, b, sa, sb, block, 32, 8, count_saturated=True)
         acc, ref_count = reference_product(a, b, 32, 8)
         assert_same(out, acc.to(torch.float32) * ((sa * sb) / block))
         assert count.item() == ref_count.item()
@@ -391,14 +407,14 @@ def test_batch_summed_product_bit_identical(shape, tile, acc_bits):
         for sa_shape, sb_shape in scales:
             sa = torch.rand(sa_shape, generator=g, device="cuda") / 7 - 0.05  # some negative: signed zeros too
             sb = torch.rand(sb_shape, generator=g, device="cuda") / 3
-            got, count = kernels.scaled_int_matmul(a, b, sa, sb, block, tile, acc_bits, (8, 15), True,
+            got, count = CUPY.scaled_int_matmul(a, b, sa, sb, block, tile, acc_bits, (8, 15), True,
                                                    sum_batch=True)
             ref, ref_count = TORCH_OPS.scaled_int_matmul(a.float(), b.float(), sa, sb, block, tile, acc_bits, (8, 15),
                                                          True, sum_batch=True)
             assert_same(got, ref, f"batch {batch}, scales {sa_shape} {sb_shape}")
             assert torch.equal(torch.signbit(got), torch.signbit(ref))
             assert count.item() == ref_count.item()
-            plain = kernels.scaled_int_matmul(a, b, sa, sb, block, tile, acc_bits, (8, 15), sum_batch=True)
+            plain = CUPY.scaled_int_matmul(a, b, sa, sb, block, tile, acc_bits, (8, 15), sum_batch=True)
             assert_same(plain, ref, "without the count (packed mode where eligible)")
 
 
@@ -440,7 +456,7 @@ def test_im2col_bit_identical(x_shape, kernel, padding, dilation, stride, dtype,
     if dtype.is_floating_point:
         x[0, 0, 0, 0] = -0.0
     x = x.transpose(2, 3).contiguous().transpose(2, 3)  # a non-contiguous input
-    got = kernels.im2col(x, kernel, padding, dilation, stride, columns)
+    got = CUPY.im2col(x, kernel, padding, dilation, stride, columns)
     ref = im2col(x, kernel, padding, dilation, stride, columns)
     assert got.is_contiguous() and got.dtype == dtype
     assert_same(got, ref, f"{x_shape} {kernel} columns={columns}")
@@ -458,7 +474,7 @@ def test_col2im_bit_identical(x_shape, kernel, padding, dilation, stride):
     rows = torch.randn(x_shape[0], out_h * out_w, k, generator=g, device="cuda")
     rows *= torch.logspace(-20, 20, k, device="cuda")  # magnitudes far apart: the order of the adds shows
     rows[0, 0, 0] = -0.0
-    got = kernels.col2im(rows, x_shape, kernel, padding, dilation, stride)
+    got = CUPY.col2im(rows, x_shape, kernel, padding, dilation, stride)
     ref = col2im(rows, x_shape, kernel, padding, dilation, stride)
     assert got.stride() == ref.stride()
     assert_same(got, ref, f"{x_shape} {kernel}")
@@ -514,23 +530,23 @@ class CheckedOps:
                 self.differences.append(f"{op} output {i}: {bad} differ; inputs {[self._describe(t) for t in inputs]}")
 
     def quantize(self, t, spec, counter=None):
-        got, ref = kernels.quantize(t, spec, counter), self.ref.quantize(t, spec, counter)
+        got, ref = CUPY.quantize(t, spec, counter), self.ref.quantize(t, spec, counter)
         self._compare("quantize", (t, spec, counter), got, ref)
         return got
 
     def block_hadamard(self, x, dim=-1, block=None):
-        got, ref = kernels.block_hadamard(x, dim, block), self.ref.block_hadamard(x, dim, block)
+        got, ref = CUPY.block_hadamard(x, dim, block), self.ref.block_hadamard(x, dim, block)
         self._compare("block_hadamard", (x, dim, block), got, ref)
         return got
 
     def tiled_int_matmul(self, a, b, tile=32, acc_bits=8, bounds=None, count_saturated=False):
-        got = kernels.tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated)
+        got = CUPY.tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated)
         ref = self.ref.tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated)
         self._compare("tiled_int_matmul", (a, b, tile, acc_bits, bounds), got, ref)
         return got
 
     def hadamard_quantize(self, x, spec, counter=None, block=None, dim=-1):
-        got = kernels.hadamard_quantize(x, spec, counter, block, dim)
+        got = CUPY.hadamard_quantize(x, spec, counter, block, dim)
         ref = self.ref.hadamard_quantize(x, spec, counter, block, dim)
         self._compare("hadamard_quantize", (x, spec, counter, block, dim), got, ref)
         return got
@@ -538,19 +554,19 @@ class CheckedOps:
     def scaled_int_matmul(self, a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
                           count_saturated=False, sum_batch=False):
         args = (a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated, sum_batch)
-        got, ref = kernels.scaled_int_matmul(*args), self.ref.scaled_int_matmul(*args)
+        got, ref = CUPY.scaled_int_matmul(*args), self.ref.scaled_int_matmul(*args)
         self._compare("scaled_int_matmul", args[:8], got, ref)
         return got
 
     def im2col(self, x, kernel_size, padding, dilation, stride, columns=False):
         args = (x, kernel_size, padding, dilation, stride, columns)
-        got, ref = kernels.im2col(*args), self.ref.im2col(*args)
+        got, ref = CUPY.im2col(*args), self.ref.im2col(*args)
         self._compare("im2col", args, got, ref)
         return got
 
     def col2im(self, rows, x_shape, kernel_size, padding, dilation, stride):
         args = (rows, x_shape, kernel_size, padding, dilation, stride)
-        got, ref = kernels.col2im(*args), self.ref.col2im(*args)
+        got, ref = CUPY.col2im(*args), self.ref.col2im(*args)
         self._compare("col2im", args, got, ref)
         return got
 
@@ -596,12 +612,12 @@ def test_fused_ops_match_the_torch_backend():
     g = gen(21)
     x = torch.randn(8, 40, 256, generator=g, device="cuda")
     spec = QuantSpec(4, "signed", "max", 1.0, "sample", "stochastic")
-    for got, ref in zip(kernels.OPS.hadamard_quantize(x, spec, Counter(1, 2, 3)),
+    for got, ref in zip(CUPY.hadamard_quantize(x, spec, Counter(1, 2, 3)),
                         TORCH_OPS.hadamard_quantize(x, spec, Counter(1, 2, 3))):
         assert_same(got, ref)
     a, b = int_operands((50, 70, 300), batch=(4,), seed=22)
     sa, sb = torch.rand(4, 1, 1, device="cuda"), torch.rand(4, 1, 70, device="cuda")
-    got = kernels.OPS.scaled_int_matmul(a, b, sa, sb, 8, 32, 8, (7, 15), True)
+    got = CUPY.scaled_int_matmul(a, b, sa, sb, 8, 32, 8, (7, 15), True)
     ref = TORCH_OPS.scaled_int_matmul(a.float(), b.float(), sa, sb, 8, 32, 8, (7, 15), True)
     assert_same(got[0], ref[0])
     assert got[1].item() == ref[1].item()

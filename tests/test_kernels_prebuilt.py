@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hdqt_cil.kernels import _runtime as rt
 from hdqt_cil.kernels import build
+from hdqt_cil.kernels import compile as rt
 
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="the CuPy wheel brings NVRTC")
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +33,21 @@ def test_an_edited_source_makes_every_bundle_stale(monkeypatch):
     assert build.main(["--check"]) == 1
 
 
+def test_an_edited_header_makes_stale_only_the_modules_that_include_it(monkeypatch):
+    """divide.cuh is quant.cu's alone: editing it changes quant.cu's key in every bundle and no other, and a
+    rebuild reuses every other module's cubin."""
+    if build._bundle_index("sm_90")["nvrtc"] != rt.nvrtc_version():
+        pytest.skip("the bundles were made by another NVRTC release: a rebuild compiles every module")
+    before = {arch: build.expected_keys(arch) for arch in rt.SUPPORTED_ARCHS}
+    original = rt.source
+    monkeypatch.setattr(rt, "source", lambda name: original(name) + ("\n// edited" if name == "divide.cuh" else ""))
+    for arch in rt.SUPPORTED_ARCHS:
+        after = build.expected_keys(arch)
+        changed = {after[key][0] for key in set(after) - set(before[arch])}
+        assert changed == {"quant.cu"}
+        assert len(build._reusable(arch, after)) == len(after) - 1
+
+
 def test_shipped_cubin_is_what_nvrtc_makes_here():
     arch, name = "sm_90", "im2col.cu"
     cubin, lowered, _ = rt.nvrtc_compile(name, rt.SOURCES[name], arch)
@@ -47,7 +62,7 @@ def test_shipped_cubin_is_what_nvrtc_makes_here():
 
 COMPILE_ONE = """
 import logging, sys
-from hdqt_cil.kernels import _runtime as rt
+from hdqt_cil.kernels import compile as rt
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 rt.compile_cubin("im2col.cu", rt.SOURCES["im2col.cu"], "sm_75")
 """

@@ -17,7 +17,8 @@ import sys
 import tarfile
 import time
 
-from . import _runtime as rt
+from ..files import write_atomic
+from . import compile as rt
 
 
 def expected_keys(arch: str) -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -25,12 +26,17 @@ def expected_keys(arch: str) -> dict[str, tuple[str, tuple[str, ...]]]:
     return {rt.module_key(name, expressions, arch): (name, expressions) for name, expressions in rt.shipped_modules()}
 
 
-def bundle_keys(arch: str) -> set[str]:
+def _bundle_index(arch: str) -> dict:
+    """The index of the bundle for `arch` (empty where there is none)."""
     path = rt.prebuilt_path(arch)
     if not path.exists():
-        return set()
+        return {"modules": {}}
     with tarfile.open(path, "r:xz") as bundle:
-        return set(json.load(bundle.extractfile("index.json"))["modules"])
+        return json.load(bundle.extractfile("index.json"))
+
+
+def bundle_keys(arch: str) -> set[str]:
+    return set(_bundle_index(arch)["modules"])
 
 
 def stale_archs(archs=rt.SUPPORTED_ARCHS) -> list[str]:
@@ -50,12 +56,26 @@ def _member(name: str, data: bytes) -> tuple[tarfile.TarInfo, io.BytesIO]:
     return info, io.BytesIO(data)
 
 
-def build(arch: str, workers: int) -> int:
-    """Compile every shipped module for `arch` with `workers` processes and write its bundle; returns bytes."""
-    jobs = [(key, name, expressions, arch) for key, (name, expressions) in expected_keys(arch).items()]
+def _reusable(arch: str, keys) -> dict:
+    """{key: (cubin, lowered)} of the modules among `keys` that the current bundle already holds, compiled by this
+    NVRTC release (a key covers the source, headers, options and architecture, so the cubin is what a compile
+    would give)."""
+    if _bundle_index(arch).get("nvrtc") != rt.nvrtc_version():
+        return {}
+    shipped = rt.prebuilt(arch)
+    return {key: shipped[key] for key in keys if key in shipped}
+
+
+def build(arch: str, workers: int, reuse: bool = True) -> tuple[int, int]:
+    """Write the bundle of every shipped module for `arch`, compiling with `workers` processes those that the
+    current bundle does not hold (every one with reuse=False); returns (modules compiled, bytes)."""
+    expected = expected_keys(arch)
+    kept = _reusable(arch, expected) if reuse else {}
+    jobs = [(key, name, expressions, arch) for key, (name, expressions) in expected.items() if key not in kept]
     jobs.sort(key=lambda job: job[1] != "quant.cu")  # the longest compile first
     with concurrent.futures.ProcessPoolExecutor(workers) as pool:
-        results = sorted(pool.map(_compile, jobs, chunksize=4))
+        compiled = list(pool.map(_compile, jobs, chunksize=4))
+    results = sorted(compiled + [(key, *expected[key], *kept[key]) for key in kept])
     index = {"arch": arch, "nvrtc": rt.nvrtc_version(), "options": list(rt.NVRTC_OPTIONS),
              "modules": {key: {"source": name, "expressions": list(expressions), "lowered": lowered}
                          for key, name, expressions, _, lowered in results}}
@@ -64,15 +84,16 @@ def build(arch: str, workers: int) -> int:
         bundle.addfile(*_member("index.json", json.dumps(index, indent=1, sort_keys=True).encode()))
         for key, _, _, cubin, _ in results:
             bundle.addfile(*_member(f"{key}.cubin", cubin))
-    rt.write_atomic(rt.prebuilt_path(arch), buffer.getvalue())
-    return len(buffer.getvalue())
+    write_atomic(rt.prebuilt_path(arch), buffer.getvalue())
+    rt.prebuilt.cache_clear()
+    return len(jobs), len(buffer.getvalue())
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", nargs="+", default=list(rt.SUPPORTED_ARCHS), choices=rt.SUPPORTED_ARCHS)
     parser.add_argument("--check", action="store_true", help="only report stale bundles (exit 1 if any)")
-    parser.add_argument("--all", action="store_true", help="rebuild current bundles too")
+    parser.add_argument("--all", action="store_true", help="rebuild every bundle, compiling every module anew")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes")
     args = parser.parse_args(argv)
     stale = stale_archs(args.arch)
@@ -82,9 +103,9 @@ def main(argv=None) -> int:
         return 1 if stale else 0
     for arch in args.arch if args.all else stale:
         start = time.perf_counter()
-        size = build(arch, args.jobs)
-        print(f"{rt.prebuilt_path(arch)}: {len(expected_keys(arch))} modules, {size / 2**20:.1f} MiB, "
-              f"{time.perf_counter() - start:.0f} s")
+        compiled, size = build(arch, args.jobs, reuse=not args.all)
+        print(f"{rt.prebuilt_path(arch)}: {len(expected_keys(arch))} modules ({compiled} compiled), "
+              f"{size / 2**20:.1f} MiB, {time.perf_counter() - start:.0f} s")
     return 0
 
 

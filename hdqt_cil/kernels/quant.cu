@@ -14,13 +14,13 @@
 //           owns a group's first element writes the group's scale.
 // hadamard_*: the transform alone, float32 out.
 // group_*: max, scale and levels of groups of up to 32K elements in one pass (a CTA a group).
-// divide_f32: the quantizers' division, exposed for its test.
 // sum_entries_f32: the batch sum of a GEMM's scaled products in the order of intmm.cu's OUT mode 3.
 // transpose_i8: int8 matrices transposed into a row pitch of the caller's choice (the GEMM's operand packing).
 // Template T: float or signed char input (levels). HAD: 0 no transform, 1 a Hadamard block of any size, 2 one of
 // at least 256 * ROUNDS elements (butterfly's WIDE).
 
 #include "common.cuh"
+#include "divide.cuh"
 
 #define NO_GROUP 0xffffffffu
 
@@ -190,8 +190,6 @@ __device__ __forceinline__ void each_run(u32 first, u32 stop, F f) {
         if (first + 256u * r < stop) f(r, first + 256u * r);
 }
 
-__device__ __forceinline__ u32 abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
-
 __device__ __forceinline__ u32 warp_max(u32 x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
@@ -273,43 +271,6 @@ __device__ __forceinline__ void absmax_body(const T* __restrict__ x, u32 n_el, u
     }
     if (__syncthreads_or(negative) && threadIdx.x == 0) atomicOr(neg_flag, 1u);
 }
-
-// Quotients v / s for many v and one s, each the correctly rounded float32 of __fdiv_rn, without its per-element
-// range check and branch (which keep the compiler from overlapping the elements' dependency chains): from
-// r = RN(1/s), q0 = v * r, then two corrections by the remainder (the first gives a faithful quotient, from which
-// Markstein's correction with the exact remainder v - q1 * s rounds correctly). Valid while nothing nears
-// overflow or underflow: s and |v| in [2^-60, 2^60], or v = 0 (whose quotient's sign may come out flipped; no level
-// shows a zero's sign). Eights of elements outside that range divide with __fdiv_rn.
-#define SAFE_LO 0x21800000u  // 2^-60
-#define SAFE_HI 0x5d800000u  // 2^60
-
-struct Divider {
-    float s, r;
-    bool usable;
-    __device__ __forceinline__ explicit Divider(float scale)
-        : s(scale), r(__frcp_rn(scale)), usable(abs_bits(scale) - SAFE_LO <= SAFE_HI - SAFE_LO) {}
-
-    __device__ __forceinline__ void divide8(const float v[8], float q[8]) const {
-        u32 lo = 0xffffffffu, hi = 0u;  // min of |v| - 1 as bits (a zero wraps to the top), max of |v|
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const u32 b = abs_bits(v[j]);
-            lo = min(lo, b - 1u);
-            hi = max(hi, b);
-        }
-        if (usable && lo >= SAFE_LO - 1u && hi <= SAFE_HI) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const float q0 = __fmul_rn(v[j], r);
-                const float q1 = __fmaf_rn(__fmaf_rn(-q0, s, v[j]), r, q0);
-                q[j] = __fmaf_rn(__fmaf_rn(-q1, s, v[j]), r, q1);
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) q[j] = __fdiv_rn(v[j], s);
-        }
-    }
-};
 
 // ROUNDING: 0 nearest (half to even), 1 stochastic, 2 stochastic on the radix-2 grid (log2); a template
 // parameter, so that each kernel holds one rounding's instructions and no branch between them.
@@ -579,20 +540,6 @@ HADAMARD(hadamard4_i8, signed char, 4)
     GROUP(NAME##_log2, T, HAD, 4, 2)
 
 TRANSFORMS(GROUP_ROUNDINGS, group)
-
-// out[i] = v[i] / s[i / 8] through Divider (eights of v sharing a scale, as in the quantizers): its own kernel so
-// that the tests can compare every quotient with the IEEE division, not only the levels they round to.
-extern "C" __global__ void divide_f32(const float* __restrict__ v, const float* __restrict__ s, u32 eights,
-                                      float* __restrict__ out) {
-    for (u32 k = blockIdx.x * blockDim.x + threadIdx.x; k < eights; k += gridDim.x * blockDim.x) {
-        float x[8], q[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) x[j] = v[8 * k + j];
-        Divider(s[k]).divide8(x, q);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) out[8 * k + j] = q[j];
-    }
-}
 
 // out[i] = (((+0 + x[0][i]) + x[1][i]) + ...) + x[entries - 1][i], float32, entries in order (quant/intmm.py
 // sum_entries): for batched products too small in M x N to loop over the batch inside the GEMM.

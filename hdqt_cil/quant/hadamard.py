@@ -23,6 +23,15 @@ def hadamard_block_size(n: int, cap: int | None = None) -> int:
     return block
 
 
+def checked_block(size: int, block: int | None) -> int:
+    """The Hadamard block for a dimension of `size`: `block`, or by default the largest power of two dividing
+    `size`; refused unless it is a power of two dividing `size`."""
+    block = hadamard_block_size(size) if block is None else block
+    if block < 1 or block & (block - 1) or size % block:
+        raise ValueError(f"Hadamard block {block} must be a power of two dividing the dimension {size}")
+    return block
+
+
 def block_hadamard(x: torch.Tensor, dim: int = -1, block: int | None = None) -> torch.Tensor:
     """x transformed by I ⊗ H_block along `dim` (float32), by the in-place iterative radix-2 butterfly.
 
@@ -31,9 +40,7 @@ def block_hadamard(x: torch.Tensor, dim: int = -1, block: int | None = None) -> 
     the float32 results agree bit for bit. O(n log n) work, never a dense matrix.
     """
     size = x.shape[dim]
-    block = hadamard_block_size(size) if block is None else block
-    if block < 1 or block & (block - 1) or size % block:
-        raise ValueError(f"Hadamard block {block} must be a power of two dividing the dimension {size}")
+    block = checked_block(size, block)
     if block == 1:
         return x.to(torch.float32, copy=True)
     moved = x.movedim(dim, -1).to(torch.float32)

@@ -28,6 +28,24 @@ def _exact_dtype(a_bound: float, b_bound: float, terms: int, device: torch.devic
     raise ValueError(f"integer product too wide to compute exactly: {terms} terms of up to {a_bound} x {b_bound}")
 
 
+def check_accumulation(tile: int | None, acc_bits: int | None) -> None:
+    """A positive tile and accumulator width, or None (the whole K is one tile; no saturation)."""
+    if tile is not None and tile < 1:
+        raise ValueError(f"tile={tile} must be a positive number of K elements (or None for the whole K)")
+    if acc_bits is not None and acc_bits < 1:
+        raise ValueError(f"acc_bits={acc_bits} must be >= 1 (or None for no saturation)")
+
+
+def check_product(a: torch.Tensor, b: torch.Tensor, tile: int | None, acc_bits: int | None) -> None:
+    """What a tiled integer product takes: matrices (..., M, K) and (..., K, N), and check_accumulation's tile
+    and width."""
+    check_accumulation(tile, acc_bits)
+    if a.dim() < 2 or b.dim() < 2:
+        raise ValueError(f"matrix operands need two dimensions; got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if b.shape[-2] != a.shape[-1]:
+        raise ValueError(f"contraction sizes differ: a has K={a.shape[-1]}, b has K={b.shape[-2]}")
+
+
 def tiled_int_matmul(a: torch.Tensor, b: torch.Tensor, tile: int | None = 32, acc_bits: int | None = 8,
                      bounds: tuple[float, float] | None = None, count_saturated: bool = False):
     """Σ_tiles clamp(Σ_{k in tile} a[..., m, k] b[..., k, n], ±L), L = 2^(acc_bits-1) - 1.
@@ -39,13 +57,8 @@ def tiled_int_matmul(a: torch.Tensor, b: torch.Tensor, tile: int | None = 32, ac
     count_saturated=True also the number of saturated tile sums (0-dim tensor; the number of tile sums is
     out.numel() * number of tiles).
     """
-    if tile is not None and tile < 1:
-        raise ValueError(f"tile={tile} must be a positive number of K elements (or None for the whole K)")
-    if acc_bits is not None and acc_bits < 1:
-        raise ValueError(f"acc_bits={acc_bits} must be >= 1 (or None for no saturation)")
+    check_product(a, b, tile, acc_bits)
     k = a.shape[-1]
-    if b.shape[-2] != k:
-        raise ValueError(f"contraction sizes differ: a has K={k}, b has K={b.shape[-2]}")
     if bounds is None:
         bounds = tuple(torch.stack([a.abs().amax(), b.abs().amax()]).tolist()) if a.numel() and b.numel() else (0, 0)
     tile = k if tile is None or tile >= k or acc_bits is None else tile

@@ -74,14 +74,26 @@ class QuantSpec:
         """The largest level magnitude this spec can produce (a bound for exact integer products)."""
         return self.signed_max if self.signedness == "signed" else self.unsigned_max
 
+    def scale_shape(self, shape) -> tuple[int, ...]:
+        """The shape of the scale of a tensor of `shape` (broadcastable to it): 1 along reduction_dims."""
+        dims = reduction_dims(len(shape), self.granularity)
+        return tuple(1 if d in dims else size for d, size in enumerate(shape))
 
-def reduction_dims(t: torch.Tensor, granularity: str) -> tuple[int, ...]:
-    """The dimensions one scale spans: all (tensor), all but dim 0 (sample), the last (row)."""
+
+def reduction_dims(ndim: int, granularity: str) -> tuple[int, ...]:
+    """The dimensions of an `ndim`-dimensional tensor that one scale spans: all (tensor), all but dim 0 (sample),
+    the last (row)."""
     if granularity == "tensor":
-        return tuple(range(t.dim()))
+        return tuple(range(ndim))
     if granularity == "sample":
-        return tuple(range(1, t.dim()))
-    return (t.dim() - 1,)
+        return tuple(range(1, ndim))
+    return (ndim - 1,)
+
+
+def require_counter(spec: QuantSpec, counter: Counter | None) -> None:
+    """Stochastic rounding draws its random bits from a counter: refuse a stochastic spec without one."""
+    if spec.rounding == "stochastic" and counter is None:
+        raise ValueError("stochastic rounding needs a Counter (seed, step, role) for its random bits")
 
 
 def is_signed(t: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
@@ -102,9 +114,9 @@ def _level_range(signed: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, t
 
 
 def _scale(t: torch.Tensor, spec: QuantSpec, signed: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    dims = reduction_dims(t, spec.granularity)
+    dims = reduction_dims(t.dim(), spec.granularity)
     if t.numel() == 0:  # an empty batch: nothing to scale, no reduction over an empty dimension
-        return t.new_ones([1 if d in dims else size for d, size in enumerate(t.shape)])
+        return t.new_ones(spec.scale_shape(t.shape))
     peak = t.abs().amax(dim=dims, keepdim=True) if dims else t.abs()
     if spec.scale == "max":
         clip_value = peak * torch.tensor(spec.clip, dtype=torch.float32)
@@ -141,6 +153,7 @@ def quantize(t: torch.Tensor, spec: QuantSpec, counter: Counter | None = None) -
     v = t / s in float32 (true division: ties on .5 are common after a Hadamard transform of integers, and
     t * (1/s) would move them), rounded, then clamped to the level range.
     """
+    require_counter(spec, counter)
     t = t.to(torch.float32)
     signed = is_signed(t, spec)
     low, high = _level_range(signed, spec)
@@ -149,8 +162,6 @@ def quantize(t: torch.Tensor, spec: QuantSpec, counter: Counter | None = None) -
     if spec.rounding == "nearest":
         rounded = round_nearest(v)
     else:
-        if counter is None:
-            raise ValueError("stochastic rounding needs a Counter (seed, step, role) for its random bits")
         u = counter.uniform(v.shape, v.device)
         rounded = round_stochastic_log2(v, u) if spec.grid == "log2" else round_stochastic(v, u)
     return rounded.clamp_(low, high), scale

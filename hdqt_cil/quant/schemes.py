@@ -23,6 +23,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from ..registry import Registry
 from ..settings import BOOL, NON_NEGATIVE_INT, Rule, check_settings, one_of, setting
+from .intmm import check_accumulation
 from .quantizers import BITS_RANGE, GRANULARITIES, ROUNDINGS, QuantSpec
 
 ROLES = ("input", "weight", "grad_output", "bwd_weight", "bwd_input")
@@ -42,10 +43,7 @@ class Product:
     acc_bits: int | None = None
 
     def __post_init__(self):
-        if self.tile is not None and self.tile < 1:
-            raise ValueError(f"tile={self.tile} must be >= 1 (or None: the whole contraction is one tile)")
-        if self.acc_bits is not None and self.acc_bits < 1:
-            raise ValueError(f"acc_bits={self.acc_bits} must be >= 1 (or None: no saturation)")
+        check_accumulation(self.tile, self.acc_bits)
 
 
 @dataclass(frozen=True)

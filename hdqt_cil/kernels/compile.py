@@ -1,19 +1,17 @@
-"""Compiling the `.cu` sources of this folder with NVRTC (through CuPy) and launching them on torch tensors.
-
-CuPy is used only to compile, load and launch: every buffer is a torch tensor (its allocator, its stream) and
-reaches a kernel as a raw device address, so no CuPy array or memory pool is involved.
+"""The `.cu` sources of this folder, every variant a compile must produce, and their machine code: compiled with
+NVRTC (no GPU needed), shipped prebuilt for the supported architectures (`prebuilt/`, made by build.py), or compiled
+once per machine into its kernel cache.
 """
 import hashlib
 import json
 import logging
 import pickle
+import re
 import tarfile
-import threading
 import time
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..files import cache_root, exclusive, write_atomic
@@ -32,8 +30,7 @@ QUANT_KERNELS += tuple(f"quantize{n}_{had}{t}_{r}" for n, hads in FLAT_SHAPES fo
                        for r in ROUNDINGS)
 QUANT_KERNELS += tuple(f"hadamard{n}_{t}" for n, _ in FLAT_SHAPES for t in ("f32", "i8"))
 QUANT_KERNELS += tuple(f"group_{had}{t}_{r}" for had in TRANSFORMS for t in ("f32", "i8") for r in ROUNDINGS)
-QUANT_KERNELS += ("sum_entries_f32", "transpose_i8", "divide_f32")
-PEAK_KERNELS = ("mma_peak_plain", "mma_peak_clamped", "mma_peak_packed")
+QUANT_KERNELS += ("sum_entries_f32", "transpose_i8")
 # GEMM tile shapes: warps along M, warps along N, m16 blocks per warp, n8 blocks per warp, min CTAs per SM.
 GEMM_CONFIGS = {
     "256x128": (4, 4, 4, 4, 1),
@@ -74,7 +71,7 @@ GEMM_OUTS = range(4)  # int32, float32, scaled, scaled and summed over the batch
 ALL_GEMM_EXPRESSIONS = tuple(gemm_expression(c, sat, count, out) for c in GEMM_CONFIGS for sat, count in GEMM_MODES
                              for out in GEMM_OUTS)
 
-SOURCES = {"quant.cu": QUANT_KERNELS, "intmm.cu": ALL_GEMM_EXPRESSIONS, "peak.cu": PEAK_KERNELS,
+SOURCES = {"quant.cu": QUANT_KERNELS, "intmm.cu": ALL_GEMM_EXPRESSIONS,
            "im2col.cu": tuple(f"im2col_{layout}_{t}" for layout in ("rows", "columns") for t in ("i8", "f32"))
            + ("col2im_f32", "col2im_f32_unit")}
 # IEEE single precision throughout: no contraction into FMA, no flush of subnormals, correctly rounded division.
@@ -83,35 +80,15 @@ SOURCES = {"quant.cu": QUANT_KERNELS, "intmm.cu": ALL_GEMM_EXPRESSIONS, "peak.cu
 NVRTC_OPTIONS = ("--std=c++17", "--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
 
 
-# Headers every source may include (by name, from this folder).
-HEADERS = ("common.cuh",)
-
-
 def source(name: str) -> str:
+    """The text of source `name`: a file of this folder, or a path (a benchmark's or a test's own source)."""
     return (HERE / name).read_text()
 
 
-class _StreamRef:
-    """What CuPy's launcher needs of a stream: its handle (torch's current stream)."""
-    __slots__ = ("ptr",)
-
-    def __init__(self, ptr: int):
-        self.ptr = ptr
-
-
-# Tests set this: output buffers are then filled with poison before every launch (see kernels._empty).
-POISON = False
-
-_lock = threading.Lock()
-_modules: dict = {}
-_functions: dict = {}
-_sm_counts: dict = {}
-
-
-def _cupy():
-    import cupy  # noqa: PLC0415 (optional dependency)
-
-    return cupy
+@lru_cache(maxsize=None)
+def headers(name: str) -> tuple[str, ...]:
+    """The headers of this folder that source `name` includes (`#include "x.cuh"`), in order."""
+    return tuple(re.findall(r'^#include "([^"]+)"', source(name), flags=re.MULTILINE))
 
 
 def kernel_cache_dir() -> Path:
@@ -123,8 +100,9 @@ def nvrtc_compile(name: str, expressions: tuple[str, ...], arch: str, *extra: st
     after NVRTC_OPTIONS (e.g. --ptxas-options=-v for registers and spills)."""
     from cupy_backends.cuda.libs import nvrtc  # noqa: PLC0415
 
-    program = nvrtc.createProgram(source(name), name, [source(h).encode() for h in HEADERS],
-                                  [h.encode() for h in HEADERS])
+    included = headers(name)
+    program = nvrtc.createProgram(source(name), name, [source(h).encode() for h in included],
+                                  [h.encode() for h in included])
     try:
         for expression in expressions:
             if "<" in expression:
@@ -149,12 +127,12 @@ def nvrtc_version() -> str:
 def module_key(name: str, expressions: tuple[str, ...], arch: str) -> str:
     """What decides a module's machine code: its source and headers, the options, the architecture and the
     template instantiations (the NVRTC release that compiles them is recorded beside the cubin, not keyed)."""
-    text = "\0".join((source(name), *map(source, HEADERS), name, arch, *NVRTC_OPTIONS, *expressions))
+    text = "\0".join((source(name), *map(source, headers(name)), name, arch, *NVRTC_OPTIONS, *expressions))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 # The modules shipped compiled (prebuilt/<arch>.tar.xz, made by `python -m hdqt_cil.kernels.build`): every GEMM
-# variant as a module of its own, quant.cu and im2col.cu whole. peak.cu is the benchmark's and compiles on use.
+# variant as a module of its own, quant.cu and im2col.cu whole.
 SUPPORTED_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 PREBUILT_DIR = HERE / "prebuilt"
 
@@ -218,50 +196,6 @@ def device_arch() -> str:
     return f"sm_{major}{minor}"
 
 
-def _module(name: str, expressions: tuple[str, ...]):
-    """(CuPy Module, lowered names) for the current device: the shipped cubin when there is one and the driver
-    loads it, else one compiled here."""
-    device = torch.cuda.current_device()
-    key = (device, name, expressions)
-    with _lock:
-        entry = _modules.get(key)
-        if entry is None:
-            from cupy.cuda import function as cupy_function  # noqa: PLC0415
-
-            arch = device_arch()
-            shipped = prebuilt(arch).get(module_key(name, expressions, arch))
-            module = cupy_function.Module()
-            try:
-                if shipped is None:
-                    raise LookupError
-                module.load(shipped[0])
-                lowered = shipped[1]
-            except Exception as err:  # noqa: BLE001 (not shipped, or a driver older than the shipping NVRTC)
-                if not isinstance(err, LookupError):
-                    log.warning("the prebuilt %s for %s does not load here (%s); compiling it", name, arch, err)
-                cubin, lowered = compile_cubin(name, expressions, arch)
-                module.load(cubin)
-            entry = _modules[key] = (module, lowered)
-        return entry
-
-
-def function(name: str, kernel: str, template: bool = False, dynamic_smem: int = 0):
-    """CuPy's launchable function for `kernel` of source `name` on the current device (compiled once, cached).
-    Templates get a module of their own; the extern "C" kernels of a source share one."""
-    device = torch.cuda.current_device()
-    key = (device, name, kernel)
-    entry = _functions.get(key)
-    if entry is None or entry[1] < dynamic_smem:
-        module, lowered = _module(name, (kernel,) if template else SOURCES[name])
-        fn = entry[0] if entry is not None else module.get_function(lowered[kernel])
-        if dynamic_smem > 48 * 1024:
-            from cupy_backends.cuda.api import driver  # noqa: PLC0415
-
-            driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
-        entry = _functions[key] = (fn, max(dynamic_smem, entry[1] if entry else 0))
-    return entry[0]
-
-
 def _compile_job(job) -> str:
     name, expressions, arch = job
     compile_cubin(name, expressions, arch)
@@ -281,80 +215,3 @@ def precompile(workers: int = 8, arch: str | None = None) -> int:
         return len(list(pool.map(_compile_job, jobs)))
 
 
-try:  # the raw handle of torch's current stream without building a Stream object (what torch's inductor uses)
-    from torch._C import _cuda_getCurrentRawStream as _raw_stream
-except ImportError:  # pragma: no cover
-    _raw_stream = None
-_stream_refs: dict = {}
-
-
-def current_stream() -> _StreamRef:
-    handle = (_raw_stream(torch.cuda.current_device()) if _raw_stream is not None
-              else torch.cuda.current_stream().cuda_stream)
-    ref = _stream_refs.get(handle)
-    if ref is None:
-        ref = _stream_refs[handle] = _StreamRef(handle)
-    return ref
-
-
-def launch(fn, grid, block, args, shared_mem: int = 0) -> None:
-    """Launch on torch's current stream; `args` are NumPy scalars typed as the kernel's parameters (pointers as
-    uint64). (A single packed parameter buffer through cuLaunchKernel was tried in v4: no faster, see
-    docs/kernel_notes.md.)"""
-    fn(grid, block, args, shared_mem, current_stream())
-
-
-_occupancy: dict = {}
-
-
-def ctas_per_sm(fn, threads: int, shared_mem: int = 0) -> int:
-    """Resident CTAs per multiprocessor for a launch shape (CUDA's occupancy calculator), at least 1."""
-    key = (fn.ptr, threads, shared_mem)
-    count = _occupancy.get(key)
-    if count is None:
-        from cupy_backends.cuda.api import driver  # noqa: PLC0415
-
-        count = _occupancy[key] = max(1, driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads,
-                                                                                          shared_mem))
-    return count
-
-
-class _ZeroPool:
-    """Zero-filled device memory handed out in slices that are never handed out twice: a kernel's atomic
-    accumulators (per-group maxima, saturation counts) start from zero without a memset launch per call. A slice
-    keeps its pool alive while referenced; a used-up pool is replaced by a fresh zero-filled one. While a CUDA graph
-    is captured each slice is a fresh `torch.zeros` (a memset node): a pool slice would be reused, unzeroed, by
-    every replay."""
-
-    def __init__(self, dtype: torch.dtype, size: int):
-        self.dtype, self.size = dtype, size
-        self.pools: dict = {}
-
-    def take(self, n: int, device: torch.device) -> torch.Tensor:
-        if n > self.size // 4 or torch.cuda.is_current_stream_capturing():
-            return torch.zeros(n, dtype=self.dtype, device=device)
-        key = (device.index, current_stream().ptr)  # a pool zeroed on another stream could race
-        pool, used = self.pools.get(key, (None, self.size))
-        if used + n > self.size:
-            pool, used = torch.zeros(self.size, dtype=self.dtype, device=device), 0
-        self.pools[key] = (pool, used + n)
-        return pool[used:used + n]
-
-
-ZEROS_I32 = _ZeroPool(torch.int32, 1 << 20)
-ZEROS_I64 = _ZeroPool(torch.int64, 1 << 16)
-
-
-def sm_count() -> int:
-    device = torch.cuda.current_device()
-    count = _sm_counts.get(device)
-    if count is None:
-        count = _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return count
-
-
-def ptr(t: torch.Tensor | None):
-    return np.uint64(0 if t is None else t.data_ptr())
-
-
-u32, u64, i32, i64, f32 = np.uint32, np.uint64, np.int32, np.int64, np.float32

@@ -3,17 +3,16 @@
 A kernel that spills, or needs more registers than two CTAs of its block size leave, runs one CTA a
 multiprocessor; this tells which before a device call measures anything.
 
-    python scripts/kernel_resources.py                    # quant.cu and peak.cu, and the GEMM in config 256x128s4
-    python scripts/kernel_resources.py --gemm 64x64 128x128 --arch sm_90
+    python -m scripts.bench.kernel_resources              # quant.cu and peak.cu, and the GEMM in config 256x128s4
+    python -m scripts.bench.kernel_resources --gemm 64x64 128x128 --arch sm_90
 """
 import argparse
 import re
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hdqt_cil.kernels import compile as rt
 
-from hdqt_cil.kernels import _runtime as rt  # noqa: E402
+PEAK = (str(Path(__file__).resolve().parent / "peak.cu"), ("mma_peak_plain", "mma_peak_clamped", "mma_peak_packed"))
 
 ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 FIGURES = {
@@ -40,7 +39,7 @@ def main() -> None:
                         help="GEMM configs to report, every mode and output of each (default: 256x128s4)")
     parser.add_argument("--arch", default="sm_90")
     args = parser.parse_args()
-    jobs = [("quant.cu", rt.QUANT_KERNELS), ("peak.cu", rt.PEAK_KERNELS)]
+    jobs = [("quant.cu", rt.QUANT_KERNELS), PEAK]
     jobs += [("intmm.cu", tuple(rt.gemm_expression(c, sat, count, out) for sat, count in rt.GEMM_MODES
                                 for out in rt.GEMM_OUTS)) for c in args.gemm]
     print(f"| kernel ({args.arch}) | registers | spill stores | spill loads | smem bytes |\n|---|---|---|---|---|")

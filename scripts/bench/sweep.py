@@ -9,9 +9,9 @@ Phases, each in results folders of its own, all on the GPU of this machine:
   mps         the same sweep under CUDA MPS (hydra.launcher.mps=on)
 Throughput is runs per hour over each phase's wall time; the ratios are against `sequential`.
 
-    python scripts/bench_sweep.py --data PATH/cifar10_jpg.tar.xz [--epochs 2] [--seeds 6] [--jobs-per-gpu 8 12]
+    python -m scripts.bench.sweep --data PATH/cifar10_jpg.tar.xz [--epochs 2] [--seeds 6] [--jobs-per-gpu 8 12]
            [--out results/sweep_bench]
-    python scripts/bench_sweep.py --report results/sweep_bench    (README.md from the JSON files there)
+    python -m scripts.bench.sweep --report results/sweep_bench    (README.md from the JSON files there)
 The JSON (sweep_bench_<device>.json) holds every run's folder summary; the table is printed last.
 """
 import argparse
@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-TABLE_MARK = "<!-- table: python scripts/bench_sweep.py --report results/sweep_bench -->"
-sys.path.insert(0, str(ROOT / "scripts"))
-from bench_record import save_rows  # noqa: E402
+from scripts.bench.record import save_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE_MARK = "<!-- table: python -m scripts.bench.sweep --report results/sweep_bench -->"
 
 
 def run_py(args, env, log) -> float:

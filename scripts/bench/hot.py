@@ -1,9 +1,9 @@
 """quant=hot against float training: backward time, training-step time, peak memory, bytes saved for the backward.
 
-    python scripts/bench_hot.py                     # on the GPU machine: the numbers of issue 5
-    python scripts/bench_hot.py --quick             # tiny sizes, any device (a smoke check; its times mean nothing)
-    python scripts/bench_hot.py --backends auto torch   # HOT with the kernels and with the torch reference
-    python scripts/bench_hot.py --profile           # also: where HOT's ViT backward spends its device time
+    python -m scripts.bench.hot                     # on the GPU machine
+    python -m scripts.bench.hot --quick             # tiny sizes, any device (a smoke check; its times mean nothing)
+    python -m scripts.bench.hot --backends auto torch   # HOT with the kernels and with the torch reference
+    python -m scripts.bench.hot --profile           # also: where HOT's ViT backward spends its device time
 
 Cases (one table at the end, every number in OUT/hot_<device>.json):
 - vit-linear: a ViT-B-size Linear stack, 12 blocks of LayerNorm → qkv (768→2304, q+k+v summed: no attention
@@ -22,25 +22,20 @@ Cases (one table at the end, every number in OUT/hot_<device>.json):
 Times are medians of --reps after --warmup runs, CUDA events on the GPU.
 """
 import argparse
-import statistics
-import sys
 import time
 from collections import defaultdict
 from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench_record import print_device_profile, save_rows  # noqa: E402
-from hdqt_cil.models import build_model  # noqa: E402
-from hdqt_cil.quant import calibrate_lqs, lqs_choices, preset, quantize_model  # noqa: E402
-from hdqt_cil.quant.backend import resolve_ops  # noqa: E402
-from hdqt_cil.graph_replay import CapturedTraining  # noqa: E402
+from hdqt_cil.graph_replay import CapturedTraining
+from hdqt_cil.models import build_model
+from hdqt_cil.quant import calibrate_lqs, lqs_choices, preset, quantize_model
+from hdqt_cil.quant.backend import resolve_ops
+from scripts.bench.record import print_device_profile, save_rows
+from scripts.bench.timing import median_seconds
 
 ROWS = []
 
@@ -64,42 +59,15 @@ def linear_stack(blocks: int, width: int, hidden: int) -> nn.Module:
     return nn.Sequential(*[Block(width, hidden) for _ in range(blocks)])
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device, reps: int, warmup: int, setup=None) -> float:
-    """Median seconds of fn() (setup() runs before each call, untimed)."""
-    times = []
-    for i in range(warmup + reps):
-        state = setup() if setup else None
-        _sync(device)
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(state)
-            end.record()
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1e3
-        else:
-            began = time.perf_counter()
-            fn(state)
-            seconds = time.perf_counter() - began
-        if i >= warmup:
-            times.append(seconds)
-    return statistics.median(times)
-
-
 def peak_bytes(step, device) -> int | None:
     """Peak allocated bytes during one step(), above what was allocated before it (CUDA only)."""
     if device.type != "cuda":
         return None
-    _sync(device)
+    torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     step()
-    _sync(device)
+    torch.cuda.synchronize(device)
     return torch.cuda.max_memory_allocated(device) - before
 
 
@@ -186,8 +154,8 @@ def vit_linear(args, device):
             loss.backward()
             model.zero_grad(set_to_none=True)
 
-        seconds = timed(backward, device, args.reps, args.warmup, setup=forward)
-        forward_s = timed(lambda _: forward(), device, args.reps, args.warmup)
+        seconds = median_seconds(backward, device, args.reps, args.warmup, setup=forward)
+        forward_s = median_seconds(forward, device, args.reps, args.warmup)
         if args.profile and backend is not None and device.type == "cuda":
             profile_backward(label, forward, backward)
         if reference is None:
@@ -196,7 +164,8 @@ def vit_linear(args, device):
         row(case, label, "forward", forward_s * 1e3, "ms")
         if device.type == "cuda" and not bf16:  # the same passes replayed from CUDA graphs (trainer.cuda_graph)
             captured = CapturedTraining(model)
-            graphed = timed(backward, device, args.reps, args.warmup, setup=lambda: loss_fn(captured(x), target))
+            graphed = median_seconds(backward, device, args.reps, args.warmup,
+                                     setup=lambda: loss_fn(captured(x), target))
             captured.check()
             captured.release()
             row(case, label, "backward, CUDA graph", graphed * 1e3, "ms", reference / graphed, "speedup vs fp32")
@@ -246,17 +215,17 @@ def resnet32(args, device):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         captured = CapturedTraining(model) if device.type == "cuda" else None
 
-        def step(_=None, call=model):
+        def step(call=model):
             optimizer.zero_grad(set_to_none=True)
             F.cross_entropy(call(x), y).backward()
             optimizer.step()
 
-        seconds = timed(step, device, args.reps, args.warmup)
+        seconds = median_seconds(step, device, args.reps, args.warmup)
         if reference is None:
             reference = seconds
         row(case, label, "training step", seconds * 1e3, "ms", reference / seconds, "speedup vs fp32")
         if captured is not None:
-            graphed = timed(lambda _: step(call=captured), device, args.reps, args.warmup)
+            graphed = median_seconds(lambda: step(call=captured), device, args.reps, args.warmup)
             captured.check()
             captured.release()
             row(case, label, "training step, CUDA graph", graphed * 1e3, "ms", reference / graphed,
@@ -278,7 +247,7 @@ def resnet32(args, device):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", default=str(ROOT / "results" / "bench"), help="folder of hot_<device>.json")
+    parser.add_argument("--out", default="results/bench", help="folder of hot_<device>.json")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: checks that it runs")
     parser.add_argument("--backends", nargs="+", default=["auto"], choices=["auto", "torch", "cupy"],
                         help="quant.backend of the HOT variants")

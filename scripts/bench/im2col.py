@@ -4,18 +4,14 @@ strided adds) against the kernels (im2col.cu), on ResNet-32's conv shapes at bat
 float32 rows; eagerly (host work included) and replayed from a CUDA graph of 20 calls (device time, as in a
 captured training step), against the copy-bandwidth floor.
 
-    python scripts/bench_im2col.py > results/bench/im2col_h100.log      # on the GPU machine (here an H100)
+    python -m scripts.bench.im2col > results/bench/im2col_h100.log      # on the GPU machine (here an H100)
 """
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_kernels import copy_bandwidth, cuda_time, graphed  # noqa: E402 (the benchmark's timing, beside this script)
-from hdqt_cil import kernels  # noqa: E402
-from hdqt_cil.quant import col2im, im2col  # noqa: E402
+from hdqt_cil.quant import col2im, im2col
+from hdqt_cil.quant.backend import KERNEL_OPS
+from scripts.bench.kernels import copy_bandwidth
+from scripts.bench.timing import cuda_time, graphed
 
 SHAPES = ((3, 32, 1), (16, 32, 1), (16, 32, 2), (32, 16, 1), (32, 16, 2), (64, 8, 1))  # channels, size, stride
 CALLS_PER_GRAPH = 20
@@ -38,14 +34,14 @@ def main():
             x = (torch.randn(128, channels, size, size, device="cuda") * 4).to(dtype)
             for columns in (False, True):
                 ref = im2col(x, *layout, columns)
-                assert torch.equal(kernels.im2col(x, *layout, columns), ref)
+                assert torch.equal(KERNEL_OPS.im2col(x, *layout, columns), ref)
                 report("columns" if columns else "rows", str(dtype), x, ref, bandwidth,
-                       times(lambda: im2col(x, *layout, columns)), times(lambda: kernels.im2col(x, *layout, columns)))
+                       times(lambda: im2col(x, *layout, columns)), times(lambda: KERNEL_OPS.im2col(x, *layout, columns)))
         rows = torch.randn(im2col(x, *layout).shape, device="cuda")  # col2im: float rows back to the input's shape
         grad = col2im(rows, x.shape, *layout)
-        assert torch.equal(kernels.col2im(rows, x.shape, *layout), grad)
+        assert torch.equal(KERNEL_OPS.col2im(rows, x.shape, *layout), grad)
         report("col2im", "torch.float32", rows, grad, bandwidth, times(lambda: col2im(rows, x.shape, *layout)),
-               times(lambda: kernels.col2im(rows, x.shape, *layout)))
+               times(lambda: KERNEL_OPS.col2im(rows, x.shape, *layout)))
 
 
 def report(name, dtype, source, result, bandwidth, torch_times, kernel_times):

@@ -1,8 +1,8 @@
 """Benchmark of the CuPy kernels (hdqt_cil.kernels) on the GPU, against baselines measured in the same run.
 
-    python scripts/bench_kernels.py [--out results/bench] [--quick] [--skip-steps | --steps-only | --quantize-only]
+    python -m scripts.bench.kernels [--out results/bench] [--quick] [--skip-steps | --steps-only | --quantize-only]
                                     [--profile-steps]
-    python scripts/bench_kernels.py --repeat-case gemm:256x128:4      # one case, untimed, under a profiler
+    python -m scripts.bench.kernels --repeat-case gemm:256x128:4      # one case, untimed, under a profiler
 
 Rows (one table at the end, JSON with every number to OUT/bench_kernels_<device>.json):
   ceilings  device-to-device copy bandwidth (bytes read + written), torch bf16 matmul 4096^3, the int8
@@ -23,7 +23,6 @@ Times are medians of CUDA-event timings after warm-up; GEMM inputs rotate among 
 import argparse
 import dataclasses
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,50 +30,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from hdqt_cil import kernels
+from hdqt_cil.kernels import runtime as rt
+from hdqt_cil.kernels.compile import GEMM_CONFIGS, gemm_tile
+from scripts.bench.record import print_device_profile, save_rows
+from scripts.bench.timing import cuda_time, graphed, host_time, median_seconds
 
-from bench_record import print_device_profile, save_rows  # noqa: E402
-from hdqt_cil import kernels  # noqa: E402
-from hdqt_cil.kernels import _runtime as rt  # noqa: E402
-from hdqt_cil.graph_replay import warm_up  # noqa: E402
-
-
-def cuda_time(fn, reps=20, warmup=3) -> float:
-    """Seconds per call of fn(): `reps` calls back to back between two CUDA events, after warm-up. The host
-    enqueues ahead of the device, so this is device time unless the host is the slower side (host_time says)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / 1e3 / reps
-
-
-def graphed(fn):
-    """fn() captured in a CUDA graph, as its replay: times the device alone. (A quantizer call's host work, tens of
-    microseconds, is as long as its kernels on 64 MiB; training replays them from graphs too.)"""
-    warm_up(fn, 1)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-def host_time(fn, reps=50) -> float:
-    """Host seconds per call of fn() (no synchronisation inside the loop)."""
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / reps
+PEAK_SOURCE = str(Path(__file__).resolve().parent / "peak.cu")  # the tensor cores' register-loop ceiling
 
 
 ROWS = []
@@ -123,8 +85,8 @@ def ceilings(quick: bool):
     blocks, threads, iters = rt.sm_count() * 4, 256, 4096
     out = torch.empty(blocks * threads, dtype=torch.int32, device="cuda")
     ops = blocks * (threads // 32) * iters * 8 * (16 * 8 * 32 * 2)  # 8 chains, m16n8k32, 2 ops a MAC
-    plain = rt.function("peak.cu", "mma_peak_plain")
-    clamped = rt.function("peak.cu", "mma_peak_clamped")
+    plain = rt.function(PEAK_SOURCE, "mma_peak_plain")
+    clamped = rt.function(PEAK_SOURCE, "mma_peak_clamped")
     t = cuda_time(lambda: rt.launch(plain, (blocks,), (threads,), (rt.ptr(seed), rt.i32(iters), rt.ptr(out))), 10)
     peak = ops / t
     row("ceiling", "int8 mma.sync m16n8k32 peak (registers)", t, "TOP/s", peak / 1e12, "TOP/s")
@@ -132,7 +94,7 @@ def ceilings(quick: bool):
                                     (rt.ptr(seed), rt.i32(iters), rt.i32(127), rt.ptr(out))), 10)
     clamped_peak = ops / t
     row("ceiling", "  same, clamp + add after each k32 MMA", t, "TOP/s", clamped_peak / 1e12, "TOP/s")
-    packed = rt.function("peak.cu", "mma_peak_packed")
+    packed = rt.function(PEAK_SOURCE, "mma_peak_packed")
     t = cuda_time(lambda: rt.launch(packed, (blocks,), (threads,),
                                     (rt.ptr(seed), rt.i32(iters), rt.i32(127), rt.ptr(out))), 10)
     row("ceiling", "  same, packed 16-bit clamp (GEMM mode 4)", t, "TOP/s", ops / t / 1e12, "TOP/s")
@@ -175,16 +137,16 @@ def gemm_4096(bf16_rate, peak, clamped_peak):
             target=">= 0.5x bf16" if name.startswith("tiled") else None, of_mma_peak=rate / peak,
             of_clamped_peak=rate / clamped_peak)
     reference = kernels.tiled_int_matmul(*sets[0][:1], sets[0][1].t(), 32, 8, bounds=(7, 15))
-    for config in (c for c in rt.GEMM_CONFIGS if min(rt.gemm_tile(c)[:2]) >= 128):
+    for config in (c for c in GEMM_CONFIGS if min(gemm_tile(c)[:2]) >= 128):
         for label, tile, acc, count, packed in (("tile 32 packed", 32, 8, False, True),
                                                 ("tile 32 plain", 32, 8, False, False),
                                                 ("tile 32 + count", 32, 8, True, False),
                                                 ("no saturation", None, None, False, False)):
             def fn(config=config, tile=tile, acc=acc, count=count, packed=packed):
-                return kernels._int_matmul(*pick(), tile, acc, (7, 15), count, None, config=config, packed=packed)
+                return kernels.tiled_int_matmul(*pick(), tile, acc, (7, 15), count, config=config, packed=packed)
             if label.startswith("tile 32 p"):  # the same bits whatever the tile shape and mode
-                check = kernels._int_matmul(sets[0][0], sets[0][1].t(), 32, 8, (7, 15), False, None, config=config,
-                                            packed=packed)
+                check = kernels.tiled_int_matmul(sets[0][0], sets[0][1].t(), 32, 8, (7, 15), False, config=config,
+                                                 packed=packed)
                 assert torch.equal(check, reference), f"config {config} differs"
             t = cuda_time(fn, reps=20)
             row("gemm", f"  config {config}, {label}", t, "TOP/s", ops / t / 1e12, "TOP/s", baseline="vs bf16",
@@ -219,8 +181,8 @@ def gemm_batch_summed(bf16_rate):
     variants = {"per-sample products written, then summed": written}
     for config in ("64x64", "128x128w", "128x128", "128x128x2"):
         variants[f"  summed in the epilogue, config {config}"] = (
-            lambda config=config: kernels._int_matmul(a, b, None, None, (127, 127), False, (sa, sb, 1),
-                                                      config=config, sum_batch=True))
+            lambda config=config: kernels.scaled_int_matmul(a, b, sa, sb, 1, None, None, (127, 127), False,
+                                                            sum_batch=True, config=config))
     for name, fn in variants.items():
         assert torch.equal(fn(), reference), f"{name}: other bits"
         t = cuda_time(fn, reps=20)
@@ -299,10 +261,10 @@ def quantizer_cases(n_el: int):
         ("quantize per sample of 16384, stochastic", lambda: kernels.quantize(
             x16k, QuantSpec(4, "signed", "max", 1.0, "sample", **sr), counter), 1),
         ("Hadamard(1024) + quantize per tensor, SR", lambda: kernels.hadamard_quantize(
-            x, QuantSpec(4, "signed", "max", 1.0, "tensor", **sr), counter), 2),
+            x, QuantSpec(4, "signed", "max", 1.0, "tensor", **sr), counter, 1024), 2),
         ("Hadamard(1024) + quantize per sample 16384, SR", lambda: kernels.hadamard_quantize(
-            x16k, QuantSpec(4, "signed", "max", 1.0, "sample", **sr), counter), 1),
-        ("Hadamard(1024) alone (float32 out)", lambda: kernels.block_hadamard(x, -1), 1),
+            x16k, QuantSpec(4, "signed", "max", 1.0, "sample", **sr), counter, 1024), 1),
+        ("Hadamard(1024) alone (float32 out)", lambda: kernels.block_hadamard(x, -1, 1024), 1),
     ]
 
 
@@ -354,15 +316,10 @@ def training_step(model_name: str, scheme_name: str, backend: str, batch=128, gr
 def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch=128, graph=False) -> float:
     """Median seconds of one training step (training_step)."""
     one, captured = training_step(model_name, scheme_name, backend, batch, graph)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        one()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+    seconds = median_seconds(one, torch.device("cuda"), steps, warmup=0)
     if captured is not None:
         captured.check()
-    return statistics.median(times)
+    return seconds
 
 
 def profile_steps(model_name: str = "resnet32") -> None:
@@ -407,7 +364,7 @@ def repeat_case(spec: str, times: int = 3) -> None:
         b = torch.randint(0, 16, (4096, 4096), device="cuda", dtype=torch.int8).t()
 
         def fn():
-            kernels._int_matmul(a, b, tile, acc, (7, 15), False, None, config=config, packed=int(sat) == 4)
+            kernels.tiled_int_matmul(a, b, tile, acc, (7, 15), False, config=config, packed=int(sat) == 4)
     elif kind == "quantize":
         fn = next(call for name, call, _ in quantizer_cases(1 << 25) if name.replace(" ", "_").startswith(what))
     else:
@@ -419,7 +376,7 @@ def repeat_case(spec: str, times: int = 3) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(ROOT / "results" / "bench"))
+    parser.add_argument("--out", default="results/bench")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
     parser.add_argument("--skip-steps", action="store_true", help="no training-step timings")
     parser.add_argument("--steps-only", action="store_true", help="only the training-step timings")

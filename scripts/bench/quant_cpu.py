@@ -1,19 +1,18 @@
 """Time one training step (forward, backward, SGD) per quantization scheme, torch reference arithmetic.
 
-    python scripts/bench_quant_cpu.py                 # the CPU table: MLP 561-561-561-11 and ResNet-32, batch 128
-    python scripts/bench_quant_cpu.py --device cuda   # the same on a GPU (the torch reference, not the CuPy kernels)
+    python -m scripts.bench.quant_cpu                 # the CPU table: MLP 561-561-561-11 and ResNet-32, batch 128
+    python -m scripts.bench.quant_cpu --device cuda   # the same on a GPU (the torch reference, not the CuPy kernels)
 
 Each cell is the median of --steps timed steps after one warm-up step; the ratio is against fp32.
 """
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 from hdqt_cil.models import build_model
 from hdqt_cil.quant import preset, quantize_model
+from scripts.bench.timing import median_seconds
 
 SCHEMES = ("fp32", "hdqt", "int4", "luq")
 MODELS = {"mlp": ((561,), 11), "resnet32": ((3, 32, 32), 100)}
@@ -25,19 +24,12 @@ def step_seconds(model_name: str, scheme: str, batch: int, steps: int, device: t
     model = quantize_model(build_model(model_name, input_shape, classes), preset(scheme)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.randn(batch, *input_shape, device=device), torch.randint(0, classes, (batch,), device=device)
-    times = []
-    for i in range(steps + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
+
+    def step():
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i:  # the first step warms up allocators and kernels
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_seconds(step, device, steps, warmup=1)  # the first step warms up allocators and kernels
 
 
 def main():

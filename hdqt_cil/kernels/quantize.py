@@ -1,0 +1,122 @@
+"""The quantizers on the GPU: `hdqt_cil.quant.quantize` (and its composition with the block Hadamard transform,
+fused) bit for bit, levels as int8 (quant.cu's absmax / quantize / group kernels).
+
+What a `QuantSpec` means (its scale shape, level range, rounding) is defined in `hdqt_cil.quant`; the launchers here
+read it from the spec they are given and never import the reference.
+"""
+import math
+
+import torch
+
+from . import flat
+from . import runtime as rt
+from .hadamard import MAX_HADAMARD_BLOCK, block_hadamard
+
+# Single-pass quantization (one CTA per scale group, the group in registers, 32 elements a thread): groups of
+# GROUP_MIN..GROUP_MAX elements, or a whole tensor up to GROUP_MAX.
+GROUP_MIN, GROUP_MAX = 1024, 32768
+_GROUP_PER_THREAD = 32  # elements a thread holds (quant.cu GROUP_ROUNDINGS: 4 runs of 8)
+_INT8_BOUND = 127
+_MASK32 = 0xFFFFFFFF
+_SIGN_MODES = {"signed": 0, "unsigned": 1, "auto": 2}
+
+
+def _group_threads(group: int) -> int:
+    """Whole warps covering the group."""
+    return 32 * -(-group // (32 * _GROUP_PER_THREAD))
+
+
+def _check_covered(t: torch.Tensor, spec) -> None:
+    """What the quantize kernels cover: levels that fit int8, 1 <= numel < 2^31, at least one dimension."""
+    if not (spec.level_bound <= _INT8_BOUND and t.dim() >= 1 and 0 < t.numel() <= rt.MAX_ELEMENTS):
+        raise rt.NotCovered(f"levels up to {spec.level_bound} over a tensor of shape {tuple(t.shape)}")
+
+
+def _counter_args(counter, device: torch.device) -> tuple:
+    """The kernels' (seed, role, step pointer, step) for `counter`'s key, computed on the device (the formula's one
+    definition for the GPU, docs/numerics.md). A tensor step is read where it lies, so that a captured CUDA graph
+    reads the layer's current step on every replay; None (nearest rounding) draws nothing."""
+    if counter is None:
+        return rt.u32(0), rt.u32(0), rt.ptr(None), rt.u32(0)
+    step, on_device = counter.step, torch.is_tensor(counter.step)
+    if on_device:
+        step = step.to(device=device, dtype=torch.int64)
+    return (rt.u32(counter.seed & _MASK32), rt.u32(counter.role & _MASK32), rt.ptr(step if on_device else None),
+            rt.u32(0 if on_device else step & _MASK32))
+
+
+def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, given_scale: torch.Tensor | None):
+    """levels (int8, `shape`) and scale of the flat tensor x (already contiguous), transformed first when logn.
+    `given_scale`: the scale of a rule other than max (SAWB), computed by the caller; the kernels round with it."""
+    n_el = x.numel()
+    scale_shape = spec.scale_shape(shape)
+    groups = math.prod(scale_shape)
+    group = n_el // groups
+    stochastic = spec.rounding != "nearest"
+    rounding = "log2" if stochastic and spec.grid == "log2" else spec.rounding  # quant.cu's name suffix
+    key = _counter_args(counter if stochastic else None, x.device)
+    sign_mode = _SIGN_MODES[spec.signedness]
+    device = x.device
+    levels = rt.empty(shape, torch.int8, device)
+    single_pass = (spec.scale == "max" and group <= GROUP_MAX and (group >= GROUP_MIN or groups == 1)
+                   and (sign_mode != 2 or groups == 1))
+    if single_pass:
+        scale = rt.empty(groups, torch.float32, device)
+        threads = _group_threads(group)
+        fn = rt.function("quant.cu", f"group_{flat.transform(logn, _GROUP_PER_THREAD)}{rt.dtype_suffix(x)}_{rounding}")
+        rt.launch(fn, (groups,), (threads,),
+                  (rt.ptr(x), rt.u32(group), rt.i32(logn), rt.i32(sign_mode), rt.f32(spec.signed_max),
+                   rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key, rt.ptr(levels), rt.ptr(scale)),
+                  flat.exchange_smem(threads, logn, _GROUP_PER_THREAD))
+        return levels, scale.view(scale_shape)
+
+    work = rt.ZEROS_I32.take(groups + 1, device)  # per-group max bits, then 'negative'
+    peaks, negative = work[:groups], work[groups:]
+    elements = flat.per_thread(n_el, logn)
+    suffix = flat.transform(logn, elements) + rt.dtype_suffix(x)
+    absmax = rt.function("quant.cu", f"{flat.kernel_name('absmax', elements)}_{suffix}")
+    quantize_levels = rt.function("quant.cu", f"{flat.kernel_name('quantize', elements)}_{suffix}_{rounding}")
+    ctas, threads, span, smem = flat.grid(n_el, logn, elements, absmax, quantize_levels)
+    rt.launch(absmax, (ctas,), (threads,),
+              (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks), rt.ptr(negative)),
+              smem)
+    if spec.scale == "max":
+        scale, scale_in = rt.empty(groups, torch.float32, device), None
+    else:
+        scale = scale_in = given_scale.to(torch.float32).reshape(-1).contiguous()
+    rt.launch(quantize_levels, (ctas,), (threads,),
+              (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks),
+               rt.ptr(scale_in), rt.ptr(negative), rt.i32(sign_mode), rt.f32(spec.signed_max),
+               rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key, rt.ptr(levels),
+               rt.ptr(None if scale_in is not None else scale)),
+              smem)
+    return levels, scale.view(scale_shape)
+
+
+def _needs_scale(spec, scale) -> None:
+    if spec.scale != "max" and scale is None:
+        raise ValueError(f"the kernels take a {spec.scale} scale from the caller (hdqt_cil.quant.compute_scale)")
+
+
+def quantize(t: torch.Tensor, spec, counter=None, scale: torch.Tensor | None = None):
+    """(int8 levels, float32 scale) as `hdqt_cil.quant.quantize`. `counter`: the random bits' key of stochastic
+    rounding; `scale`: for a scale rule other than max (SAWB), the reference's scale of `t`."""
+    rt.require_cuda(t)
+    _check_covered(t, spec)
+    _needs_scale(spec, scale)
+    with rt.on_device(t):
+        return _quantize_flat(rt.flat_input(t), t.shape, spec, counter, 0, scale)
+
+
+def hadamard_quantize(x: torch.Tensor, spec, counter, block: int, dim: int = -1):
+    """quantize(block_hadamard(x, dim, block), spec, counter), the transformed tensor never written where `dim` is
+    the last; `block` a power of two dividing x.shape[dim] (the caller checks it). Max scales only: a SAWB scale
+    needs the transformed tensor written anyway (for the reference's float sums)."""
+    rt.require_cuda(x)
+    _check_covered(x, spec)
+    if spec.scale != "max" or block > MAX_HADAMARD_BLOCK:
+        raise rt.NotCovered(f"a {spec.scale} scale after a Hadamard block of {block}, fused")
+    if block == 1 or dim not in (-1, x.dim() - 1):
+        return quantize(block_hadamard(x, dim, block), spec, counter)
+    with rt.on_device(x):
+        return _quantize_flat(rt.flat_input(x), x.shape, spec, counter, block.bit_length() - 1, None)

@@ -1,0 +1,20 @@
+"""docs/kernels.md's "Current numbers" are the records' numbers: generated, checked, and moved by a record."""
+import json
+import shutil
+
+from scripts.bench import numbers
+
+
+def test_the_docs_table_is_what_the_records_give():
+    assert numbers.main(["--check"]) == 0
+
+
+def test_a_changed_record_changes_the_table(tmp_path):
+    for name in (numbers.KERNELS, numbers.HOT):
+        shutil.copy(numbers.ROOT / "results" / "bench" / name, tmp_path / name)
+    record = json.loads((tmp_path / numbers.KERNELS).read_text())
+    step = next(r for r in record["rows"] if r["name"] == "resnet32 hdqt kernels, CUDA graph")
+    step["seconds"] *= 2
+    (tmp_path / numbers.KERNELS).write_text(json.dumps(record))
+    assert numbers.main(["--check", "--records", str(tmp_path)]) == 1
+    assert "27.89 ms: 3.02× FP32" in numbers.table(tmp_path)
