@@ -12,7 +12,7 @@ from typing import Callable
 
 from hydra.core.config_store import ConfigStore
 
-MEMBER_PACKAGES = ("hdqt_cil.strategies", "hdqt_cil.trainer", "hdqt_cil.benchmarks", "hdqt_cil.models", "hdqt_cil.quant")
+MEMBER_PACKAGES = ("hdqt_cil.strategies", "hdqt_cil.benchmarks", "hdqt_cil.models", "hdqt_cil.quant")
 
 
 class Registry:

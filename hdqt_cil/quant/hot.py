@@ -30,7 +30,7 @@ from .backend import resolve_ops
 from .hadamard import hadamard_block_size
 from .hla import hla_compress, hla_rank
 from .layers import QuantConv2d, QuantLinear
-from .quantizers import QuantSpec
+from .quantizers import QuantSpec, within_levels
 
 # The LQS choice of a layer, a buffer (state dict, checkpoints): not calibrated yet (per tensor), per tensor, per token.
 LQS_UNSET, LQS_TENSOR, LQS_TOKEN = 0, 1, 2
@@ -43,11 +43,6 @@ def _storage(levels: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
         if spec.bits <= bits:
             return levels if levels.dtype == dtype else levels.to(dtype)
     return levels
-
-
-def _clipped(t: torch.Tensor, scale: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """How many values lie outside the clip range [-qmax·s, qmax·s] (0-dim tensor, no sync)."""
-    return ((t / scale).abs() > spec.signed_max).sum()
 
 
 def _hla_shape(layer, length: int) -> tuple[int, int]:
@@ -94,7 +89,7 @@ def compressed_input(layer, x: torch.Tensor, step, count: bool, ops, checks: lis
     levels, scale = ops.quantize(compressed, spec, layer._counter("grad_weight.input", step))
     checks.append(("input", compressed, scale))
     if count:
-        layer._count("input_clipped", _clipped(compressed, scale, spec), compressed.numel())
+        layer._count("input_clipped", (~within_levels(compressed, scale, spec)).sum(), compressed.numel())
     return _abc_layout(_storage(levels, spec), dim), scale, block, rank
 
 
@@ -114,7 +109,7 @@ def grad_input_rows(layer, g_rows: torch.Tensor, weight: torch.Tensor, per_token
     w_levels, w_scale = ops.quantize(w_had, w_spec, layer._counter("grad_input.weight", step))
     checks += [("output gradient", g_rows, g_scale), ("weight", w_had, w_scale)]
     if count:
-        layer._count("weight_clipped", _clipped(w_had, w_scale, w_spec), w_had.numel())
+        layer._count("weight_clipped", (~within_levels(w_had, w_scale, w_spec)).sum(), w_had.numel())
     return ops.scaled_int_matmul(g_levels, w_levels.t(), g_scale, w_scale, block, None, None,
                                  bounds=(g_spec.level_bound, w_spec.level_bound))
 

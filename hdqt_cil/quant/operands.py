@@ -6,7 +6,7 @@ from typing import NamedTuple
 import torch
 
 from .hadamard import hadamard_block_size
-from .quantizers import QuantSpec, level_range
+from .quantizers import QuantSpec, within_levels
 from .schemes import Product
 
 
@@ -59,9 +59,7 @@ def forward_operand(layer, t, spec: QuantSpec | None, role: str, step, training:
     checks.append((role, t, scale))
     keep = None
     if training:
-        low, high = level_range(t, spec)
-        v = t.to(torch.float32) / scale
-        inside = (v >= low) & (v <= high)
+        inside = within_levels(t, scale, spec)
         layer._count(f"{role}_clipped", (~inside).sum(), t.numel())
         ste = layer.scheme.ste
         keep = inside if ste == "clip" else t.abs() <= 2 ** (spec.bits - 1) - 1 if ste == "authors" else None

@@ -140,6 +140,14 @@ def level_range(t: torch.Tensor, spec: QuantSpec) -> tuple:
     return _level_range(is_signed(t, spec), spec)
 
 
+def within_levels(t: torch.Tensor, scale: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """Where t / scale lies within the level range (bool, t's shape): the values the quantizer does not clip (a
+    NaN is outside). The clipping statistics and the clipped straight-through estimator both read it."""
+    low, high = level_range(t, spec)
+    v = t.to(torch.float32) / scale
+    return (v >= low) & (v <= high)
+
+
 def compute_scale(t: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """float32 scale, broadcastable to t: (clip value of the group) / (largest level); 1 for an all-zero group."""
     t = t.to(torch.float32)

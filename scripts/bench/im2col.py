@@ -36,7 +36,8 @@ def main():
                 ref = im2col(x, *layout, columns)
                 assert torch.equal(KERNEL_OPS.im2col(x, *layout, columns), ref)
                 report("columns" if columns else "rows", str(dtype), x, ref, bandwidth,
-                       times(lambda: im2col(x, *layout, columns)), times(lambda: KERNEL_OPS.im2col(x, *layout, columns)))
+                       times(lambda: im2col(x, *layout, columns)),
+                       times(lambda: KERNEL_OPS.im2col(x, *layout, columns)))
         rows = torch.randn(im2col(x, *layout).shape, device="cuda")  # col2im: float rows back to the input's shape
         grad = col2im(rows, x.shape, *layout)
         assert torch.equal(KERNEL_OPS.col2im(rows, x.shape, *layout), grad)
