@@ -107,3 +107,24 @@ def test_tagged_runs_only_leave_the_main_table_empty_and_table_md_whole(tmp_path
     make_tables([runs], tmp_path / "out")
     assert (tmp_path / "out" / "main.md").read_text().splitlines()[0] == "| benchmark | strategy |"
     assert "| hapt | mlp | bic | hdqt[short3] | 45.0 ± 0.0 | 35.0 ± 0.0 |" in (tmp_path / "out" / "table.md").read_text()
+
+
+def test_published_numbers_beside_the_runs_with_differences_and_costs(tmp_path):
+    _write(tmp_path / "runs", _summary("icarl", "fp32", 0, 80.0), _summary("icarl", "fp32", 1, 84.0),
+           _summary("icarl", "hdqt", 0, 78.0), _summary("icarl", "hdqt", 1, 80.0),
+           _summary("icarl", "hdqt", 0, 10.0, tag="acc4"))  # an ablation: not the preset, not compared
+    published = tmp_path / "published.csv"
+    published.write_text("benchmark,strategy,quant,avg_acc,last_acc,source\n"
+                         "hapt,icarl,fp32,90.0,83.0,paper\nhapt,icarl,hdqt,89.0,82.0,paper\n"
+                         "hapt,bic,fp32,89.8,81.4,paper\n")
+    make_tables([tmp_path / "runs"], tmp_path / "out", plot=False, published=published)
+    lines = (tmp_path / "out" / "published.md").read_text().splitlines()
+    assert lines[2] == ("| hapt | icarl | fp32 | 90.0 / 83.0 | 92.0 ± 2.8 / 82.0 ± 2.8 | 2 | +2.0 / -1.0 | – | – "
+                        "| paper |")
+    assert lines[3] == ("| hapt | icarl | hdqt | 89.0 / 82.0 | 89.0 ± 1.4 / 79.0 ± 1.4 | 2 | +0.0 / -3.0 "
+                        "| -1.0 / -1.0 | -3.0 / -3.0 | paper |")
+    assert lines[4].startswith("| hapt | bic | fp32 | 89.8 / 81.4 | – | 0 | – |")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("benchmark,strategy,quant,avg\nhapt,icarl,fp32,1\n")
+    with pytest.raises(ValueError, match="bad.csv: .* missing avg_acc, last_acc, source"):
+        make_tables([tmp_path / "runs"], tmp_path / "out2", plot=False, published=bad)

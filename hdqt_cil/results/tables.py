@@ -132,10 +132,9 @@ def main_table(df: pd.DataFrame) -> pd.DataFrame:
     """The paper's layout: benchmark × strategy rows; avg / last accuracy and forgetting of each scheme side by
     side, FP32 first. Only runs at their preset's settings (no tag, no quant variant) enter; a strategy run in
     several variants gets a row for each, named by its differing settings."""
-    runs = df[(df.tag.fillna("") == "") & (df.quant_variant == "")]
+    runs = _preset_runs(df)
     if runs.empty:  # every run tagged (an ablation, a shortened schedule): table.md holds them
         return pd.DataFrame(columns=["benchmark", "strategy"])
-    runs = runs.assign(strategy=[s + (f" [{v}]" if v else "") for s, v in zip(runs.strategy, runs.variant)])
     agg = aggregate(runs, keys=["benchmark", "strategy", "scheme"])
     schemes = sorted(agg.scheme.unique(), key=lambda q: (SCHEME_ORDER + [q]).index(q))
     table = agg[["benchmark", "strategy"]].drop_duplicates().reset_index(drop=True)
@@ -145,6 +144,50 @@ def main_table(df: pd.DataFrame) -> pd.DataFrame:
             table[f"{scheme} {METRICS[m]}"] = [cells[f"{m}_text"].get(k, "–")
                                                for k in zip(table.benchmark, table.strategy)]
     return table
+
+
+def _preset_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """Runs at their scheme's preset settings (no tag, no quant variant); a strategy run in several variants is
+    named by its differing settings."""
+    runs = df[(df.tag.fillna("") == "") & (df.quant_variant == "")]
+    return runs.assign(strategy=[s + (f" [{v}]" if v else "") for s, v in zip(runs.strategy, runs.variant)])
+
+
+PUBLISHED_COLUMNS = ("benchmark", "strategy", "quant", "avg_acc", "last_acc", "source")
+
+
+def published_table(df: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
+    """Each published row (benchmark, strategy, quant: avg and last accuracy, its source) beside the runs here at
+    the scheme's preset: mean ± std over complete seeds and the differences; for a scheme other than fp32, its cost
+    (scheme − fp32) published and here."""
+    missing = set(PUBLISHED_COLUMNS) - set(published.columns)
+    if missing:
+        raise ValueError(f"a published table needs the columns {', '.join(PUBLISHED_COLUMNS)}; "
+                         f"missing {', '.join(sorted(missing))}")
+    agg = aggregate(_preset_runs(df), keys=["benchmark", "strategy", "scheme"]).set_index(
+        ["benchmark", "strategy", "scheme"])
+    theirs = published.set_index(["benchmark", "strategy", "quant"])
+    rows = []
+    for (bench, strategy, quant), ref in theirs.iterrows():
+        here = agg.loc[(bench, strategy, quant)] if (bench, strategy, quant) in agg.index else None
+        row = {"benchmark": bench, "strategy": strategy, "quant": quant,
+               "published avg / last": f"{ref.avg_acc:.1f} / {ref.last_acc:.1f}",
+               "here avg / last": "–" if here is None else f"{here.avg_acc_text} / {here.last_acc_text}",
+               "seeds": 0 if here is None else int(here.seeds)}
+        row["here − published"] = "–" if here is None else (f"{here.avg_acc_mean - ref.avg_acc:+.1f} / "
+                                                             f"{here.last_acc_mean - ref.last_acc:+.1f}")
+        fp32_ref = theirs.loc[(bench, strategy, "fp32")] if (bench, strategy, "fp32") in theirs.index else None
+        fp32_here = agg.loc[(bench, strategy, "fp32")] if (bench, strategy, "fp32") in agg.index else None
+        costs = ("–", "–")
+        if quant != "fp32" and fp32_ref is not None:
+            costs = (f"{ref.avg_acc - fp32_ref.avg_acc:+.1f} / {ref.last_acc - fp32_ref.last_acc:+.1f}",
+                     "–" if here is None or fp32_here is None else
+                     f"{here.avg_acc_mean - fp32_here.avg_acc_mean:+.1f} / "
+                     f"{here.last_acc_mean - fp32_here.last_acc_mean:+.1f}")
+        row["cost vs fp32, published"], row["cost vs fp32, here"] = costs
+        row["source"] = ref.source
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 ABLATION_KEYS = ["benchmark", "strategy", "scheme", "setting"]
@@ -167,8 +210,10 @@ def _setting_value(setting: str, key: str, scheme: str):
     return float(value) if name == key and "," not in value and value.lstrip("-").isdigit() else None
 
 
-def plot_ablation(agg: pd.DataFrame, path) -> None:
-    """Average accuracy against each numeric setting (bits, acc_bits, tile), one line per benchmark × strategy."""
+def plot_ablation(agg: pd.DataFrame, path, fp32: pd.DataFrame | None = None) -> None:
+    """Average accuracy against each numeric setting (bits, acc_bits, tile), one line per benchmark × strategy;
+    `fp32` (aggregated preset runs by benchmark, strategy, scheme) adds each line's FP32 accuracy as the level to
+    reach, dashed in the line's colour."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -185,8 +230,12 @@ def plot_ablation(agg: pd.DataFrame, path) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (key, points) in zip(axes[0], panels):
         for (bench, strategy, scheme), line in points.groupby(["benchmark", "strategy", "scheme"]):
-            ax.errorbar(line.x, line.avg_acc_mean, yerr=line.avg_acc_std, marker="o", capsize=2,
-                        label=f"{bench} / {strategy} / {scheme}")
+            drawn = ax.errorbar(line.x, line.avg_acc_mean, yerr=line.avg_acc_std, marker="o", capsize=2,
+                                label=f"{bench} / {strategy} / {scheme}")
+            reference = None if fp32 is None else fp32[(fp32.benchmark == bench) & (fp32.strategy == strategy)]
+            if reference is not None and len(reference):
+                ax.axhline(reference.avg_acc_mean.iloc[0], linestyle="--", color=drawn.lines[0].get_color(),
+                           label=f"{bench} / {strategy} / fp32 ({int(reference.seeds.iloc[0])} seeds)")
         ax.set(xlabel=key, ylabel="avg accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -237,10 +286,17 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
     plt.close(fig)
 
 
-def make_tables(roots, out_dir, plot: bool = True) -> pd.DataFrame:
-    """Write table.md/.csv/.tex, main.md, ablation.md (when there are ablation runs) and the plots into `out_dir`;
-    return the display table."""
+def make_tables(roots, out_dir, plot: bool = True, published=None) -> pd.DataFrame:
+    """Write table.md/.csv/.tex, main.md, ablation.md (when there are ablation runs), published.md (with
+    `published`, a CSV of published numbers: published_table) and the plots into `out_dir`; return the display
+    table."""
     df = collect_runs(*roots)
+    if published is not None:
+        try:
+            beside = published_table(df, pd.read_csv(published))
+        except ValueError as err:
+            raise ValueError(f"{published}: {err}") from err
+        write_atomic(Path(out_dir) / "published.md", to_markdown(beside))
     agg = aggregate(df)
     table = display_table(agg)
     out = Path(out_dir)
@@ -253,7 +309,8 @@ def make_tables(roots, out_dir, plot: bool = True) -> pd.DataFrame:
         ablation_agg = aggregate(ablation, keys=ABLATION_KEYS)
         write_atomic(out / "ablation.md", to_markdown(display_table(ablation_agg, keys=ABLATION_KEYS)))
         if plot:
-            plot_ablation(ablation_agg, out / "ablation.png")
+            preset = aggregate(_preset_runs(df), keys=["benchmark", "strategy", "scheme"])
+            plot_ablation(ablation_agg, out / "ablation.png", preset[preset.scheme == "fp32"])
     if plot:
         plot_accuracy_curves(df, out / "accuracy.png")
     return table
