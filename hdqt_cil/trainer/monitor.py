@@ -1,5 +1,5 @@
-"""Watches training once per epoch: records the mean loss, logs progress, and stops when the loss or the weights
-stop being finite, naming where it was first seen."""
+"""Watches training once per epoch: records the mean loss, logs progress, and stops a run that diverges, naming
+where it was first seen: a loss or weights that are no longer finite, or a runaway loss (RUNAWAY_FACTOR)."""
 import logging
 import math
 import time
@@ -10,17 +10,23 @@ from avalanche.core import SupervisedPlugin
 log = logging.getLogger(__name__)
 
 
+# A runaway loss: an epoch's mean training loss above RUNAWAY_FACTOR times the larger of 1 and the experience's
+# first-epoch mean. A cross-entropy loss that large means logits of that size: the weights are running away (seen:
+# HDQT on a wide MLP at the trainer's defaults, 0.06 → 2.4e3 → 1.9e7, ending at chance yet finite).
+RUNAWAY_FACTOR = 1e3
+
+
 class Diverged(RuntimeError):
     """`experience` is 0-based (as the rows of the accuracy matrix), `epoch` counts from 1 within it."""
 
-    def __init__(self, experience: int, epoch: int, where: str):
-        super().__init__(f"training diverged in experience {experience}, epoch {epoch}: non-finite {where}")
-        self.details = {"experience": experience, "epoch": epoch, "where": where}
+    def __init__(self, experience: int, epoch: int, what: str):
+        super().__init__(f"training diverged in experience {experience}, epoch {epoch}: {what}")
+        self.details = {"experience": experience, "epoch": epoch, "where": what}
 
 
 class TrainingMonitor(SupervisedPlugin):
     """Per-iteration work stays on the device (a check per step would synchronise the GPU every step); at an
-    epoch's end one transfer gives the mean loss, and a non-finite loss or the first parameter holding
+    epoch's end one transfer gives the mean loss, and a non-finite or runaway loss or the first parameter holding
     NaN/Inf (by its qualified name, i.e. the layer) raises `Diverged`. `losses[k]` lists experience k's
     per-epoch mean training losses. Every `log_every` epochs (0: never) a log line gives the loss and the time
     an epoch takes, so a long experience shows progress where no progress bars are drawn (sweeps, clusters)."""
@@ -56,10 +62,14 @@ class TrainingMonitor(SupervisedPlugin):
         epoch = strategy.clock.train_exp_epochs + 1  # the clock counts finished epochs after this callback
         for name, param in strategy.model.named_parameters():
             if not torch.isfinite(param).all():
-                raise Diverged(experience, epoch, f"weights in {name}")
+                raise Diverged(experience, epoch, f"non-finite weights in {name}")
         mean = self._sum.item() / max(self._count, 1)
         if not math.isfinite(mean):
-            raise Diverged(experience, epoch, "loss")
+            raise Diverged(experience, epoch, "non-finite loss")
+        first = self.losses[-1][0] if self.losses[-1] else mean
+        if mean > RUNAWAY_FACTOR * max(1.0, first):
+            raise Diverged(experience, epoch, f"runaway loss {mean:.3g} (above {RUNAWAY_FACTOR:g} × max(1, the "
+                                              f"experience's first-epoch loss {first:.3g}))")
         self.losses[-1].append(mean)
         self._epochs_since += 1
         if self.log_every and epoch % self.log_every == 0:
