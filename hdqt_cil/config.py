@@ -89,15 +89,18 @@ def _without_nulls(value):
     return value
 
 
+# Where a benchmark's files lie: not part of a run's identity; the data's contents are (their fingerprint,
+# recorded beside the config: run_folder.py).
+DATA_LOCATION = ("path", "root", "test_path")
+
+
 def comparable_config(cfg_dict: dict) -> dict:
-    """The part of a resolved config that decides a run's results. Where a named benchmark's files lie is not
-    part of it (they are checked on loading); the file of `benchmark=features` is. A null setting counts as
-    absent, so that a folder written before a setting existed matches a run that leaves it at null."""
+    """The part of a resolved config that decides a run's results, but for the data: where they lie is left out
+    (the fingerprint of their contents decides). A null setting counts as absent, so that a folder written before
+    a setting existed matches a run that leaves it at null."""
     out = {k: v for k, v in _without_nulls(cfg_dict).items() if k not in RUN_INDEPENDENT}
     out["trainer"] = {k: v for k, v in out.get("trainer", {}).items() if k not in RUN_INDEPENDENT_TRAINER}
-    benchmark = out.get("benchmark", {})
-    if benchmark.get("name") != "features":
-        out["benchmark"] = {k: v for k, v in benchmark.items() if k not in ("path", "root")}
+    out["benchmark"] = {k: v for k, v in out.get("benchmark", {}).items() if k not in DATA_LOCATION}
     return out
 
 

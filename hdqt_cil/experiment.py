@@ -85,6 +85,7 @@ def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s
         "class_acc": history.class_acc,
         "train_loss": train_loss,
         "class_order": bench.class_order,
+        "data_fingerprint": bench.data_fingerprint,  # the data's contents (benchmarks/split.py)
         "class_names": [bench.class_names[c] for c in bench.class_order],
         "wall_time_s": elapsed,
         "kernel_compile_s": compile_s,  # compiling GPU kernels not shipped prebuilt (kernels/compile.py)
@@ -184,7 +185,7 @@ def _run(cfg, run_dir: Path, gpu: int) -> dict:
 
     # Only a run that could be built claims its folder: bad input leaves nothing behind.
     folder = RunFolder(run_dir)
-    state = folder.claim(OmegaConf.to_container(cfg, resolve=True), cfg.overwrite)
+    state = folder.claim(OmegaConf.to_container(cfg, resolve=True), cfg.overwrite, bench.data_fingerprint)
     if state == "done":
         log.info("%s already holds this run, finished; overwrite=true reruns it", run_dir)
         return read_json(folder.summary_file)

@@ -37,9 +37,14 @@ class RunFolder:
     def summary_file(self) -> Path:
         return self.path / "summary.json"
 
-    def claim(self, cfg_dict: dict, overwrite: bool) -> str:
+    @property
+    def data_file(self) -> Path:
+        return self.path / "data.json"
+
+    def claim(self, cfg_dict: dict, overwrite: bool, data_fingerprint: str) -> str:
         """Make the folder this run's. Returns 'done' (this exact run finished there), 'again' (this run started
-        there before) or 'new'. A folder holding a different config is refused."""
+        there before) or 'new'. A folder holding a different config, or the same config on other data (by the
+        fingerprint of the data's contents, wherever they lie), is refused."""
         config_file = self.path / "config.yaml"
         state = "new"
         if config_file.exists() and not overwrite:
@@ -47,10 +52,17 @@ class RunFolder:
             if comparable_config(previous) != comparable_config(cfg_dict):
                 raise FileExistsError(f"{self.path} holds a run with a different config; set tag=<name> to write this "
                                       "one elsewhere, or overwrite=true to replace it")
+            recorded = read_json(self.data_file)["fingerprint"] if self.data_file.exists() else data_fingerprint
+            if recorded != data_fingerprint:
+                raise FileExistsError(f"{self.path} holds a run of this config on other data (contents fingerprint "
+                                      f"{recorded}; this run's data: {data_fingerprint}); set tag=<name> or "
+                                      "benchmark.name=<name> to write this one elsewhere, or overwrite=true to "
+                                      "replace it")
             if self.summary_file.exists() and read_json(self.summary_file)["status"] in ("complete", "diverged"):
                 return "done"
             state = "again"
         write_atomic(config_file, OmegaConf.to_yaml(OmegaConf.create(cfg_dict)))
+        write_json(self.data_file, {"fingerprint": data_fingerprint})
         return state
 
     def resume(self, strategy, device, history: AccuracyHistory, checkpoint_every: int):

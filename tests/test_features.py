@@ -162,3 +162,22 @@ def test_a_single_array_saved_as_npz_is_named(tmp_path):
         np.save(handle, np.zeros(3))
     with pytest.raises(ValueError, match="one.npz holds a single .npy array, not an .npz archive"):
         features.load_feature_table(path)
+
+
+def test_a_run_folder_is_identified_by_its_datas_contents_not_their_place(make_cfg, tmp_path):
+    """The same config on the same contents elsewhere reuses the finished run; on other contents at the same
+    place it is refused, naming both fingerprints (a table must never show another dataset's numbers)."""
+    from hdqt_cil.experiment import run
+
+    frame = _frame(n_subjects=10, classes=(1, 2, 3, 4))
+    first_path = _save(frame, tmp_path, "mine.csv")
+    overrides = ("benchmark=features", "strategy=naive", "trainer.epochs=1", "trainer.device=cpu")
+    first = run(make_cfg(*overrides, f"benchmark.path={first_path}"), tmp_path / "run")
+    (tmp_path / "elsewhere").mkdir()
+    moved = _save(frame, tmp_path / "elsewhere", "copy.csv")
+    assert run(make_cfg(*overrides, f"benchmark.path={moved}"), tmp_path / "run") == first
+    changed = frame.assign(acc_mean=frame.acc_mean + np.random.default_rng(1).normal(size=len(frame)))
+    _save(changed, tmp_path, "mine.csv")
+    with pytest.raises(FileExistsError, match=rf"other data \(contents fingerprint {first['data_fingerprint']}; "
+                                              r"this run's data: [0-9a-f]{16}\)"):
+        run(make_cfg(*overrides, f"benchmark.path={first_path}"), tmp_path / "run")

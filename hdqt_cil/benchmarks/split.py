@@ -9,6 +9,7 @@ read `n_classes_per_exp` and `classes_order`, which only the NC scenarios carry)
 the order they arrive, so logits, exemplar memories and per-class tables all speak the same label space;
 `class_names[order[i]]` names relabelled class i.
 """
+import hashlib
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -51,6 +52,7 @@ class Benchmark:
     class_names: list
     input_norm: tuple | None = None  # (mean, std) per channel for uint8 images, applied by the model
     classes_per_exp: list | None = None
+    data_fingerprint: str = ""  # of the training and test sets' contents: the run's data, wherever it lies
 
     @property
     def n_experiences(self) -> int:
@@ -101,4 +103,6 @@ def build_benchmark(cfg, seed: int) -> Benchmark:
         fixed_class_order=order, class_ids_from_zero_from_first_exp=True,
         train_transform=train_tf, eval_transform=None,
     )
-    return Benchmark(scenario, tuple(train.inputs.shape[1:]), len(classes), order, list(names), input_norm, sizes)
+    contents = hashlib.blake2b(f"{train.fingerprint()} {test.fingerprint()}".encode(), digest_size=8).hexdigest()
+    return Benchmark(scenario, tuple(train.inputs.shape[1:]), len(classes), order, list(names), input_norm, sizes,
+                     contents)

@@ -77,7 +77,7 @@ def collect_runs(*roots) -> pd.DataFrame:
     for root in roots:
         for path in sorted(Path(root).rglob("summary.json")):
             summary, config = read_json(path), _run_config(path.parent)
-            configs.append(config)
+            configs.append({**config, "data": summary.get("data_fingerprint")})  # runs on other data: rows apart
             rows.append({**summary["run"], **summary["metrics"], "status": summary["status"],
                          "seen_acc": summary["seen_acc"], "classes_per_exp": summary["classes_per_exp"],
                          "wall_time_s": summary.get("wall_time_s", math.nan), "path": str(path.parent),
