@@ -20,23 +20,29 @@ def main(cfg):
     import torch
 
     from hdqt_cil.experiment import run, run_table
+    from hdqt_cil.run_folder import discard_unclaimed
     from hdqt_cil.sweep import record_job
     from hdqt_cil.sweep.gpu_slots import job_gpu
 
     hydra_cfg = HydraConfig.get()
     run_dir = hydra_cfg.runtime.output_dir
     if hydra_cfg.mode != RunMode.MULTIRUN:
-        run(cfg, run_dir)
+        try:
+            run(cfg, run_dir)
+        except BaseException:
+            discard_unclaimed(run_dir, cfg.results_root)  # a refused config leaves nothing behind
+            raise
         print(run_table(run_dir))
         return
     try:  # in a sweep, one failed job must not stop the others (hdqt_cil/sweep/report.py)
         with job_gpu(hydra_cfg.job.num, torch.cuda.device_count()) as gpu:
             run(cfg, run_dir, gpu=gpu)
         print(run_table(run_dir))
-        record_job(run_dir, hydra_cfg.overrides.task, None)
+        record_job(hydra_cfg.sweep.dir, run_dir, hydra_cfg.overrides.task, None)
     except Exception as error:  # noqa: BLE001  (recorded, logged and reported at the sweep's end)
         logging.getLogger("run").exception("job failed")
-        record_job(run_dir, hydra_cfg.overrides.task, error)
+        discard_unclaimed(run_dir, cfg.results_root)
+        record_job(hydra_cfg.sweep.dir, run_dir, hydra_cfg.overrides.task, error)
 
 
 if __name__ == "__main__":

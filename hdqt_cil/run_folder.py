@@ -3,6 +3,7 @@
 `claim` makes the folder this run's (or says it already holds this run, finished); `resume` puts a strategy back
 where the folder's checkpoints left it (trainer/checkpoint.py); `write` records the results, each file atomically.
 """
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +13,25 @@ from .trainer.checkpoint import EpochCheckpoints, ExperienceCheckpoints
 from .config import comparable_config
 from .files import read_json, write_atomic, write_json
 from .results.metrics import AccuracyHistory
+
+
+# What Hydra writes into a run's folder before the run starts: its config record and the job's log.
+HYDRA_FILES = {".hydra", "run.log"}
+
+
+def discard_unclaimed(path, root) -> bool:
+    """Remove the folder `path` of a run that failed before claiming it (it holds Hydra's files alone), and the
+    folders between it and `root` that this leaves empty: bad input leaves nothing behind. Returns whether it
+    did."""
+    path, root = Path(path).resolve(), Path(root).resolve()
+    if not path.is_dir() or not set(p.name for p in path.iterdir()) <= HYDRA_FILES:
+        return False
+    shutil.rmtree(path)
+    for parent in path.parents:
+        if parent == root or root not in parent.parents or any(parent.iterdir()):
+            break
+        parent.rmdir()
+    return True
 
 
 @dataclass

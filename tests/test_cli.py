@@ -37,7 +37,18 @@ def test_unknown_strategy_lists_the_choices(tmp_path):
 def test_bad_value_fails_before_writing_anything(tmp_path):
     out = run_cli("trainer.epochs=0", tmp_path=tmp_path)
     assert out.returncode != 0 and "trainer.epochs=0 must be a positive integer" in out.stderr
-    assert not list(tmp_path.rglob("summary.json"))
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_config_refused_while_building_leaves_nothing_but_a_claimed_folder_stays(tmp_path):
+    out = run_cli("benchmark.n_experiences=7", tmp_path=tmp_path)  # 10 classes do not split into 7 experiences
+    assert out.returncode != 0 and "benchmark.n_experiences=7 does not divide the 10 classes" in out.stderr
+    assert not list(tmp_path.iterdir())
+    (tmp_path / "keep.txt").write_text("the user's")
+    assert run_cli("strategy=naive", "trainer.epochs=1", tmp_path=tmp_path).returncode == 0
+    out = run_cli("strategy=naive", "trainer.epochs=2", tmp_path=tmp_path)  # refused: the folder holds another run
+    assert out.returncode != 0 and "holds a run with a different config" in out.stderr
+    assert (tmp_path / "digits-mlp/naive/fp32/seed0/summary.json").exists() and (tmp_path / "keep.txt").exists()
 
 
 def test_failed_job_does_not_stop_the_sweep_and_is_reported(tmp_path):
@@ -48,6 +59,11 @@ def test_failed_job_does_not_stop_the_sweep_and_is_reported(tmp_path):
     report = (tmp_path / "sweep_summary.md").read_text()
     assert "1 of 2 jobs completed" in report
     assert "| digits-mlp/icarl/fp32/seed0 |" in report and "iCaRL needs at least one exemplar per class" in report
+    assert not (tmp_path / "digits-mlp/icarl").exists()  # refused before it claimed a folder: none is left
+    again = run_cli("-m", "strategy=naive", "trainer.epochs=1", "seed=1", tmp_path=tmp_path)
+    assert again.returncode == 0, again.stderr
+    sections = (tmp_path / "sweep_summary.md").read_text().split("# Sweep of ")
+    assert len(sections) == 3 and "1 of 2 jobs completed" in sections[1] and "1 of 1 jobs completed" in sections[2]
 
 
 def test_submitit_local_launcher_runs_the_sweep(tmp_path):

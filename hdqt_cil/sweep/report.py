@@ -1,9 +1,11 @@
 """A sweep goes on past a failed job and ends by telling which jobs failed and why.
 
 Hydra's launchers re-raise the first failed job's exception when they collect results, which skips the
-remaining bookkeeping. So in a sweep, run.py records each job's outcome in `job.json` in its folder and returns
-normally; this callback collects them at the sweep's end into `<sweep dir>/sweep_summary.md`, logs the
-failures and exits non-zero if there were any.
+remaining bookkeeping. So in a sweep, run.py records each job's outcome under the sweep folder (`.jobs/<run
+folder>.json`, outside the run folders: a job refused before it claimed its folder leaves no run folder) and
+returns normally; this callback collects them at the sweep's end into `<sweep dir>/sweep_summary.md`, one section
+a sweep, added below those of earlier sweeps into the same folder; it logs the failures and exits non-zero if
+there were any.
 """
 import logging
 import sys
@@ -16,29 +18,38 @@ from ..files import read_json, write_atomic, write_json
 
 log = logging.getLogger(__name__)
 
+JOBS = ".jobs"
 
-def record_job(folder, overrides, error: BaseException | None) -> None:
-    write_json(Path(folder) / "job.json", {"overrides": list(overrides), "status": "failed" if error else "completed",
-                                          "error": f"{type(error).__name__}: {error}" if error else None})
+
+def record_job(sweep_dir, folder, overrides, error: BaseException | None) -> None:
+    """Record the outcome of the job whose run folder is `folder` (inside `sweep_dir`)."""
+    sweep_dir = Path(sweep_dir)
+    name = Path(folder).resolve().relative_to(sweep_dir.resolve()).as_posix()
+    write_json(sweep_dir / JOBS / f"{name.replace('/', '__')}.json",
+               {"folder": name, "overrides": list(overrides), "status": "failed" if error else "completed",
+                "error": f"{type(error).__name__}: {error}" if error else None})
 
 
 class SweepReport(Callback):
-    """Reports the jobs of this sweep: those whose job.json was written after it started (the results root is
-    shared with earlier sweeps)."""
+    """Reports the jobs of this sweep: those recorded after it started (the results root is shared with earlier
+    sweeps, whose sections of the summary stay)."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
         self.started = time.time()
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        jobs = [read_json(p) | {"folder": str(p.parent.relative_to(sweep_dir))}
-                for p in sorted(sweep_dir.rglob("job.json")) if p.stat().st_mtime >= self.started]
+        records = sorted((sweep_dir / JOBS).glob("*.json")) if (sweep_dir / JOBS).is_dir() else []
+        jobs = [read_json(p) for p in records if p.stat().st_mtime >= self.started]
         failed = [j for j in jobs if j["status"] == "failed"]
-        lines = [f"# Sweep: {len(jobs) - len(failed)} of {len(jobs)} jobs completed", "",
+        lines = [f"# Sweep of {time.strftime('%Y-%m-%d %H:%M', time.localtime(self.started))}: "
+                 f"{len(jobs) - len(failed)} of {len(jobs)} jobs completed", "",
                  "| folder | overrides | status | error |", "|---|---|---|---|"]
         lines += [f"| {j['folder']} | {' '.join(j['overrides'])} | {j['status']} | {j['error'] or ''} |" for j in jobs]
-        write_atomic(sweep_dir / "sweep_summary.md", "\n".join(lines) + "\n")
+        summary = sweep_dir / "sweep_summary.md"
+        earlier = summary.read_text() + "\n" if summary.exists() else ""
+        write_atomic(summary, earlier + "\n".join(lines) + "\n")
         for j in failed:
             log.error("failed: %s → %s", " ".join(j["overrides"]), j["error"])
         if failed:
-            sys.exit(f"{len(failed)} of {len(jobs)} jobs failed; see {sweep_dir / 'sweep_summary.md'}")
+            sys.exit(f"{len(failed)} of {len(jobs)} jobs failed; see {summary}")
