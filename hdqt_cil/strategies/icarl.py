@@ -23,22 +23,32 @@ from .base import STRATEGIES, StrategyConfig
 class DeviceHerding(HerdingSelectionStrategy):
     """avalanche's herding order, computed the same way, without its two host round trips per step (the taken
     set indexed through a growing Python list, the argmin read back): on a GPU shared by several runs those
-    made iCaRL's exemplar selection take longer than the experience's training."""
+    made iCaRL's exemplar selection take longer than the experience's training.
+
+    With `limit`, only the first `limit` exemplars are herded (each step costs one pass over the class's features),
+    the rest follow in index order: a memory that keeps at most `limit` a class keeps exactly what the full order
+    gives, in time linear in the class's size instead of quadratic (6,000 samples of 784 features on two CPU
+    cores: 0.9 s for 20 exemplars, 5 s for 200, about 160 s for the full order)."""
+
+    def __init__(self, model, layer_name: str, limit: int | None = None):
+        super().__init__(model, layer_name)
+        self.limit = limit
 
     @torch.no_grad()
     def make_sorted_indices_from_features(self, features: torch.Tensor) -> list[int]:
+        picks = len(features) if self.limit is None else min(self.limit, len(features))
         center = features.mean(dim=0)
         current_center = center * 0
         taken = torch.zeros(len(features), dtype=torch.bool, device=features.device)
-        order = torch.empty(len(features), dtype=torch.int64, device=features.device)
-        for i in range(len(features)):
+        order = torch.empty(picks, dtype=torch.int64, device=features.device)
+        for i in range(picks):
             candidate_centers = current_center * i / (i + 1) + features / (i + 1)
             distances = (candidate_centers - center).pow(2).sum(dim=1).masked_fill_(taken, float("inf"))
             best = distances.argmin()
             order[i] = best
             taken[best] = True
             current_center = candidate_centers[best]
-        return order.tolist()
+        return order.tolist() + torch.nonzero(~taken).flatten().tolist()
 
 
 class HerdingMemory(SupervisedPlugin):
@@ -46,14 +56,16 @@ class HerdingMemory(SupervisedPlugin):
 
     def __init__(self, mem_size: int, model, layer: str = "features"):
         super().__init__()
-        self.storage = ParametricBuffer(mem_size, groupby="class",
-                                        selection_strategy=DeviceHerding(model, layer))
+        self.herding = DeviceHerding(model, layer)
+        self.storage = ParametricBuffer(mem_size, groupby="class", selection_strategy=self.herding)
 
     def after_train_dataset_adaptation(self, strategy, **kwargs):
         if len(self.storage.buffer):
             strategy.adapted_dataset = strategy.adapted_dataset.concat(self.storage.buffer)
 
     def after_training_exp(self, strategy, **kwargs):
+        classes = self.storage.seen_groups | {int(t) for t in strategy.experience.dataset.targets}
+        self.herding.limit = max(self.storage.get_group_lengths(len(classes)))  # the most any class keeps
         self.storage.post_adapt(strategy, strategy.experience)
 
 
