@@ -1,9 +1,11 @@
 """The feature-table loader: formats, refusals of bad input, filtering, splits and [-1, 1] scaling."""
 
 import numpy as np
+import torch
 import pandas as pd
 import pytest
 
+from hdqt_cil.config import validate
 from hdqt_cil.benchmarks import features, har
 
 
@@ -135,9 +137,11 @@ def test_minmax_is_fitted_on_train_only():
 def test_features_benchmark_reads_a_csv(make_cfg, tmp_path):
     path = _save(_frame(n_subjects=10, classes=(1, 2, 3, 4)), tmp_path, "mine.csv")
     cfg = make_cfg("benchmark=features", f"benchmark.path={path}")
-    train, test, names = har.load(cfg.benchmark, seed=0)
-    assert names == ["1", "2", "3", "4"] and len(train) == 8 * 16 and len(test) == 2 * 16
+    loaded = har.load(cfg.benchmark, seed=0)
+    train, test = loaded.train, loaded.test
+    assert loaded.class_names == ["1", "2", "3", "4"] and len(train) == 8 * 16 and len(test) == 2 * 16
     assert float(train.inputs.min()) == -1.0 and float(train.inputs.max()) == 1.0
+    assert loaded.split.startswith("by subject, drawn by seed 0: test subjects [")
 
 
 def _save(frame, tmp_path, name="t.csv"):
@@ -181,3 +185,64 @@ def test_a_run_folder_is_identified_by_its_datas_contents_not_their_place(make_c
     with pytest.raises(FileExistsError, match=rf"other data \(contents fingerprint {first['data_fingerprint']}; "
                                               r"this run's data: [0-9a-f]{16}\)"):
         run(make_cfg(*overrides, f"benchmark.path={first_path}"), tmp_path / "run")
+
+
+def _named(frame, names):
+    """The frame's classes 1, 2, ... named (a `label` column of text)."""
+    return frame.assign(label=frame.label.map(dict(enumerate(names, start=1))))
+
+
+@pytest.mark.parametrize("seed", [0, 3, 7])
+def test_the_datas_own_split_is_kept_exactly_for_every_seed(make_cfg, tmp_path, seed):
+    """A `split` column (train/test) or a separate test table: the same rows test, whatever the seed."""
+    frame = _named(_frame(n_subjects=2, classes=(1, 2, 3), per_class=5), ("walk", "run", "sit"))
+    frame["split"] = np.where(frame.subject == 2, "test", "train")
+    marked = _save(frame, tmp_path, "marked.csv")
+    loaded = har.load(make_cfg("benchmark=features", f"benchmark.path={marked}", "benchmark.split=given").benchmark,
+                      seed)
+    assert len(loaded.train) == len(loaded.test) == 15 and loaded.split == "the data's own: the `split` column"
+    train_only = _save(frame[frame.split == "train"].drop(columns="split"), tmp_path, "train.csv")
+    test_path = _save(frame[frame.split == "test"].drop(columns="split"), tmp_path, "test.csv")
+    separate = har.load(make_cfg("benchmark=features", f"benchmark.path={train_only}", "benchmark.split=given",
+                                 f"benchmark.test_path={test_path}").benchmark, seed)
+    assert separate.class_names == loaded.class_names == ["run", "sit", "walk"]
+    assert torch.equal(separate.test.inputs, loaded.test.inputs) and separate.test.targets == loaded.test.targets
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda f: f.assign(split=np.where(f.subject == 2, "val", "train")), r"holds \['val'\]; it must say train or test"),
+    (lambda f: f.drop(columns="split"), "benchmark.split=given needs a `split` column"),
+    (lambda f: f.assign(split="train"), r"class\(es\) .* have no test samples with the table's `split` column"),
+])
+def test_a_given_split_that_is_not_one_is_refused(make_cfg, tmp_path, change, message):
+    frame = _frame(n_subjects=2, classes=(1, 2))
+    frame["split"] = np.where(frame.subject == 2, "test", "train")
+    path = _save(change(frame), tmp_path)
+    with pytest.raises(ValueError, match=message):
+        har.load(make_cfg("benchmark=features", f"benchmark.path={path}", "benchmark.split=given").benchmark, 0)
+
+
+def test_a_test_table_must_match_the_training_table(make_cfg, tmp_path):
+    frame = _named(_frame(n_subjects=2, classes=(1, 2)), ("a", "b"))
+    train = _save(frame[frame.subject == 1], tmp_path, "train.csv")
+    cfg = ("benchmark=features", f"benchmark.path={train}", "benchmark.split=given")
+    unseen = _save(frame[frame.subject == 2].assign(label="c"), tmp_path, "unseen.csv")
+    with pytest.raises(ValueError, match=r"classes the training table has not: \['c'\]"):
+        har.load(make_cfg(*cfg, f"benchmark.test_path={unseen}").benchmark, 0)
+    other = _save(frame[frame.subject == 2].rename(columns={"gyro_std": "other"}), tmp_path, "other.csv")
+    with pytest.raises(ValueError, match="differ from the training table's"):
+        har.load(make_cfg(*cfg, f"benchmark.test_path={other}").benchmark, 0)
+    with pytest.raises(ValueError, match="test_path='x.csv' is the data's own test set: it needs benchmark.split=given"):
+        validate(make_cfg("benchmark=features", f"benchmark.path={train}", "benchmark.test_path=x.csv"))
+
+
+def test_a_feature_file_without_subjects_but_with_its_split_is_saved_and_read(tmp_path):
+    from data_prep import feature_file
+
+    X, y = np.arange(12, dtype=np.float32).reshape(6, 2), np.array([0, 1, 0, 1, 0, 1])
+    feature_file.save(tmp_path / "f.npz", X=X, y=y, feature_names=["a", "b"], class_names={0: "sit", 1: "walk"},
+                      extractor="test", contents_check="none", split=["train"] * 4 + ["test"] * 2)
+    table = features.load_feature_table(tmp_path / "f.npz")
+    assert table.subject is None and table.is_test.tolist() == [False] * 4 + [True] * 2
+    train, test = features.given_split(table)
+    assert test.X.tolist() == [[8, 9], [10, 11]] and table.class_names == {0: "sit", 1: "walk"}

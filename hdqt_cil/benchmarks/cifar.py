@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from ..settings import BOOL, Rule, one_of, setting
 from .arrays import ArrayDataset
-from .split import BENCHMARKS, BenchmarkConfig
+from .split import BENCHMARKS, BenchmarkConfig, Loaded
 from .decoded import decoded_once
 
 _TORCHVISION = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100}
@@ -156,7 +156,9 @@ def _read_image_archive(archive: Path):
 @BENCHMARKS.register("cifar10", CifarConfig)
 @BENCHMARKS.register("cifar100", CifarConfig)
 def benchmark(cfg, seed: int):
-    """The split sets; augmentation per sample (augment_on=cpu) or none here (gpu: per batch, cl/batch_augment)."""
+    """The release's sets; augmentation per sample (augment_on=cpu) or none here (gpu: per batch,
+    trainer/batch_augment.py)."""
     train, test, names = load(cfg.name, cfg.root, download=cfg.download, verify=cfg.verify)
     per_sample = cfg.augment and cfg.augment_on == "cpu"
-    return train, test, names, train_transform(cfg.color_jitter) if per_sample else None, MEAN_STD[cfg.name]
+    return Loaded(train, test, names, "the release's training and test sets",
+                  train_transform(cfg.color_jitter) if per_sample else None, MEAN_STD[cfg.name])

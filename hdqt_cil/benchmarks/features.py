@@ -1,8 +1,10 @@
-"""Feature tables (one row per window): load, filter, split by subject or at random, scale to [-1, 1].
+"""Feature tables (one row per window): load, filter, split (by subject, at random, or as the table says), scale to
+[-1, 1].
 
 The HAR benchmarks read the NPZ files that `data_prep/` writes; `benchmark=features` reads any NPZ, CSV or Parquet
-table a researcher brings: feature columns plus a `label` column and, optionally, a `subject` column (NPZ keys
-X, y, subject). Plain numpy (pandas only for CSV/Parquet), so data preparation can use it without torch.
+table a researcher brings: feature columns plus a `label` column and, optionally, a `subject` column and a `split`
+column (`train` / `test`: the release's own split; NPZ keys X, y, subject, split). Plain numpy (pandas only for
+CSV/Parquet), so data preparation can use it without torch.
 """
 import math
 from dataclasses import dataclass, replace
@@ -10,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-LABEL, SUBJECT = "label", "subject"
+LABEL, SUBJECT, SPLIT = "label", "subject", "split"
+SPLIT_VALUES = ("train", "test")
 MAKE_HINT = ("make one with `python -m data_prep.hapt|dsads|pamap2 --raw-dir RAW --out {path}` (docs/data.md), or "
              "bring a CSV/Parquet/NPZ with numeric feature columns and a `label` column (optionally `subject`)")
 # The HDQT paper's filtering: classes and subjects that too few subjects/classes cover.
@@ -28,13 +31,15 @@ class FeatureTable:
     subject: np.ndarray | None  # (N,) int64, or None when the table has no subject column
     feature_names: list
     class_names: dict | None = None  # class id → name, when the source names its classes
+    is_test: np.ndarray | None = None  # (N,) bool: the table's own split (a `split` column), when it has one
 
     def __len__(self):
         return len(self.y)
 
     def take(self, rows) -> "FeatureTable":
         return replace(self, X=self.X[rows], y=self.y[rows],
-                       subject=None if self.subject is None else self.subject[rows])
+                       subject=None if self.subject is None else self.subject[rows],
+                       is_test=None if self.is_test is None else self.is_test[rows])
 
 
 def load_feature_table(path) -> FeatureTable:
@@ -81,6 +86,7 @@ def _from_npz(path: Path) -> FeatureTable:
         if X.dtype.kind not in "iuf":
             raise ValueError(f"{path}: X must be numeric, found dtype {X.dtype}")
         subject = npz["subject"] if "subject" in npz.files else None
+        split = npz["split"] if "split" in npz.files else None
         names = [str(n) for n in npz["feature_names"]] if "feature_names" in npz.files else None
         classes = None
         if "class_ids" in npz.files and "class_names" in npz.files:
@@ -89,7 +95,8 @@ def _from_npz(path: Path) -> FeatureTable:
         raise ValueError(f"{path}: X must be 2-D (windows × features), found shape {X.shape}")
     y = _integer_labels(y, path, "y")
     subject = None if subject is None else _integer_labels(subject, path, "subject")
-    return FeatureTable(X.astype(np.float32), y, subject, names or [f"f{i}" for i in range(X.shape[1])], classes)
+    return FeatureTable(X.astype(np.float32), y, subject, names or [f"f{i}" for i in range(X.shape[1])], classes,
+                        None if split is None else _test_rows(split, path))
 
 
 def _integer_labels(values, path, what):
@@ -103,6 +110,16 @@ def _integer_labels(values, path, what):
     raise ValueError(f"{path}: {what} must hold whole numbers, found dtype {values.dtype} (e.g. {values[:3]})")
 
 
+def _test_rows(values, path) -> np.ndarray:
+    """The `split` column as a bool array (True: a test row); anything but train/test is refused, named."""
+    values = np.char.lower(np.asarray(values).astype(str))
+    bad = sorted(set(values.tolist()) - set(SPLIT_VALUES))
+    if bad:
+        raise ValueError(f"{path}: the `{SPLIT}` column holds {bad[:5]}; it must say {' or '.join(SPLIT_VALUES)} "
+                         "for every row")
+    return values == "test"
+
+
 def _from_frame(frame, path: Path) -> FeatureTable:
     import pandas as pd
 
@@ -111,7 +128,7 @@ def _from_frame(frame, path: Path) -> FeatureTable:
     if LABEL not in frame.columns:
         raise ValueError(f"{path} has no `{LABEL}` column (columns: {list(frame.columns)[:10]}...); name the class "
                          f"column `{LABEL}` (and the subject column, if any, `{SUBJECT}`)")
-    features = frame.drop(columns=[c for c in (LABEL, SUBJECT) if c in frame.columns])
+    features = frame.drop(columns=[c for c in (LABEL, SUBJECT, SPLIT) if c in frame.columns])
     bad = [c for c in features.columns if not pd.api.types.is_numeric_dtype(features[c])]
     if bad:
         column = features[bad[0]]
@@ -125,14 +142,16 @@ def _from_frame(frame, path: Path) -> FeatureTable:
         class_names = dict(enumerate(names.tolist()))
     y = _integer_labels(labels, path, LABEL)
     subject = _integer_labels(frame[SUBJECT].to_numpy(), path, SUBJECT) if SUBJECT in frame.columns else None
-    return FeatureTable(features.to_numpy(np.float32), y, subject, [str(c) for c in features.columns], class_names)
+    is_test = _test_rows(frame[SPLIT].to_numpy(), path) if SPLIT in frame.columns else None
+    return FeatureTable(features.to_numpy(np.float32), y, subject, [str(c) for c in features.columns], class_names,
+                        is_test)
 
 
 def _check(table: FeatureTable, path: Path):
     n, d = table.X.shape
     if n == 0 or d == 0:
         raise ValueError(f"{path}: empty feature table ({n} rows × {d} features)")
-    for what, values in (("labels", table.y), ("subjects", table.subject)):
+    for what, values in (("labels", table.y), ("subjects", table.subject), ("split entries", table.is_test)):
         if values is not None and len(values) != n:
             raise ValueError(f"{path}: {n} feature rows but {len(values)} {what}")
     if len(table.feature_names) != d:
@@ -190,6 +209,39 @@ def subject_split(table: FeatureTable, train_fraction: float = 0.8, seed: int = 
     _check_split(train, test, f"the subject split of seed {seed} (test subjects "
                               f"{sorted(set(subjects.tolist()) - set(train_subjects.tolist()))})")
     return train, test
+
+
+def given_split(table: FeatureTable, test: FeatureTable | None = None):
+    """The split the data come with: the rows a `split` column marks `test` (the same for every seed), or with
+    `test`, that whole table (a release's separate test file)."""
+    if test is None:
+        if table.is_test is None:
+            raise ValueError(f"benchmark.split=given needs a `{SPLIT}` column (train/test) in the table, or a "
+                             "separate test table: benchmark.test_path=FILE")
+        train, test, how = table.take(~table.is_test), table.take(table.is_test), f"the table's `{SPLIT}` column"
+    else:
+        if test.feature_names != table.feature_names:
+            raise ValueError(f"the test table's features {test.feature_names[:5]}... differ from the training "
+                             f"table's {table.feature_names[:5]}...: both need the same feature columns in order")
+        train, test, how = table, _labelled_as(test, table), "the separate test table"
+    _check_split(train, test, how)
+    return train, test
+
+
+def _labelled_as(test: FeatureTable, train: FeatureTable) -> FeatureTable:
+    """`test` with its class ids those of `train` (tables that name their classes number them each in its own
+    sorted order); a class named in the test table alone is refused."""
+    if (test.class_names is None) != (train.class_names is None):
+        raise ValueError("the training and test tables must both name their classes or both number them "
+                         f"(`{LABEL}` column of text in one, of numbers in the other)")
+    if train.class_names is None:
+        return test
+    ids = {name: i for i, name in train.class_names.items()}
+    unseen = sorted(set(test.class_names.values()) - set(ids))
+    if unseen:
+        raise ValueError(f"the test table has classes the training table has not: {unseen}")
+    return replace(test, y=np.array([ids[test.class_names[int(c)]] for c in test.y], dtype=np.int64),
+                   class_names=train.class_names)
 
 
 def random_split(table: FeatureTable, train_fraction: float = 0.8, seed: int = 0):

@@ -5,7 +5,7 @@ researcher brings (NPZ/CSV/Parquet with a `label` and optionally a `subject` col
 """
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -13,7 +13,7 @@ from omegaconf import MISSING
 
 from ..settings import BOOL, FRACTION, INT_LIST, one_of, setting
 from .arrays import ArrayDataset
-from .split import BENCHMARKS, BenchmarkConfig
+from .split import BENCHMARKS, BenchmarkConfig, Loaded
 
 _MAKERS = {"hapt": "python -m data_prep.hapt", "dsads": "python -m data_prep.dsads",
            "pamap2": "python -m data_prep.pamap2"}
@@ -24,10 +24,19 @@ class FeatureTableConfig(BenchmarkConfig):
     path: str = MISSING  # the feature file: data_prep's NPZ, or any CSV/Parquet/NPZ table
     drop_classes: List[int] = setting([], INT_LIST)  # the paper's filtering of classes and subjects
     drop_subjects: List[int] = setting([], INT_LIST)
-    # subject-wise: ceil(train_fraction × subjects) train, chosen by seed (needs a subject column); or random
-    split: str = setting("subject", one_of("subject", "random"))
+    # subject: ceil(train_fraction × subjects) train, chosen by seed (needs a subject column); random: stratified
+    # by class, by seed; given: the data's own split, the same for every seed (a `split` column of train/test, or
+    # test_path)
+    split: str = setting("subject", one_of("subject", "random", "given"))
+    test_path: Optional[str] = None  # split=given: the test set as a table of its own (a release's test file)
     train_fraction: float = setting(0.8, FRACTION)
     normalise: bool = setting(True, BOOL)  # each feature to [-1, 1], fitted on the training split only
+
+    def check(self, path: str) -> None:
+        super().check(path)
+        if self.test_path is not None and self.split != "given":
+            raise ValueError(f"{path}test_path={self.test_path!r} is the data's own test set: it needs "
+                             f"{path}split=given (got {path}split={self.split})")
 
 
 @BENCHMARKS.register("hapt", FeatureTableConfig)
@@ -35,32 +44,46 @@ class FeatureTableConfig(BenchmarkConfig):
 @BENCHMARKS.register("pamap2", FeatureTableConfig)
 @BENCHMARKS.register("features", FeatureTableConfig)
 def benchmark(cfg, seed: int):
-    return (*load(cfg, seed), None, None)
+    return load(cfg, seed)
 
 
-def load(cfg, seed: int):
-    """Train/test ArrayDatasets with labels relabelled 0..C-1 (sorted original ids) and their class names."""
+def _table(cfg, path: Path):
+    """The feature table at `path`, filtered by the config's drop lists."""
     from . import features
 
-    path = Path(cfg.path)
     if not path.exists():
         how = (f"make it with `{_MAKERS[cfg.name]} --raw-dir RAW --out {path}` (or --download)"
                if cfg.name in _MAKERS else "point benchmark.path at a CSV, Parquet or NPZ feature table")
         raise FileNotFoundError(f"feature file {path} not found for benchmark {cfg.name}; {how}")
     table = features.load_feature_table(path)
-    table = features.filter_table(table, drop_classes=tuple(cfg.drop_classes), drop_subjects=tuple(cfg.drop_subjects))
+    return features.filter_table(table, drop_classes=tuple(cfg.drop_classes), drop_subjects=tuple(cfg.drop_subjects))
+
+
+def load(cfg, seed: int) -> Loaded:
+    """Train/test ArrayDatasets with labels relabelled 0..C-1 (sorted original ids), their class names and how
+    they were split."""
+    from . import features
+
+    table = _table(cfg, Path(cfg.path))
     if cfg.split == "subject":
         train, test = features.subject_split(table, train_fraction=cfg.train_fraction, seed=seed)
-    else:
+        how = f"by subject, drawn by seed {seed}: test subjects {sorted(set(test.subject.tolist()))}"
+    elif cfg.split == "random":
         train, test = features.random_split(table, train_fraction=cfg.train_fraction, seed=seed)
+        how = f"at random, stratified by class, drawn by seed {seed} ({cfg.train_fraction:g} train)"
+    else:
+        separate = None if cfg.test_path is None else _table(cfg, Path(cfg.test_path))
+        train, test = features.given_split(table, separate)
+        how = "the data's own: " + (f"the test table {cfg.test_path}" if separate is not None else
+                                    f"the `{features.SPLIT}` column")
     if cfg.normalise:
         train, test = features.minmax_normalise(train, test)
-    classes = np.unique(table.y)
+    classes = np.unique(np.concatenate([train.y, test.y]))
     relabel = {int(c): i for i, c in enumerate(classes)}
-    names = [str(table.class_names.get(int(c), c)) if table.class_names else str(c) for c in classes]
+    names = [str(train.class_names.get(int(c), c)) if train.class_names else str(c) for c in classes]
 
     def dataset(t):
         return ArrayDataset(torch.from_numpy(np.ascontiguousarray(t.X, dtype=np.float32)),
                             [relabel[int(c)] for c in t.y])
 
-    return dataset(train), dataset(test), names
+    return Loaded(dataset(train), dataset(test), names, how)

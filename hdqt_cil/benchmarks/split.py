@@ -1,8 +1,8 @@
 """Benchmark construction: a registered loader per dataset, then one class-incremental split for all of them.
 
-A dataset module registers `load(cfg, seed) -> (train, test, class names, per-sample train transform or None,
-input normalisation or None)` with `BENCHMARKS.register(name, SettingsClass)`; its settings extend
-`BenchmarkConfig`, which holds the split into experiences and the class order that every benchmark shares.
+A dataset module registers `load(cfg, seed) -> Loaded` with `BENCHMARKS.register(name, SettingsClass)`; its
+settings extend `BenchmarkConfig`, which holds the split into experiences and the class order that every benchmark
+shares.
 
 The split uses avalanche's `nc_benchmark` (not `class_incremental_benchmark`: avalanche 0.6.0's iCaRL and BiC
 read `n_classes_per_exp` and `classes_order`, which only the NC scenarios carry). Classes are relabelled 0..C-1 in
@@ -44,6 +44,19 @@ class BenchmarkConfig:
 
 
 @dataclass
+class Loaded:
+    """What a dataset module gives: the training and test sets (ArrayDatasets), class names by class id, how the
+    two sets were split (said in every run's summary), and for images the per-sample training transform and the
+    input normalisation (mean, std) per channel."""
+    train: object
+    test: object
+    class_names: list
+    split: str
+    train_transform: object = None
+    input_norm: tuple | None = None
+
+
+@dataclass
 class Benchmark:
     scenario: object  # avalanche NCScenario
     input_shape: tuple
@@ -53,6 +66,7 @@ class Benchmark:
     input_norm: tuple | None = None  # (mean, std) per channel for uint8 images, applied by the model
     classes_per_exp: list | None = None
     data_fingerprint: str = ""  # of the training and test sets' contents: the run's data, wherever it lies
+    split: str = ""  # how the training and test sets were split (Loaded.split)
 
     @property
     def n_experiences(self) -> int:
@@ -90,7 +104,8 @@ def class_order(classes: list, fixed, shuffle: bool, seed: int, name: str) -> li
 def build_benchmark(cfg, seed: int) -> Benchmark:
     """Split benchmark `cfg.name` into experiences (see `experience_sizes`); the class order is
     `benchmark.class_order` when set, else shuffled by `seed` (see `class_order`)."""
-    train, test, names, train_tf, input_norm = BENCHMARKS.builder(cfg.name)(cfg, seed)
+    loaded = BENCHMARKS.builder(cfg.name)(cfg, seed)
+    train, test, names = loaded.train, loaded.test, loaded.class_names
     classes = sorted(set(train.targets))
     sizes = experience_sizes(len(classes), cfg.get("n_experiences"), cfg.get("classes_per_exp"), cfg.name)
     missing = sorted(set(classes) - set(test.targets))
@@ -101,8 +116,8 @@ def build_benchmark(cfg, seed: int) -> Benchmark:
         train, test, n_experiences=len(sizes), task_labels=False, shuffle=False,
         per_exp_classes={len(sizes) - 1: sizes[-1]} if sizes[-1] != sizes[0] else None,
         fixed_class_order=order, class_ids_from_zero_from_first_exp=True,
-        train_transform=train_tf, eval_transform=None,
+        train_transform=loaded.train_transform, eval_transform=None,
     )
     contents = hashlib.blake2b(f"{train.fingerprint()} {test.fingerprint()}".encode(), digest_size=8).hexdigest()
-    return Benchmark(scenario, tuple(train.inputs.shape[1:]), len(classes), order, list(names), input_norm, sizes,
-                     contents)
+    return Benchmark(scenario, tuple(train.inputs.shape[1:]), len(classes), order, list(names), loaded.input_norm,
+                     sizes, contents, loaded.split)
