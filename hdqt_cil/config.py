@@ -100,7 +100,10 @@ def comparable_config(cfg_dict: dict) -> dict:
     a setting existed matches a run that leaves it at null."""
     out = {k: v for k, v in _without_nulls(cfg_dict).items() if k not in RUN_INDEPENDENT}
     out["trainer"] = {k: v for k, v in out.get("trainer", {}).items() if k not in RUN_INDEPENDENT_TRAINER}
-    out["benchmark"] = {k: v for k, v in out.get("benchmark", {}).items() if k not in DATA_LOCATION}
+    benchmark = {k: v for k, v in out.get("benchmark", {}).items() if k not in DATA_LOCATION}
+    if benchmark.get("loader") == benchmark.get("name"):  # a loader named as its data says nothing more
+        benchmark.pop("loader", None)
+    out["benchmark"] = benchmark
     return out
 
 

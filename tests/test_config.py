@@ -149,3 +149,12 @@ def test_shortened_paper_schedule_keeps_milestone_fractions(make_cfg, experiment
 def test_explicit_milestones_replace_the_scaled_ones(make_cfg):
     cfg = make_cfg("+experiment=cifar10_paper", "trainer.epochs=8", "trainer.milestones=[4]")
     assert list(cfg.trainer.milestones) == [4]
+
+
+def test_a_run_folder_written_before_benchmarks_had_loaders_still_matches():
+    from hdqt_cil.config import comparable_config
+
+    before = {"seed": 0, "benchmark": {"name": "hapt", "path": "/old/hapt.npz", "classes_per_exp": 2}}
+    now = {"seed": 0, "benchmark": {"loader": "hapt", "name": "hapt", "path": "/new/hapt.npz", "classes_per_exp": 2}}
+    renamed = {"seed": 0, "benchmark": {"loader": "features", "name": "hapt", "path": "x", "classes_per_exp": 2}}
+    assert comparable_config(before) == comparable_config(now) != comparable_config(renamed)

@@ -246,3 +246,15 @@ def test_a_feature_file_without_subjects_but_with_its_split_is_saved_and_read(tm
     assert table.subject is None and table.is_test.tolist() == [False] * 4 + [True] * 2
     train, test = features.given_split(table)
     assert test.X.tolist() == [[8, 9], [10, 11]] and table.class_names == {0: "sit", 1: "walk"}
+
+
+def test_own_data_named_gets_its_folders_and_table_rows(make_cfg, tmp_path):
+    from hdqt_cil.experiment import run, run_table
+
+    path = _save(_frame(n_subjects=10, classes=(1, 2, 3, 4)), tmp_path, "mine.csv")
+    cfg = make_cfg("benchmark=features", f"benchmark.path={path}", "benchmark.name=wisdm", "strategy=naive",
+                   "trainer.epochs=1", "trainer.device=cpu")
+    assert cfg.benchmark.loader == "features"
+    folder = tmp_path / "runs" / "wisdm-mlp" / "naive" / "fp32" / "seed0"
+    summary = run(cfg, folder)
+    assert summary["run"]["benchmark"] == "wisdm" and "| wisdm | mlp | naive | fp32 |" in run_table(folder)

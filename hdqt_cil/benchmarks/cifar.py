@@ -158,7 +158,7 @@ def _read_image_archive(archive: Path):
 def benchmark(cfg, seed: int):
     """The release's sets; augmentation per sample (augment_on=cpu) or none here (gpu: per batch,
     trainer/batch_augment.py)."""
-    train, test, names = load(cfg.name, cfg.root, download=cfg.download, verify=cfg.verify)
+    train, test, names = load(cfg.loader, cfg.root, download=cfg.download, verify=cfg.verify)
     per_sample = cfg.augment and cfg.augment_on == "cpu"
     return Loaded(train, test, names, "the release's training and test sets",
-                  train_transform(cfg.color_jitter) if per_sample else None, MEAN_STD[cfg.name])
+                  train_transform(cfg.color_jitter) if per_sample else None, MEAN_STD[cfg.loader])

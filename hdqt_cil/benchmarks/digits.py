@@ -13,7 +13,7 @@ from .split import BENCHMARKS, BenchmarkConfig, Loaded
 
 @dataclass
 class DigitsConfig(BenchmarkConfig):
-    name: str = "digits"
+    loader: str = "digits"
     n_experiences: Optional[int] = 5
 
 

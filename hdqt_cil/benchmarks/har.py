@@ -52,8 +52,8 @@ def _table(cfg, path: Path):
     from . import features
 
     if not path.exists():
-        how = (f"make it with `{_MAKERS[cfg.name]} --raw-dir RAW --out {path}` (or --download)"
-               if cfg.name in _MAKERS else "point benchmark.path at a CSV, Parquet or NPZ feature table")
+        how = (f"make it with `{_MAKERS[cfg.loader]} --raw-dir RAW --out {path}` (or --download)"
+               if cfg.loader in _MAKERS else "point benchmark.path at a CSV, Parquet or NPZ feature table")
         raise FileNotFoundError(f"feature file {path} not found for benchmark {cfg.name}; {how}")
     table = features.load_feature_table(path)
     return features.filter_table(table, drop_classes=tuple(cfg.drop_classes), drop_subjects=tuple(cfg.drop_subjects))

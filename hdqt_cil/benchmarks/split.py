@@ -1,6 +1,6 @@
 """Benchmark construction: a registered loader per dataset, then one class-incremental split for all of them.
 
-A dataset module registers `load(cfg, seed) -> Loaded` with `BENCHMARKS.register(name, SettingsClass)`; its
+A dataset module registers `load(cfg, seed) -> Loaded` with `BENCHMARKS.register(loader, SettingsClass)`; its
 settings extend `BenchmarkConfig`, which holds the split into experiences and the class order that every benchmark
 shares.
 
@@ -10,6 +10,7 @@ the order they arrive, so logits, exemplar memories and per-class tables all spe
 `class_names[order[i]]` names relabelled class i.
 """
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -26,9 +27,16 @@ CLASS_ORDER = Rule(lambda v: v is None or (len(v) > 0 and all(c >= 0 for c in v)
                    "a list of distinct class indices (a permutation of 0..C-1), or null")
 
 
+# A benchmark's name becomes a folder name and a table's row label.
+NAME = Rule(lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v) is not None,
+            "a name of letters, digits, '_', '.' and '-' (it names the run folders)")
+
+
 @dataclass
 class BenchmarkConfig:
-    name: str = MISSING
+    loader: str = MISSING  # the registered dataset module that reads the data (the config file's name)
+    # What the runs' folders and tables call the data: the loader's name unless set (own data: benchmark.name=wisdm).
+    name: str = setting("${.loader}", NAME)
     n_experiences: Optional[int] = setting(None, optional(POSITIVE_INT))
     # Or this many classes a task, the last taking the remainder (then n_experiences: null).
     classes_per_exp: Optional[int] = setting(None, optional(POSITIVE_INT))
@@ -102,9 +110,9 @@ def class_order(classes: list, fixed, shuffle: bool, seed: int, name: str) -> li
 
 
 def build_benchmark(cfg, seed: int) -> Benchmark:
-    """Split benchmark `cfg.name` into experiences (see `experience_sizes`); the class order is
-    `benchmark.class_order` when set, else shuffled by `seed` (see `class_order`)."""
-    loaded = BENCHMARKS.builder(cfg.name)(cfg, seed)
+    """Split benchmark `cfg.name` (read by its loader) into experiences (see `experience_sizes`); the class order
+    is `benchmark.class_order` when set, else shuffled by `seed` (see `class_order`)."""
+    loaded = BENCHMARKS.builder(cfg.loader)(cfg, seed)
     train, test, names = loaded.train, loaded.test, loaded.class_names
     classes = sorted(set(train.targets))
     sizes = experience_sizes(len(classes), cfg.get("n_experiences"), cfg.get("classes_per_exp"), cfg.name)
