@@ -1,0 +1,1 @@
+"""Operation counts and energy estimates of training runs on integer hardware (docs/cost.md)."""

@@ -1,0 +1,135 @@
+"""The analytic operation counts (hdqt_cil/cost) against counters hooked into the torch reference: one training
+step of small models under every scheme, the counted operations of every call of the reference's primitives
+(quantizers, Hadamard transforms, integer products) and torch's own FLOP counter for the float products."""
+import math
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from hdqt_cil.cost.counts import RANDOM_BITS, layer_tally, level_name
+from hdqt_cil.quant import calibrate_lqs, hot, layers, preset, quantize_model
+from hdqt_cil.quant.backend import TORCH_OPS
+from hdqt_cil.quant.hadamard import checked_block
+
+
+class CountingOps(SimpleNamespace):
+    """TORCH_OPS, counting what each call computes from the tensors it is given."""
+
+    def __init__(self):
+        super().__init__(name="counting", tally=Counter(), im2col=TORCH_OPS.im2col, col2im=TORCH_OPS.col2im)
+
+    def _quantized(self, t, spec):
+        self.tally[f"quantize {level_name(spec)}"] += t.numel()
+        if spec.rounding == "stochastic":
+            self.tally["random_bit"] += RANDOM_BITS * t.numel()
+
+    def quantize(self, t, spec, counter=None):
+        self._quantized(t, spec)
+        return TORCH_OPS.quantize(t, spec, counter)
+
+    def block_hadamard(self, x, dim=-1, block=None):
+        block = checked_block(x.shape[dim], block)
+        self.tally["hadamard_add"] += x.numel() * (block.bit_length() - 1)
+        return TORCH_OPS.block_hadamard(x, dim, block)
+
+    def hadamard_quantize(self, x, spec, counter=None, block=None, dim=-1):
+        return self.quantize(self.block_hadamard(x, dim, block), spec, counter)
+
+    def scaled_int_matmul(self, a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
+                          count_saturated=False, sum_batch=False):
+        batch = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        (m, k), n = a.shape[-2:], b.shape[-1]
+        self.tally["int_mac"] += batch * m * n * k
+        if acc_bits is not None:
+            self.tally["saturate"] += batch * m * n * (1 if tile is None or tile >= k else math.ceil(k / tile))
+        return TORCH_OPS.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated,
+                                           sum_batch)
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(40, 24, bias=False), nn.ReLU(), nn.Linear(24, 24, bias=False), nn.ReLU(),
+                         nn.Linear(24, 5))
+
+
+def convnet():
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 8, 3, stride=2, padding=1, bias=False),
+                         nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 5))
+
+
+def step_inputs(model_fn, batch):
+    shape = (40,) if model_fn is mlp else (3, 8, 8)
+    g = torch.Generator().manual_seed(batch)
+    return torch.randn(batch, *shape, generator=g), torch.randint(0, 5, (batch,), generator=g)
+
+
+def analytic(model, x):
+    """The cost module's counts of one training step: each layer's input shape taken by a hook."""
+    shapes = {}
+
+    def record(module, args):
+        shapes.setdefault(module, (tuple(args[0].shape), args[0].requires_grad))
+
+    hooks = [m.register_forward_pre_hook(record) for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    model.train()(x)  # with gradients on: a layer's input needs its gradient unless it is the data
+    for h in hooks:
+        h.remove()
+    total = Counter()
+    for layer, (shape, input_grad) in shapes.items():
+        tally = layer_tally(layer, shape, input_grad, training=True)
+        total.update(tally.forward)
+        total.update(tally.backward)
+    return total
+
+
+def observed(model, x, y, monkeypatch):
+    ops = CountingOps()
+    monkeypatch.setattr(layers, "resolve_ops", lambda backend, device: ops)
+    monkeypatch.setattr(hot, "resolve_ops", lambda backend, device: ops)
+    with FlopCounterMode(display=False) as flops:
+        F.cross_entropy(model(x), y).backward()
+    return ops.tally, flops.get_total_flops() // 2
+
+
+@pytest.mark.parametrize("model_fn", [mlp, convnet])
+@pytest.mark.parametrize("scheme", ["hdqt", "int4", "luq", "hot"])
+@pytest.mark.parametrize("batch", [6, 8])
+def test_counts_equal_the_reference_calls(model_fn, scheme, batch, monkeypatch):
+    torch.manual_seed(0)
+    model = quantize_model(model_fn(), preset(scheme))
+    x, y = step_inputs(model_fn, batch)
+    if scheme == "hot":
+        calibrate_lqs(model, x, y, F.cross_entropy)
+    counted = analytic(model, x)
+    seen, _ = observed(model, x, y, monkeypatch)
+    for kind in ("hadamard_add", "random_bit", "saturate") + tuple(k for k in counted if k.startswith("quantize")):
+        assert counted[kind] == seen[kind], kind
+    assert sum(v for k, v in counted.items() if k.startswith("int_mac")) == seen["int_mac"]
+    assert seen["int_mac"] > 0 and (scheme == "hot" or seen["saturate"] > 0 or scheme == "luq")
+
+
+@pytest.mark.parametrize("model_fn", [mlp, convnet])
+def test_float_products_equal_torchs_flop_count(model_fn, monkeypatch):
+    """FP32 (quant=fp32 layers and a model left in float alike) and HOT's float forward."""
+    x, y = step_inputs(model_fn, 7)
+    for model in (model_fn(), quantize_model(model_fn(), preset("fp32"))):
+        _, macs = observed(model, x, y, monkeypatch)
+        assert analytic(model, x)["float_mac"] == macs
+    hot_model = quantize_model(model_fn(), preset("hot"))
+    calibrate_lqs(hot_model, x, y, F.cross_entropy)
+    with FlopCounterMode(display=False) as flops:
+        hot_model.train()(x)  # the forward alone: HOT's backward products are all integer
+    assert analytic(hot_model, x)["float_mac"] == flops.get_total_flops() // 2
+
+
+def test_integer_products_are_keyed_by_operand_and_accumulator_bits():
+    model = quantize_model(mlp(), preset("hdqt"))
+    counted = analytic(model, step_inputs(mlp, 8)[0])
+    forward_macs = 8 * (40 * 24 + 24 * 24 + 24 * 5)
+    assert counted["int_mac int4xint4 acc8"] == forward_macs + 2 * forward_macs - 8 * 40 * 24  # no g_x of layer 1
+    luq = analytic(quantize_model(mlp(), preset("luq")), step_inputs(mlp, 8)[0])
+    assert luq["int_mac int4xint4 acc8"] == forward_macs and luq["int_mac log4xint4 accnone"] > 0
