@@ -12,6 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from .cost.energy import EnergyTable
 from .registry import load_members
 from .settings import (BOOL, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, POSITIVE_INT, Rule, check_settings, one_of,
                        setting)
@@ -59,6 +60,7 @@ class RunConfig:
     strategy: Any = MISSING
     quant: Any = MISSING
     trainer: Any = MISSING
+    cost: Any = MISSING  # the energy table of the cost estimate (configs/cost/)
     seed: int = setting(0, NON_NEGATIVE_INT)
     # Appended to the quant folder name, to keep ablations (e.g. quant.acc_bits=12) apart from the defaults.
     tag: str = setting("", Rule(lambda v: "/" not in v, "a string without '/'"))
@@ -79,7 +81,7 @@ def run_path(benchmark, model, strategy, quant, tag, seed) -> str:
 
 
 # Keys that may differ between two runs of the same experiment: they change how, not what, is computed.
-RUN_INDEPENDENT = ("overwrite", "resume", "on_divergence", "logging", "results_root", "data_root")
+RUN_INDEPENDENT = ("overwrite", "resume", "on_divergence", "logging", "results_root", "data_root", "cost")
 RUN_INDEPENDENT_TRAINER = ("device", "num_workers", "checkpoint_every", "cuda_graph", "deterministic")
 
 
@@ -121,6 +123,7 @@ def register_schemas() -> None:
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
     store.store(group="schema/trainer", name="default", node=TrainerConfig)
+    store.store(group="schema/cost", name="table", node=EnergyTable)
     load_members()
 
 

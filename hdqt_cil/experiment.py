@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from .trainer.batch_augment import BatchAugment
 from .trainer.checkpoint import EpochCheckpoints, ExperienceCheckpoints
+from .trainer.cost import CostCounter
 from .trainer.cuda_graphs import CudaGraphPlugin
 from .trainer.monitor import Diverged, TrainingMonitor
 from .trainer.optim import PerExperienceSGD
@@ -27,6 +28,7 @@ from .config import validate
 from .benchmarks.augment import augment_batch
 from .benchmarks import build_benchmark
 from .kernels.compile import compile_seconds
+from .cost.energy import energy_table
 from .models import build_model
 from .files import read_json
 from .results.metrics import AccuracyHistory, summarize
@@ -70,7 +72,7 @@ def _evaluator(cfg, run_dir: Path) -> EvaluationPlugin:
     return EvaluationPlugin(*metrics, loggers=loggers)
 
 
-def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s, error=None) -> dict:
+def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s, cost, error=None) -> dict:
     return {
         "status": status,
         "error": error,
@@ -90,6 +92,7 @@ def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s
         "class_names": [bench.class_names[c] for c in bench.class_order],
         "wall_time_s": elapsed,
         "kernel_compile_s": compile_s,  # compiling GPU kernels not shipped prebuilt (kernels/compile.py)
+        "cost": cost,  # operation counts and energy estimate on integer hardware (trainer/cost.py, docs/cost.md)
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "command": " ".join(sys.argv),
     }
@@ -128,12 +131,13 @@ def run(cfg, run_dir, gpu: int = 0) -> dict:
 class RunPlugins:
     """The plugins every run adds to its strategy, in the order avalanche calls them: CUDA-graph replay first (its
     NaN check precedes the monitor's), the prediction recorder, the training monitor, the optimizer protocol,
-    the quantization, the GPU batch augmentation; the epoch checkpoints last, just before avalanche's clock, so
-    that they see every plugin's records of the epoch and the next epoch's lr."""
+    the quantization, the GPU batch augmentation, the cost counter; the epoch checkpoints last, just before
+    avalanche's clock, so that they see every plugin's records of the epoch and the next epoch's lr."""
     recorder: PredictionRecorder
     monitor: TrainingMonitor
     optimizer: PerExperienceSGD
     quantization: QuantizationPlugin
+    cost: CostCounter
     epochs: EpochCheckpoints
     graphs: CudaGraphPlugin | None = None
     augment: BatchAugment | None = None
@@ -148,6 +152,7 @@ class RunPlugins:
         return cls(
             recorder=PredictionRecorder(), monitor=TrainingMonitor(epoch_log_every(cfg)),
             optimizer=PerExperienceSGD(t.lr, list(t.milestones), t.gamma), quantization=QuantizationPlugin(cfg.quant),
+            cost=CostCounter(energy_table(cfg.cost), teachers(cfg.strategy.name)),
             epochs=EpochCheckpoints(ExperienceCheckpoints(run_dir).root, t.checkpoint_every),
             graphs=CudaGraphPlugin(teachers(cfg.strategy.name)) if t.cuda_graph and device.type == "cuda" else None,
             augment=BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)) if gpu_augment else None)
@@ -157,7 +162,7 @@ class RunPlugins:
         """The plugins of `strategy` (a strategy restored from a checkpoint holds copies of the declared ones)."""
         found = {type(p): p for p in strategy.plugins}
         return cls(found[PredictionRecorder], found[TrainingMonitor], found[PerExperienceSGD],
-                   found[QuantizationPlugin], found[EpochCheckpoints], found.get(CudaGraphPlugin),
+                   found[QuantizationPlugin], found[CostCounter], found[EpochCheckpoints], found.get(CudaGraphPlugin),
                    found.get(BatchAugment))
 
     def attach(self, strategy):
@@ -168,8 +173,8 @@ class RunPlugins:
 
     def given(self) -> list:
         """The plugins handed to the strategy template, in order."""
-        return [p for p in (self.graphs, self.recorder, self.monitor, self.optimizer, self.quantization, self.augment)
-                if p is not None]
+        return [p for p in (self.graphs, self.recorder, self.monitor, self.optimizer, self.quantization, self.augment,
+                            self.cost) if p is not None]
 
 
 def _run(cfg, run_dir: Path, gpu: int) -> dict:
@@ -216,7 +221,7 @@ def _train(cfg, bench, strategy, plugins: RunPlugins, folder: RunFolder, start: 
     def write(status, error=None):
         elapsed = start.elapsed_before + time.time() - started
         summary = _summary(cfg, bench, history, status, elapsed, device, plugins.monitor.losses,
-                           compile_seconds() - compiled_before, error)
+                           compile_seconds() - compiled_before, plugins.cost.summary(), error)
         # quant_stats: the layers' saturation and clipping per epoch; lqs: HOT's per-layer choice (made once)
         folder.write(summary, {"quant_stats.json": plugins.quantization.epochs,
                                "lqs.json": plugins.quantization.calibration})

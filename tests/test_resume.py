@@ -24,7 +24,7 @@ def _summary(results_root, strategy, quant="fp32"):
 
 def _kill_and_resume(tmp_path, strategy, quant, overrides, killable, log_says):
     """An uninterrupted run, then the same run SIGKILLed once `killable()` sees its folder ready and resumed:
-    the two accuracy matrices must be equal."""
+    the two accuracy matrices, losses and operation counts must be equal."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     reference = subprocess.run(_cmd(tmp_path / "ref", *overrides), cwd=ROOT, env=env, capture_output=True,
                                text=True, timeout=600)
@@ -51,6 +51,7 @@ def _kill_and_resume(tmp_path, strategy, quant, overrides, killable, log_says):
     np.testing.assert_array_equal(np.array(got["acc_matrix"], float), np.array(want["acc_matrix"], float))
     np.testing.assert_array_equal(np.array(got["class_acc"], float), np.array(want["class_acc"], float))
     assert got["train_loss"] == want["train_loss"]
+    assert got["cost"]["experiences"] == want["cost"]["experiences"]  # every operation counted once
 
 
 def _overrides(strategy, quant, *more):
