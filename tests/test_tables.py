@@ -128,3 +128,18 @@ def test_published_numbers_beside_the_runs_with_differences_and_costs(tmp_path):
     bad.write_text("benchmark,strategy,quant,avg\nhapt,icarl,fp32,1\n")
     with pytest.raises(ValueError, match="bad.csv: .* missing avg_acc, last_acc, source"):
         make_tables([tmp_path / "runs"], tmp_path / "out2", plot=False, published=bad)
+
+
+def test_cost_columns_and_the_energy_plot_where_runs_report_their_cost(tmp_path):
+    def costed(quant, seed, last, gmacs, joules):
+        return {**_summary("icarl", quant, seed, last),
+                "cost": {"training int GMACs": gmacs, "training energy J": {"total": joules}}}
+
+    _write(tmp_path / "runs", costed("fp32", 0, 80.0, 0.0, 2.0), costed("fp32", 1, 82.0, 0.0, 2.2),
+           costed("hdqt", 0, 78.0, 3.5, 0.5), costed("hdqt", 1, 78.0, 3.7, 0.6))
+    table = make_tables([tmp_path / "runs"], tmp_path / "out").set_index("quant")
+    assert table.loc["hdqt", "int GMACs"] == "3.6 ± 0.1414" and table.loc["hdqt", "energy J"] == "0.55 ± 0.0707"
+    assert table.loc["hdqt", "energy vs fp32"] == "0.262" and table.loc["fp32", "energy vs fp32"] == "1.000"
+    assert (tmp_path / "out" / "energy.png").stat().st_size > 1000
+    _write(tmp_path / "old", _summary("icarl", "fp32", 0, 80.0))  # runs from before the cost: no such columns
+    assert "energy J" not in make_tables([tmp_path / "old"], tmp_path / "out2", plot=False).columns

@@ -4,7 +4,9 @@
   differ in anything but the seed are split, the differing settings named, never averaged together);
 - main.md: the paper's layout, one row per benchmark × strategy with the schemes side by side (untagged runs);
 - ablation.md / ablation.png: runs whose quant settings differ from their preset, one row per setting, and
-  accuracy against each numeric setting.
+  accuracy against each numeric setting;
+- energy.png: accuracy against the estimated training energy on integer hardware (runs that report their cost;
+  table.* then adds the integer GMACs, the energy and its ratio to the FP32 row).
 A run counts in a mean only when its summary says `complete`. Diverged runs are shown as such; runs that
 stopped early (fewer experiences than configured) are counted in a separate column, never averaged in.
 """
@@ -22,7 +24,9 @@ from ..files import read_json, write_atomic
 
 KEYS = ["benchmark", "model", "strategy", "quant"]
 ROW_KEYS = [*KEYS, "variant", "quant_variant"]
-METRICS = {"avg_acc": "avg acc", "last_acc": "last acc", "forgetting": "forgetting", "wall_time_s": "wall s"}
+METRICS = {"avg_acc": "avg acc", "last_acc": "last acc", "forgetting": "forgetting", "wall_time_s": "wall s",
+           "int_gmacs": "int GMACs", "energy_j": "energy J"}
+FORMATS = {"int_gmacs": ".4g", "energy_j": ".3g"}  # the cost columns span orders of magnitude
 SCHEME_ORDER = ["fp32", "hdqt", "hot", "int4", "luq"]
 # Settings that do not change a scheme's numerics, left out when a run's settings are compared with its preset.
 _NEUTRAL_SETTINGS = ("name", "seed", "backend")
@@ -78,10 +82,12 @@ def collect_runs(*roots) -> pd.DataFrame:
         for path in sorted(Path(root).rglob("summary.json")):
             summary, config = read_json(path), _run_config(path.parent)
             configs.append({**config, "data": summary.get("data_fingerprint")})  # runs on other data: rows apart
+            cost = summary.get("cost") or {}  # training's cost on integer hardware (trainer/cost.py)
             rows.append({**summary["run"], **summary["metrics"], "status": summary["status"],
                          "seen_acc": summary["seen_acc"], "classes_per_exp": summary["classes_per_exp"],
                          "wall_time_s": summary.get("wall_time_s", math.nan), "path": str(path.parent),
-                         "setting": quant_setting(config)})
+                         "setting": quant_setting(config), "int_gmacs": cost.get("training int GMACs", math.nan),
+                         "energy_j": cost.get("training energy J", {}).get("total", math.nan)})
     if not rows:
         raise FileNotFoundError(f"no run folders (summary.json) under {', '.join(map(str, roots))}")
     df = pd.DataFrame(rows)
@@ -91,12 +97,13 @@ def collect_runs(*roots) -> pd.DataFrame:
     return df
 
 
-def _cell(values, status) -> str:
+def _cell(values, status, form: str = ".1f") -> str:
     done = [v for v, s in zip(values, status) if s == "complete" and not math.isnan(v)]
     diverged = sum(s == "diverged" for s in status)
     if not done:
         return "diverged" if diverged else "–"
-    text = f"{np.mean(done):.1f} ± {np.std(done, ddof=1) if len(done) > 1 else 0.0:.1f}"
+    mean, std = np.mean(done), np.std(done, ddof=1) if len(done) > 1 else 0.0
+    text = f"{mean:{form}} ± {std:{form}}"
     return text + (f" ({diverged} diverged)" if diverged else "")
 
 
@@ -109,7 +116,7 @@ def aggregate(df: pd.DataFrame, keys=ROW_KEYS) -> pd.DataFrame:
         for m in METRICS:
             row[f"{m}_mean"] = complete[m].mean()
             row[f"{m}_std"] = complete[m].std(ddof=1) if len(complete) > 1 else 0.0
-            row[f"{m}_text"] = _cell(group[m].tolist(), group.status.tolist())
+            row[f"{m}_text"] = _cell(group[m].tolist(), group.status.tolist(), FORMATS.get(m, ".1f"))
         row["seeds"] = len(complete)
         row["diverged"] = int((group.status == "diverged").sum())
         row["incomplete"] = int(group.status.isin(["running", "interrupted"]).sum())
@@ -117,11 +124,26 @@ def aggregate(df: pd.DataFrame, keys=ROW_KEYS) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def energy_vs_fp32(agg: pd.DataFrame) -> list[str]:
+    """Each row's mean estimated energy over that of the FP32 row of its benchmark, model, strategy and variant."""
+    fp32 = agg[agg.quant == "fp32"].set_index(["benchmark", "model", "strategy", "variant"]).energy_j_mean
+    out = []
+    for row in agg.itertuples():
+        base = fp32.get((row.benchmark, row.model, row.strategy, row.variant), math.nan)
+        out.append("–" if math.isnan(base) or math.isnan(row.energy_j_mean) else f"{row.energy_j_mean / base:.3f}")
+    return out
+
+
 def display_table(agg: pd.DataFrame, keys=ROW_KEYS) -> pd.DataFrame:
-    """The human table: text cells 'mean ± std'; variant columns only where some row has one."""
+    """The human table: text cells 'mean ± std'; variant columns, and the cost columns, only where some row has
+    one."""
     table = agg[[k for k in keys if not k.endswith("variant") or (agg[k] != "").any()]].copy()
+    costed = agg["energy_j_mean"].notna().any()
     for m, title in METRICS.items():
-        table[title] = agg[f"{m}_text"]
+        if costed or m not in ("int_gmacs", "energy_j"):
+            table[title] = agg[f"{m}_text"]
+    if costed and "quant" in agg and "variant" in agg:
+        table["energy vs fp32"] = energy_vs_fp32(agg)
     table["seeds"] = agg["seeds"]
     if agg["incomplete"].any():
         table["incomplete"] = agg["incomplete"]
@@ -244,6 +266,29 @@ def plot_ablation(agg: pd.DataFrame, path, fp32: pd.DataFrame | None = None) -> 
     plt.close(fig)
 
 
+def plot_energy(agg: pd.DataFrame, path) -> None:
+    """Average accuracy against the estimated training energy, one point per table row (scheme, ablation), one
+    panel per benchmark: what each scheme buys and costs."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = agg[agg.energy_j_mean.notna()]
+    benchmarks = sorted(rows.benchmark.unique())
+    fig, axes = plt.subplots(1, len(benchmarks), figsize=(6.5 * len(benchmarks), 4.5), squeeze=False)
+    for ax, bench in zip(axes[0], benchmarks):
+        for row in rows[rows.benchmark == bench].itertuples():
+            detail = ", ".join(filter(None, (_short(row.variant), _short(row.quant_variant))))
+            ax.errorbar(row.energy_j_mean, row.avg_acc_mean, xerr=row.energy_j_std, yerr=row.avg_acc_std, marker="o",
+                        capsize=2, label=f"{row.strategy} / {row.quant}" + (f" ({detail})" if detail else ""))
+        ax.set(title=bench, xscale="log", xlabel="estimated training energy (J)", ylabel="avg accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def to_markdown(table: pd.DataFrame) -> str:
     header = "| " + " | ".join(table.columns) + " |"
     rule = "|" + "|".join("---" for _ in table.columns) + "|"
@@ -313,4 +358,6 @@ def make_tables(roots, out_dir, plot: bool = True, published=None) -> pd.DataFra
             plot_ablation(ablation_agg, out / "ablation.png", preset[preset.scheme == "fp32"])
     if plot:
         plot_accuracy_curves(df, out / "accuracy.png")
+        if agg.energy_j_mean.notna().any():
+            plot_energy(agg, out / "energy.png")
     return table
