@@ -2,11 +2,13 @@
 (hdqt_cil/cost), tallied from the samples each phase processes, without touching a training step.
 
 The first forward of each Linear / Conv2d records the shape of a sample of its input (a hook, removed once every
-layer has been seen in training and in evaluation); a training iteration then adds the counts of a step at its
-batch size (computed once a batch size, cached): the forward and the backward, and the old model's forward where
-the strategy distils from one (LwF, iCaRL, BiC). Evaluation iterations add their forwards apart. Not counted:
-BiC's bias-correction stage, iCaRL's herding forwards, the optimizer's update, data loading (docs/cost.md).
+layer has been seen). An iteration only counts its batch size; at an experience's end (and its evaluation's) the
+counts of a step at each batch size (the forward and the backward, and the old model's forward where the strategy
+distils from one: LwF, iCaRL, BiC; evaluation forwards apart) are multiplied by the steps taken at it. Not
+counted: BiC's bias-correction stage, iCaRL's herding forwards, the optimizer's update, data loading
+(docs/cost.md).
 """
+import copy
 from collections import Counter
 
 from avalanche.core import SupervisedPlugin
@@ -26,26 +28,23 @@ class CostCounter(SupervisedPlugin):
         self.energy, self.teachers = energy, teachers
         self.shapes: dict[str, tuple] = {}  # layer name → (sample shape, whether its input needs a gradient)
         self.experiences: list[dict] = []
-        self.layers: dict[str, Counter] = {}
         self._modules: dict[str, nn.Module] = {}
-        self._hooks, self._cache = [], {}
-        self._teacher = False
+        self._hooks = []
 
-    def __getstate__(self):  # checkpoints keep the counts and shapes, not the hooks, modules or cache
-        return {**self.__dict__, "_modules": {}, "_hooks": [], "_cache": {}}
+    def __getstate__(self):  # checkpoints keep the counts and shapes, not the hooks or the modules
+        return {**self.__dict__, "_modules": {}, "_hooks": []}
 
     def epoch_state(self):
         """What an epoch checkpoint keeps of this plugin (trainer/checkpoint.py)."""
-        return {"experiences": self.experiences, "layers": self.layers}
+        return copy.deepcopy(self.experiences)
 
     def load_epoch_state(self, state) -> None:
-        self.experiences, self.layers = state["experiences"], state["layers"]
+        self.experiences = state
 
     def _watch(self, model: nn.Module) -> None:
         """The model's Linear / Conv2d layers; a hook records each one's sample shape at its first training
         forward, and the hooks go once every layer has one."""
         self._modules = {name: m for name, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))}
-        self._cache = {}  # a strategy may add layers; the scheme's layers may change class
         if self._hooks or set(self._modules) <= set(self.shapes):
             return
 
@@ -60,63 +59,66 @@ class CostCounter(SupervisedPlugin):
             return hook
         self._hooks = [m.register_forward_pre_hook(record(name)) for name, m in self._modules.items()]
 
-    def _step(self, batch: int, training: bool) -> dict[str, dict[str, Counter]]:
-        """{layer: {phase: counts}} of one step at `batch` (training: forward and backward; else a forward)."""
-        key = (batch, training)
-        if key not in self._cache:
-            step = {}
-            for name, layer in self._modules.items():
-                if name in self.shapes:
-                    shape, input_grad = self.shapes[name]
-                    tally = layer_tally(layer, (batch, *shape), input_grad and training, training)
-                    step[name] = {"forward": tally.forward, "backward": tally.backward} if training else \
-                        {"forward": tally.forward}
-            self._cache[key] = step
-        return self._cache[key]
+    def _counts(self, batches: Counter, training: bool, teacher: bool = False) -> dict[str, dict[str, Counter]]:
+        """{layer: {phase: counts}} of the steps `batches` ({batch size: steps}) on the model as it is."""
+        out = {}
+        for name, layer in self._modules.items():
+            shape, input_grad = self.shapes.get(name, (None, False))
+            if shape is None:
+                continue
+            phases = out[name] = {p: Counter() for p in (PHASES if training else ("forward",))}
+            for batch, steps in batches.items():
+                tally = layer_tally(layer, (batch, *shape), input_grad and training, training)
+                for phase, counts in (("forward", tally.forward), ("backward", tally.backward)):
+                    if phase in phases:
+                        phases[phase].update({k: v * steps for k, v in counts.items()})
+                if teacher:
+                    inference = layer_tally(layer, (batch, *shape), False, False)
+                    phases["teacher forward"].update({k: v * steps for k, v in inference.forward.items()})
+        return out
 
     def before_training_exp(self, strategy, **kwargs):
         self._watch(strategy.model)
-        self._teacher = any(isinstance(getattr(p, name, None), nn.Module) for p in strategy.plugins
-                            for name in self.teachers)
-        self.experiences.append({"training": {p: Counter() for p in PHASES}, "evaluation": Counter(),
-                                 "training samples": 0, "steps": 0})
+        teacher = any(isinstance(getattr(p, name, None), nn.Module) for p in strategy.plugins for name in self.teachers)
+        self.experiences.append({"teacher": teacher, "training batches": Counter(), "evaluation batches": Counter(),
+                                 "training": None, "layers": None})
 
     def after_training_iteration(self, strategy, **kwargs):
-        batch = len(strategy.mb_y)
-        current = self.experiences[-1]
-        current["training samples"] += batch
-        current["steps"] += 1
-        for name, phases in self._step(batch, True).items():
-            layer = self.layers.setdefault(name, Counter())
-            for phase, counts in phases.items():
-                current["training"][phase].update(counts)
-                layer.update(counts)
-        if self._teacher:
-            for phases in self._step(batch, False).values():
-                current["training"]["teacher forward"].update(phases["forward"])
+        self.experiences[-1]["training batches"][len(strategy.mb_y)] += 1
+
+    def after_training_exp(self, strategy, **kwargs):
+        self._finish(self.experiences[-1])
+
+    def _finish(self, exp: dict) -> None:
+        """An experience's training counts, by phase and by layer, from its batches."""
+        layers = self._counts(exp["training batches"], True, exp["teacher"])
+        exp["layers"] = {name: sum(phases.values(), Counter()) for name, phases in layers.items()}
+        exp["training"] = {p: sum((phases[p] for phases in layers.values()), Counter()) for p in PHASES}
 
     def after_eval_iteration(self, strategy, **kwargs):
-        if not self.experiences or not self._modules or not set(self._modules) <= set(self.shapes):
-            return  # evaluation before any training, or a layer not yet seen in training
-        for phases in self._step(len(strategy.mb_y), False).values():
-            self.experiences[-1]["evaluation"].update(phases["forward"])
+        if self.experiences:  # an evaluation before any training is not the run's
+            self.experiences[-1]["evaluation batches"][len(strategy.mb_y)] += 1
 
     def summary(self) -> dict:
         """Per experience: the training phases' counts and the evaluation's, and their energy; per layer, the
         training's counts over the run; the totals and the energy table used."""
-        total = Counter()
-        experiences = []
+        total, layers, experiences = Counter(), {}, []
         for exp in self.experiences:
-            training = Counter()
-            for counts in exp["training"].values():
-                training.update(counts)
+            if exp["training"] is None:  # an experience cut short: its counts so far
+                self._finish(exp)
+            training = sum(exp["training"].values(), Counter())
             total.update(training)
-            experiences.append({**{k: exp[k] for k in ("training samples", "steps")},
+            for name, counts in exp["layers"].items():
+                layers.setdefault(name, Counter()).update(counts)
+            evaluation = sum((p["forward"] for p in self._counts(exp["evaluation batches"], False).values()),
+                             Counter())
+            batches = exp["training batches"]
+            experiences.append({"training samples": sum(b * n for b, n in batches.items()),
+                                "steps": sum(batches.values()),
                                 "training": {p: dict(c) for p, c in exp["training"].items()},
-                                "evaluation": dict(exp["evaluation"]),
-                                "training energy J": self.energy.joules(training)})
+                                "evaluation": dict(evaluation), "training energy J": self.energy.joules(training)})
         int_macs = sum(v for k, v in total.items() if k.startswith("int_mac"))
         return {"energy table": {"name": self.energy.name, "source": self.energy.source},
                 "training": dict(total), "training int GMACs": int_macs / 1e9,
                 "training energy J": self.energy.joules(total), "experiences": experiences,
-                "layers": {name: dict(c) for name, c in self.layers.items()}}
+                "layers": {name: dict(c) for name, c in layers.items()}}
