@@ -133,3 +133,22 @@ def test_integer_products_are_keyed_by_operand_and_accumulator_bits():
     assert counted["int_mac int4xint4 acc8"] == forward_macs + 2 * forward_macs - 8 * 40 * 24  # no g_x of layer 1
     luq = analytic(quantize_model(mlp(), preset("luq")), step_inputs(mlp, 8)[0])
     assert luq["int_mac int4xint4 acc8"] == forward_macs and luq["int_mac log4xint4 accnone"] > 0
+
+
+def test_saved_activations_by_width_and_the_energy_model():
+    from hdqt_cil.cost.energy import EnergyTable
+
+    x = step_inputs(convnet, 4)[0]
+    hdqt_saved = analytic(quantize_model(convnet(), preset("hdqt")), x)
+    fp32_saved = analytic(convnet(), x)
+    inputs = 4 * (3 * 64 + 4 * 64 + 8 * 16)  # every layer's input elements
+    assert hdqt_saved["saved_bit int4"] == 4 * inputs and hdqt_saved["saved_bit mask"] == inputs
+    assert fp32_saved["saved_bit float32"] == 32 * inputs
+    table = EnergyTable()
+    assert table.per_op("int_mac int4xint4 acc8") == pytest.approx(0.2 * 16 / 64 + 0.03)
+    assert table.per_op("int_mac int8xint8 accnone") == pytest.approx(0.2 + 0.12)
+    assert table.per_op("int_mac log4xint4 accnone") == pytest.approx(0.015 + 0.12)  # a shift, costed as an add
+    assert table.joules({"float_mac": 1e12, "saved_bit int4": 1e12}) == pytest.approx(
+        {"compute": 4.6, "saved activations": 61.0, "total": 65.6})
+    with pytest.raises(KeyError, match="no energy for operations of kind 'teleport'"):
+        table.per_op("teleport")

@@ -1,7 +1,7 @@
 """What one call of a layer computes, counted from its shapes and its scheme: the work that integer training
 hardware would do, forward and backward apart (docs/cost.md).
 
-Counts are keyed by kind (`Kinds`); each is a number of operations (or bits, for `random_bit` and `saved_bit`):
+Counts are keyed by kind; each is a number of operations (or of bits, for `random_bit` and `saved_bit`):
 
     int_mac <a>x<b> acc<c>   multiply-accumulates of integer operands of a and b bits into a c-bit accumulator
                              (`accnone`: exact, never saturating); log2-grid operands (LUQ's FP4) are `log<bits>`
@@ -12,7 +12,8 @@ Counts are keyed by kind (`Kinds`); each is a number of operations (or bits, for
     hadamard_add             additions / subtractions of block Hadamard transforms (n·log2(block) a block of n)
     quantize int<b>|log<b>   elements quantized to b-bit levels (a max, a division, a rounding and a clamp each)
     random_bit               random bits drawn by stochastic rounding (24 an element)
-    saved_bit                bits of activations the forward keeps for the backward (in the scheme's widths)
+    saved_bit <width>        bits of activations the forward keeps for the backward, by the width of an element
+                             (`int4`, `mask` for the straight-through estimator's 1-bit masks, `float32`)
 
 The rules are the layers' own (quant/layers.py, quant/operands.py, quant/hot.py), read from the same scheme
 objects and helpers; tests/test_cost.py holds the counts equal to counters hooked into the torch reference.
@@ -102,7 +103,7 @@ def _float_tally(g: Geometry, bias: bool, input_grad: bool, training: bool) -> T
             t.product(t.backward, None, None, 1, g.rows, g.k, g.out)
         t.product(t.backward, None, None, 1, g.out, g.k, g.rows)
         t.backward["float_op"] += g.rows * g.out if bias else 0
-        t.forward["saved_bit"] += FLOAT_BITS * g.x_elements
+        t.forward["saved_bit float32"] += FLOAT_BITS * g.x_elements
     return t
 
 
@@ -122,8 +123,8 @@ def quant_layer_tally(layer: QuantLayer, x_shape: tuple, input_grad: bool, train
     t.product(fwd, product.left, product.right, 1, g.rows, g.out, g.k, product.tile, product.acc_bits)
     if not training:
         return t
-    x_bits = product.left.bits if product.left is not None else FLOAT_BITS
-    fwd["saved_bit"] += x_bits * g.x_elements + (g.x_elements if scheme.ste != "none" else 0)  # levels, STE mask
+    _saved(fwd, product.left, g.x_elements)
+    fwd["saved_bit mask"] += g.x_elements if scheme.ste != "none" else 0
     shared = scheme.shares_grad_output
     if shared:
         t.quantize(bwd, scheme.grad_input.left, g.rows * g.out)
@@ -147,6 +148,14 @@ def quant_layer_tally(layer: QuantLayer, x_shape: tuple, input_grad: bool, train
               gw.tile, gw.acc_bits, summed=True)
     bwd["float_op"] += g.out * g.k if scheme.ste != "none" else 0
     return t
+
+
+def _saved(phase: Counter, spec: QuantSpec | None, elements: int) -> None:
+    """`elements` kept for the backward as `spec`'s levels (None: float32)."""
+    if spec is None:
+        phase["saved_bit float32"] += FLOAT_BITS * elements
+    else:
+        phase[f"saved_bit {level_name(spec)}"] += spec.bits * elements
 
 
 def _backward_operand(t: Tally, phase: Counter, spec, source, elements: int, block: int) -> None:
@@ -174,8 +183,7 @@ def hot_layer_tally(layer, x_shape: tuple, input_grad: bool, training: bool) -> 
     abc = layer._abc_here()
     t.quantize(fwd if abc else bwd, input_spec, entries * g.k * kept)
     (fwd if abc else bwd)["hadamard_add"] += entries * g.k * tokens * _log2(block)
-    abc_bits = input_spec.bits if input_spec is not None else FLOAT_BITS
-    fwd["saved_bit"] += abc_bits * entries * g.k * kept if abc else FLOAT_BITS * g.x_elements
+    _saved(fwd, input_spec if abc else None, entries * g.k * kept if abc else g.x_elements)
     if input_grad:
         n = hadamard_block_size(g.out, scheme.hadamard_cap)
         g_spec = scheme.grad_output_spec(layer.lqs_per_token)

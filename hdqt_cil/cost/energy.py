@@ -59,15 +59,17 @@ class EnergyTable:
             return self.fp32_mult_pj + 2 * self.fp32_add_pj
         fixed = {"float_mac": self.fp32_mult_pj + self.fp32_add_pj, "float_op": self.fp32_mult_pj,
                  "hadamard_add": self.fp32_add_pj, "saturate": self.int_add(WIDE_ACCUMULATOR),
-                 "random_bit": self.random_bit_pj, "saved_bit": self.saved_bit_pj}
+                 "random_bit": self.random_bit_pj}
+        if kind.startswith("saved_bit"):
+            return self.saved_bit_pj
         if kind not in fixed:
             raise KeyError(f"no energy for operations of kind {kind!r}")
         return fixed[kind]
 
     def joules(self, counts: Counter | dict) -> dict:
         """{'compute': J, 'saved activations': J, 'total': J} of `counts`."""
-        memory = counts.get("saved_bit", 0) * self.saved_bit_pj * 1e-12
-        compute = sum(n * self.per_op(kind) for kind, n in counts.items() if kind != "saved_bit") * 1e-12
+        memory = sum(n for kind, n in counts.items() if kind.startswith("saved_bit")) * self.saved_bit_pj * 1e-12
+        compute = sum(n * self.per_op(kind) for kind, n in counts.items() if not kind.startswith("saved_bit")) * 1e-12
         return {"compute": compute, "saved activations": memory, "total": compute + memory}
 
 
