@@ -97,20 +97,28 @@ def window_starts(segments: np.ndarray):
     return windowing.sliding_windows(segments[:, 3] - 1, segments[:, 4] - segments[:, 3] + 1, WINDOW, STEP)
 
 
-def recording_signals(acc: np.ndarray, gyro: np.ndarray) -> dict:
-    """The five 3-axis time signals of features_info.txt for one recording, each (samples, 3).
+NOISE_CUTOFF, GRAVITY_CUTOFF = 20.0, 0.3  # Hz, the release's low-pass filters (features_info.txt)
+
+
+def recording_signals(acc: np.ndarray, gyro: np.ndarray, fs: float = FS) -> dict:
+    """The five 3-axis time signals of features_info.txt for one recording sampled at `fs` Hz, each (samples, 3).
 
     Noise: a 3-sample median filter, then a 3rd-order Butterworth low-pass at 20 Hz. Gravity: a 3rd-order
     Butterworth low-pass at 0.3 Hz of the acceleration; body = acceleration - gravity. Filters run forward and
     backward (zero phase), so gravity does not lag the body signal. Jerk: the time derivative (central differences).
+    The 20 Hz filter needs a sampling rate above 40 Hz (its cutoff below the Nyquist frequency): slower recordings
+    are refused, not filtered into something else.
     """
-    noise = signal.butter(3, 20.0, fs=FS, output="sos")
+    if not fs > 2 * NOISE_CUTOFF:
+        raise ValueError(f"a sampling rate of {fs:g} Hz is too low for the UCI signals' {NOISE_CUTOFF:g} Hz noise "
+                         f"filter: it needs more than {2 * NOISE_CUTOFF:g} Hz (the release's: {FS:g} Hz)")
+    noise = signal.butter(3, NOISE_CUTOFF, fs=fs, output="sos")
     acc, gyro = (signal.sosfiltfilt(noise, ndimage.median_filter(x, size=(3, 1), mode="nearest"), axis=0)
                  for x in (acc, gyro))
-    gravity = signal.sosfiltfilt(signal.butter(3, 0.3, fs=FS, output="sos"), acc, axis=0)
+    gravity = signal.sosfiltfilt(signal.butter(3, GRAVITY_CUTOFF, fs=fs, output="sos"), acc, axis=0)
     body = acc - gravity
-    return {"tBodyAcc": body, "tGravityAcc": gravity, "tBodyAccJerk": np.gradient(body, 1 / FS, axis=0),
-            "tBodyGyro": gyro, "tBodyGyroJerk": np.gradient(gyro, 1 / FS, axis=0)}
+    return {"tBodyAcc": body, "tGravityAcc": gravity, "tBodyAccJerk": np.gradient(body, 1 / fs, axis=0),
+            "tBodyGyro": gyro, "tBodyGyroJerk": np.gradient(gyro, 1 / fs, axis=0)}
 
 
 def recording_features(root: Path, experiment: int, user: int, starts: np.ndarray):

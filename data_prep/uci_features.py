@@ -14,10 +14,19 @@ TIME_3AXIS = ("tBodyAcc", "tGravityAcc", "tBodyAccJerk", "tBodyGyro", "tBodyGyro
 TIME_MAGNITUDES = ("tBodyAccMag", "tGravityAccMag", "tBodyAccJerkMag", "tBodyGyroMag", "tBodyGyroJerkMag")
 FFT_3AXIS = ("fBodyAcc", "fBodyAccJerk", "fBodyGyro")  # FFT of tBodyAcc, tBodyAccJerk, tBodyGyro
 FFT_MAGNITUDES = ("fBodyAccMag", "fBodyAccJerkMag", "fBodyGyroMag", "fBodyGyroJerkMag")
-FFT_BINS = 64  # the first half of a 128-point FFT: bins 0..63
-# bandsEnergy intervals, 1-based inclusive bin numbers as in the UCI names ("bandsEnergy()-1,8" ...).
-BANDS = [(lo, lo + 7) for lo in range(1, 64, 8)] + [(lo, lo + 15) for lo in range(1, 64, 16)] + [(1, 24), (25, 48)]
+UCI_WINDOW = 128  # the release's windows (2.56 s at 50 Hz); any length of at least MIN_WINDOW works
+MIN_WINDOW = 16  # the narrowest bandsEnergy band must hold a bin
 AR_ORDER = 4
+
+
+def bands(bins: int) -> list[tuple[int, int]]:
+    """bandsEnergy intervals, 1-based inclusive bin numbers, as fractions of the half spectrum's `bins`: eighths,
+    quarters, and the first two thirds of it in two bands, the UCI release's 1-8, ..., 1-24, 25-48 at 64 bins."""
+    def cut(fraction):
+        return round(fraction * bins)
+    eighths = [(cut(i / 8) + 1, cut((i + 1) / 8)) for i in range(8)]
+    quarters = [(cut(i / 4) + 1, cut((i + 1) / 4)) for i in range(4)]
+    return eighths + quarters + [(1, cut(3 / 8)), (cut(3 / 8) + 1, cut(6 / 8))]
 
 
 class _Columns:
@@ -61,10 +70,11 @@ def _time_domain(cols, signal, x):
 
 
 def _fft_domain(cols, signal, spectrum, freqs):
-    """spectrum: |FFT| over bins 0..63, (windows, axes, 64); freqs: the bins' frequencies in Hz.
+    """spectrum: |FFT| over the first half's bins, (windows, axes, bins) (64 for the UCI windows); freqs: the bins'
+    frequencies in Hz.
 
-    maxInds is the bin number of the largest non-DC magnitude (frequency = bin × fs / 128); meanFreq the
-    magnitude-weighted mean frequency in Hz; skewness and kurtosis are those of the 64 magnitudes as values.
+    maxInds is the bin number of the largest non-DC magnitude (frequency = bin × fs / samples); meanFreq the
+    magnitude-weighted mean frequency in Hz; skewness and kurtosis are those of the magnitudes as values.
     """
     n = spectrum.shape[1]
     _shared_statistics(cols, signal, spectrum)
@@ -77,8 +87,8 @@ def _fft_domain(cols, signal, spectrum, freqs):
              np.stack([skew, kurt], -1))
     if n == 3:
         power = np.square(spectrum)
-        bands = np.stack([power[..., lo - 1: hi].mean(-1) for lo, hi in BANDS], -1)  # (windows, 3, 14)
-        cols.add(_suffixed(signal, "BandsEnergyOld", 3 * len(BANDS)), bands)
+        energies = np.stack([power[..., lo - 1: hi].mean(-1) for lo, hi in bands(spectrum.shape[-1])], -1)
+        cols.add(_suffixed(signal, "BandsEnergyOld", 3 * energies.shape[-1]), energies)  # (windows, 3, 14)
 
 
 def _angle(a, b):
@@ -87,20 +97,25 @@ def _angle(a, b):
 
 
 def feature_table(signals: dict, fs: float):
-    """(windows, 561) features and their names from {name in TIME_3AXIS: (windows, 3, samples)} at `fs` Hz."""
+    """(windows, 561) features and their names from {name in TIME_3AXIS: (windows, 3, samples)} at `fs` Hz: the
+    frequency features over the first half of each window's spectrum (samples // 2 bins; 64 for the UCI windows)."""
+    n_samples = signals["tBodyAcc"].shape[-1]
+    if n_samples < MIN_WINDOW:
+        raise ValueError(f"windows of {n_samples} samples are too short for the UCI features; they need at least "
+                         f"{MIN_WINDOW} (the release's: {UCI_WINDOW})")
+    fft_bins = n_samples // 2
     cols = _Columns()
     for name in TIME_3AXIS:
         _time_domain(cols, name, signals[name])
     for name in TIME_3AXIS:
         _time_domain(cols, name + "Mag", stats.magnitude(signals[name])[:, None, :])
-    n_samples = signals["tBodyAcc"].shape[-1]
-    freqs = np.arange(FFT_BINS) * fs / n_samples
-    spectrum = {name: np.abs(np.fft.rfft(signals[name], axis=-1))[..., :FFT_BINS]
+    freqs = np.arange(fft_bins) * fs / n_samples
+    spectrum = {name: np.abs(np.fft.rfft(signals[name], axis=-1))[..., :fft_bins]
                 for name in ("tBodyAcc", "tBodyAccJerk", "tBodyGyro")}
     for fname, tname in zip(FFT_3AXIS, ("tBodyAcc", "tBodyAccJerk", "tBodyGyro")):
         _fft_domain(cols, fname, spectrum[tname], freqs)
     for fname, tname in zip(FFT_MAGNITUDES, ("tBodyAcc", "tBodyAccJerk", "tBodyGyro", "tBodyGyroJerk")):
-        mag_spectrum = np.abs(np.fft.rfft(stats.magnitude(signals[tname]), axis=-1))[:, None, :FFT_BINS]
+        mag_spectrum = np.abs(np.fft.rfft(stats.magnitude(signals[tname]), axis=-1))[:, None, :fft_bins]
         _fft_domain(cols, fname, mag_spectrum, freqs)
     gravity_mean = signals["tGravityAcc"].mean(-1)
     for name in ("tBodyAcc", "tBodyAccJerk", "tBodyGyro", "tBodyGyroJerk"):
@@ -112,7 +127,7 @@ def feature_table(signals: dict, fs: float):
 
 def feature_names() -> list:
     """The 561 names in output order (from one all-zero window: the layout does not depend on the data)."""
-    return feature_table({name: np.zeros((1, 3, 2 * FFT_BINS)) for name in TIME_3AXIS}, fs=50.0)[1]
+    return feature_table({name: np.zeros((1, 3, UCI_WINDOW)) for name in TIME_3AXIS}, fs=50.0)[1]
 
 
 def release_name(name: str) -> str:

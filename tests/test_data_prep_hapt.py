@@ -163,3 +163,23 @@ def test_real_release_windows_match_the_official_files(real_features):
     with np.load(out) as npz:  # the list beside the archive was found and every file checked against it
         listing = REAL_ARCHIVE.with_name("hapt_raw.contents.sha256")
         assert str(npz["contents_check"]) == f"per-file sha256 against {listing}: 131 files verified"
+
+
+def test_uci_features_take_any_window_length_and_refuse_what_they_cannot_filter():
+    """561 features from windows of any length from 16 samples (bands scaled to the spectrum: the release's at
+    128), a 128-sample window unchanged; a recording below 40 Hz is refused, naming its rate."""
+    from data_prep import hapt, uci_features
+
+    rng = np.random.default_rng(0)
+    acc, gyro = rng.normal(size=(600, 3)) + [0, 0, 9.8], rng.normal(size=(600, 3))
+    for fs, length in ((50.0, 128), (100.0, 256), (50.0, 100), (64.0, 16)):
+        signals = hapt.recording_signals(acc, gyro, fs)
+        windows = {name: x[None, :length].transpose(0, 2, 1) for name, x in signals.items()}
+        values, names = uci_features.feature_table(windows, fs)
+        assert values.shape == (1, 561) and np.isfinite(values).all() and names == uci_features.feature_names()
+    assert uci_features.bands(64) == ([(lo, lo + 7) for lo in range(1, 64, 8)]
+                                      + [(lo, lo + 15) for lo in range(1, 64, 16)] + [(1, 24), (25, 48)])
+    with pytest.raises(ValueError, match="windows of 12 samples are too short .* at least 16"):
+        uci_features.feature_table({name: np.zeros((1, 3, 12)) for name in uci_features.TIME_3AXIS}, 50.0)
+    with pytest.raises(ValueError, match="sampling rate of 10 Hz is too low .* more than 40 Hz"):
+        hapt.recording_signals(acc, gyro, 10.0)
