@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hdqt_cil.quant import (NonFiniteError, QuantConv2d, QuantLinear, col2im, im2col, preset, quant_stats,
+from hdqt_cil.quant import (NonFiniteError, QuantLinear, col2im, im2col, preset, quant_stats,
                             quantize_model, reset_quant_stats, scheme_from_config)
 
 F32 = torch.float32

@@ -98,7 +98,7 @@ def test_cuda_graph_plugin_lends_the_old_models_out_for_an_experience_only():
     experience trains (eagerly on the CPU: same outputs) and is a plain module again when it ends, for the
     checkpoint; a model the plugin replaced in the meantime is left alone."""
     lwf, bic = SimpleNamespace(old_model=nn.Linear(3, 2)), SimpleNamespace(model_old=nn.Linear(3, 2))
-    old_lwf, old_bic = lwf.old_model, bic.model_old
+    old_lwf = lwf.old_model
     strategy = SimpleNamespace(model=nn.Linear(3, 2), forward=lambda: None, plugins=[lwf, bic], is_training=True)
     plugin = CudaGraphPlugin(("old_model", "model_old"))
     plugin.before_training_exp(strategy)

@@ -23,7 +23,6 @@ stochastic rounding, the exact integer product with its float epilogue), run thr
 CuPy kernels take them where they apply.
 """
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .backend import resolve_ops

@@ -32,7 +32,7 @@ from torch import nn
 
 from hdqt_cil.graph_replay import CapturedTraining
 from hdqt_cil.models import build_model
-from hdqt_cil.quant import calibrate_lqs, lqs_choices, preset, quantize_model
+from hdqt_cil.quant import calibrate_lqs, preset, quantize_model
 from hdqt_cil.quant.backend import resolve_ops
 from scripts.bench.record import print_device_profile, save_rows
 from scripts.bench.timing import median_seconds
