@@ -117,7 +117,7 @@ def scaled_milestones(milestones, full_epochs, epochs) -> list:
 
 def register_schemas() -> None:
     """The resolvers and every schema (the run's, the trainer's, each member's) where Hydra finds them."""
-    for name, fn in (("run_path", run_path), ("scaled_milestones", scaled_milestones)):
+    for name, fn in (("run_path", run_path), ("scaled_milestones", scaled_milestones), ("lower", str.lower)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
     store = ConfigStore.instance()
