@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hdqt_cil.benchmarks import build_benchmark
-from hdqt_cil.benchmarks.torchvision_sets import channel_mean_std
+from hdqt_cil.benchmarks.arrays import channel_mean_std
 
 
 def write_idx(folder, name, images, labels):

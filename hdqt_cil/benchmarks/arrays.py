@@ -61,3 +61,11 @@ def live_dataset(fingerprint: str, size: int) -> ArrayDataset:
 @dill.register(ArrayDataset)
 def _pickle_by_reference(pickler, dataset: ArrayDataset) -> None:
     pickler.save_reduce(live_dataset, (dataset.fingerprint(), len(dataset)), obj=dataset)
+
+
+def channel_mean_std(images: torch.Tensor) -> tuple[tuple, tuple]:
+    """Per-channel mean and std of uint8 images (N, C, H, W) scaled to [0, 1] (a constant channel's std taken as
+    1): the normalisation a model's first layer applies (models/__init__.py), from a training split."""
+    x = images.to(torch.float64).div_(255.0).transpose(0, 1).reshape(images.shape[1], -1)
+    std = x.std(dim=1)
+    return tuple(x.mean(dim=1).tolist()), tuple(torch.where(std > 0, std, torch.ones_like(std)).tolist())

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..settings import BOOL, one_of, setting
-from .arrays import ArrayDataset
+from .arrays import ArrayDataset, channel_mean_std
 from .split import BENCHMARKS, BenchmarkConfig, Loaded
 
 # name → how its train / test parts are asked for ("train": train=True/False; "split": split="train"/"test")
@@ -50,13 +50,6 @@ def _part(cfg, train: bool):
     labels = np.asarray(getattr(data, "targets", None) if hasattr(data, "targets") else data.labels, np.int64)
     names = getattr(data, "classes", None) or [str(c) for c in range(int(labels.max()) + 1)]
     return torch.from_numpy(np.ascontiguousarray(images, dtype=np.uint8)), labels, list(names)
-
-
-def channel_mean_std(images: torch.Tensor) -> tuple[tuple, tuple]:
-    """Per-channel mean and std of uint8 images scaled to [0, 1] (a constant channel's std taken as 1)."""
-    x = images.to(torch.float64).div_(255.0).transpose(0, 1).reshape(images.shape[1], -1)
-    std = x.std(dim=1)
-    return tuple(x.mean(dim=1).tolist()), tuple(torch.where(std > 0, std, torch.ones_like(std)).tolist())
 
 
 @BENCHMARKS.register("torchvision", TorchvisionConfig)

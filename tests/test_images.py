@@ -1,0 +1,115 @@
+"""benchmark=images on generated image folders and archives: layouts, sizes, channels, class names, held-out
+test images by seed, the training split's normalisation, a short run; and every refusal, naming what is wrong."""
+import io
+import tarfile
+import zipfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from hdqt_cil.benchmarks import build_benchmark
+
+
+def png(size=(6, 5), mode="L", value=0):
+    buffer = io.BytesIO()
+    Image.new(mode, size[::-1], value).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def make_tree(root, files):
+    """files: {relative path: bytes}."""
+    for name, data in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root
+
+
+def two_splits(classes=("cat", "dog", "owl", "ant"), per=3, **kw):
+    files = {}
+    for c, name in enumerate(classes):
+        for i in range(per):
+            files[f"train/{name}/{i}.png"] = png(value=40 * c + i, **kw)
+            files[f"test/{name}/{i}.png"] = png(value=40 * c + i + 1, **kw)
+    return files
+
+
+def bench(make_cfg, root, *overrides, seed=0):
+    cfg = make_cfg("benchmark=images", f"benchmark.root={root}", "benchmark.n_experiences=2", *overrides)
+    return build_benchmark(cfg.benchmark, seed)
+
+
+def test_a_folder_of_train_and_test_trees(make_cfg, tmp_path):
+    b = bench(make_cfg, make_tree(tmp_path / "set", two_splits()))
+    assert b.input_shape == (1, 6, 5) and b.num_classes == 4 and b.class_names == ["ant", "cat", "dog", "owl"]
+    assert b.split == "the source's train/ and test/ trees"
+    assert b.input_norm[0][0] == pytest.approx(np.mean([40 * c + i for c in range(4) for i in range(3)]) / 255)
+
+
+@pytest.mark.parametrize("kind", ["tar.xz", "zip"])
+def test_an_archive_of_one_folder_reads_as_the_folder(make_cfg, tmp_path, kind):
+    files = two_splits(mode="RGB")
+    archive = tmp_path / f"set.{kind}"
+    if kind == "zip":
+        with zipfile.ZipFile(archive, "w") as zf:
+            for name, data in files.items():
+                zf.writestr(f"myset/{name}", data)
+    else:
+        with tarfile.open(archive, "w:xz") as tf:
+            for name, data in files.items():
+                info = tarfile.TarInfo(f"myset/{name}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    b = bench(make_cfg, archive)
+    assert b.input_shape == (3, 6, 5) and b.class_names == ["ant", "cat", "dog", "owl"]
+
+
+def test_one_tree_holds_out_test_images_by_seed_and_classes_txt_names_them(make_cfg, tmp_path):
+    files = {f"{name}/{i}.png": png(value=i) for name in ("c1", "c2") for i in range(10)}
+    root = make_tree(tmp_path / "set", files)
+    (root / "classes.txt").write_text("c1 T-shirt/top\nc2 trouser\n")
+    one, again, other = (bench(make_cfg, root, "benchmark.test_fraction=0.3", seed=s) for s in (0, 0, 5))
+    assert one.class_names == ["T-shirt/top", "trouser"] and one.split.startswith("0.3 of each class held out")
+    sizes = [len(ds) for ds in (one.scenario.train_stream[0].dataset, one.scenario.test_stream[0].dataset)]
+    assert sizes == [7, 3]
+    held = [sorted(x.flatten().tolist() for x, *_ in b.scenario.test_stream[0].dataset) for b in (one, again, other)]
+    assert held[0] == held[1] != held[2]
+
+
+def test_sizes_and_channels_brought_to_one(make_cfg, tmp_path):
+    files = two_splits()
+    files["train/cat/big.png"] = png(size=(8, 8), mode="RGB", value=200)
+    root = make_tree(tmp_path / "set", files)
+    with pytest.raises(ValueError, match=r"images of mixed channels: .* set benchmark.channels and benchmark.size"):
+        bench(make_cfg, root)
+    resized = bench(make_cfg, root, "benchmark.size=[8,8]", "benchmark.channels=3")
+    assert resized.input_shape == (3, 8, 8)
+    padded = bench(make_cfg, root, "benchmark.size=[8,8]", "benchmark.channels=1", "benchmark.fit=pad")
+    image = next(x for x, *_ in padded.scenario.train_stream[0].dataset if x.sum() > 0)
+    assert image.shape == (1, 8, 8) and image[0, 0, 0] == 0  # the padding
+    with pytest.raises(ValueError, match=r"big.png is 8×8, larger than benchmark.size=\[6, 6\]"):
+        bench(make_cfg, root, "benchmark.size=[6,6]", "benchmark.channels=1", "benchmark.fit=pad")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: (r / "train" / "bee").mkdir(), r"class folders \['train/bee'\] hold no images"),
+    (lambda r: make_tree(r, {"test/bee/0.png": png()}), r"test classes \['bee'\] have no training images"),
+    (lambda r: make_tree(r, {"train/cat/9.png": b"not a png"}), r"train/cat/9.png: not an image Pillow can read"),
+    (lambda r: (r / "classes.txt").write_text("cat kitty\n"), r"classes.txt names no class for the folders \['ant'"),
+])
+def test_refusals_name_what_is_wrong(make_cfg, tmp_path, change, message):
+    root = make_tree(tmp_path / "set", two_splits())
+    change(root)
+    with pytest.raises(ValueError, match=message):
+        bench(make_cfg, root)
+
+
+def test_a_short_run_with_an_image_model(make_cfg, tmp_path):
+    from hdqt_cil.experiment import run
+
+    root = make_tree(tmp_path / "set", two_splits(mode="RGB"))
+    cfg = make_cfg("benchmark=images", f"benchmark.root={root}", "benchmark.name=pets", "benchmark.n_experiences=2",
+                   "model=resnet32", "strategy=naive", "trainer.epochs=1", "trainer.device=cpu", "quant=hdqt")
+    summary = run(cfg, tmp_path / "run")
+    assert summary["status"] == "complete" and summary["run"]["benchmark"] == "pets"
