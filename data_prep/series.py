@@ -4,7 +4,8 @@
            [--window 128 --step 64] [--features uci|position] [--roles acc=0,1,2 gyro=3,4,5]
 
 Inputs: the time-series classification archive's `.ts` files (UEA/UCR: one case a line, channels separated by
-`:`, the class label last), or NPZ arrays `X` (cases, channels, samples), `y`, optional `subject`. Each case is cut
+`:`, the class label last) or its `.arff` files (univariate, or multivariate with one relational attribute), or
+NPZ arrays `X` (cases, channels, samples), `y`, optional `subject`. Each case is cut
 into windows of `--window` samples, `--step` apart (default: the whole case, one window), at `--rate` Hz, and each
 window becomes
 - `uci`: the 561 UCI HAR features (data_prep/uci_features.py: noise and gravity filters and FFT bins derived from
@@ -68,12 +69,45 @@ def read_ts(path: Path):
     return np.stack(cases), np.asarray(labels)
 
 
+def read_arff(path: Path):
+    """(X (cases, channels, samples), labels as strings) of the archive's ARFF: univariate (a numeric attribute
+    a sample, the class last) or multivariate (one relational attribute whose value is a quoted string of channels
+    separated by \\n, values by commas, then the class)."""
+    cases, labels, data = [], [], False
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("%"):
+            continue
+        if not data:
+            data = line.lower() == "@data"
+            continue
+        if line.startswith("'"):
+            quoted, _, label = line[1:].rpartition("'")
+            rows = [r for r in quoted.replace("\\n", "\n").split("\n") if r]
+            label = label.lstrip(",")
+        else:
+            *values, label = line.split(",")
+            rows = [",".join(values)]
+        try:
+            cases.append(np.stack([np.asarray(r.split(","), dtype=np.float64) for r in rows]))
+        except ValueError as err:
+            raise SeriesError(f"{path} line {number}: {err} (missing values '?' and unequal channels are not "
+                              "supported)") from err
+        labels.append(label.strip().strip("'\""))
+    if not cases:
+        raise SeriesError(f"{path}: no cases after @data")
+    if len({c.shape for c in cases}) != 1:
+        raise SeriesError(f"{path}: cases of different shapes {sorted({c.shape for c in cases})[:3]} (channels, "
+                          "samples); cut them to one length first")
+    return np.stack(cases), np.asarray(labels)
+
+
 def read_series(path: Path):
     """(X (cases, channels, samples), labels, subjects or None) of a `.ts` or an NPZ file."""
     if not path.is_file():
         raise SeriesError(f"{path} not found")
-    if path.suffix.lower() == ".ts":
-        return (*read_ts(path), None)
+    if path.suffix.lower() in (".ts", ".arff"):
+        return (*(read_ts if path.suffix.lower() == ".ts" else read_arff)(path), None)
     if path.suffix.lower() == ".npz":
         with np.load(path, allow_pickle=False) as npz:
             missing = [k for k in ("X", "y") if k not in npz.files]
@@ -85,7 +119,7 @@ def read_series(path: Path):
             raise SeriesError(f"{path}: X must be (cases, channels, samples) with a label a case; got X {X.shape}, "
                               f"y {np.shape(y)}")
         return X.astype(np.float64), np.asarray(y), subject
-    raise SeriesError(f"{path}: unknown format {path.suffix!r}; use a .ts file (UEA/UCR) or an .npz of X, y")
+    raise SeriesError(f"{path}: unknown format {path.suffix!r}; use a .ts or .arff file (UEA/UCR) or an .npz of X, y")
 
 
 def windows(X: np.ndarray, window: int | None, step: int | None):

@@ -80,6 +80,25 @@ def test_unequal_cases_and_unknown_formats_are_named(tmp_path):
     bad.write_text("@classLabel true a b\n@data\n1,2,3:a\n1,2:b\n")
     with pytest.raises(series.SeriesError, match=r"b.ts: cases of different shapes"):
         series.read_series(bad)
-    with pytest.raises(series.SeriesError, match=r"unknown format '.arff'"):
-        (tmp_path / "x.arff").write_text("@relation x\n")
-        series.read_series(tmp_path / "x.arff")
+    with pytest.raises(series.SeriesError, match=r"unknown format '.txt'"):
+        (tmp_path / "x.txt").write_text("1,2,3\n")
+        series.read_series(tmp_path / "x.txt")
+
+
+def test_arff_files_multivariate_and_univariate_read_as_the_ts_file(tmp_path):
+    X, y = recordings(cases=4, channels=3, samples=20)
+    names = ("walk", "run", "sit")
+    multi = ["@relation g", "@attribute relationalAtt relational",
+             *[f"@attribute t{i} numeric" for i in range(20)], "@end relationalAtt", "@attribute class {walk,run,sit}",
+             "@data"]
+    multi += ["'" + "\\n".join(",".join(f"{v:.6f}" for v in c) for c in case) + f"',{names[k]}"
+              for case, k in zip(X, y)]
+    (tmp_path / "m.arff").write_text("\n".join(multi) + "\n")
+    from_arff = series.read_series(tmp_path / "m.arff")
+    from_ts = series.read_series(write_ts(tmp_path / "m.ts", X, y))
+    assert np.array_equal(from_arff[0], from_ts[0]) and from_arff[1].tolist() == from_ts[1].tolist()
+    uni = ["@relation u", *[f"@attribute a{i} numeric" for i in range(20)], "@attribute target {walk,run,sit}",
+           "@data"] + [",".join(f"{v:.6f}" for v in case[0]) + f",{names[k]}" for case, k in zip(X, y)]
+    (tmp_path / "u.arff").write_text("\n".join(uni) + "\n")
+    single = series.read_series(tmp_path / "u.arff")
+    assert single[0].shape == (4, 1, 20) and np.array_equal(single[0][:, 0], from_ts[0][:, 0])
