@@ -5,7 +5,8 @@
 
 Inputs: the time-series classification archive's `.ts` files (UEA/UCR: one case a line, channels separated by
 `:`, the class label last) or its `.arff` files (univariate, or multivariate with one relational attribute), or
-NPZ arrays `X` (cases, channels, samples), `y`, optional `subject`. Each case is cut
+NPZ arrays `X` (cases, channels, samples), `y`, optional `subject`, or a CSV of a row a sample (`case`, `label`,
+optional `subject`, a column a channel). Each case is cut
 into windows of `--window` samples, `--step` apart (default: the whole case, one window), at `--rate` Hz, and each
 window becomes
 - `uci`: the 561 UCI HAR features (data_prep/uci_features.py: noise and gravity filters and FFT bins derived from
@@ -102,6 +103,30 @@ def read_arff(path: Path):
     return np.stack(cases), np.asarray(labels)
 
 
+def read_csv(path: Path):
+    """(X (cases, channels, samples), labels, subjects or None) of a CSV with a row a sample: a `case` column
+    (rows of one case together, in time order), its `label`, optionally `subject`, and a column a channel."""
+    import pandas as pd
+
+    frame = pd.read_csv(path)
+    missing = [c for c in ("case", "label") if c not in frame.columns]
+    if missing:
+        raise SeriesError(f"{path} has no {missing} column(s): a recording CSV has a row a sample with `case`, "
+                          "`label`, optionally `subject`, and a column a channel")
+    channels = [c for c in frame.columns if c not in ("case", "label", "subject")]
+    groups = list(frame.groupby("case", sort=False))
+    lengths = {len(g) for _, g in groups}
+    if len(lengths) != 1:
+        raise SeriesError(f"{path}: cases of different lengths {sorted(lengths)[:3]}; cut them to one length first")
+    for name, group in groups:
+        if group["label"].nunique() != 1:
+            raise SeriesError(f"{path}: case {name} has several labels {sorted(group['label'].unique())[:3]}")
+    X = np.stack([g[channels].to_numpy(np.float64).T for _, g in groups])
+    labels = np.asarray([g["label"].iloc[0] for _, g in groups])
+    subjects = np.asarray([g["subject"].iloc[0] for _, g in groups]) if "subject" in frame.columns else None
+    return X, labels, subjects
+
+
 def read_series(path: Path):
     """(X (cases, channels, samples), labels, subjects or None) of a `.ts` or an NPZ file."""
     if not path.is_file():
@@ -119,7 +144,10 @@ def read_series(path: Path):
             raise SeriesError(f"{path}: X must be (cases, channels, samples) with a label a case; got X {X.shape}, "
                               f"y {np.shape(y)}")
         return X.astype(np.float64), np.asarray(y), subject
-    raise SeriesError(f"{path}: unknown format {path.suffix!r}; use a .ts or .arff file (UEA/UCR) or an .npz of X, y")
+    if path.suffix.lower() == ".csv":
+        return read_csv(path)
+    raise SeriesError(f"{path}: unknown format {path.suffix!r}; use a .ts or .arff file (UEA/UCR), an .npz of X, y, "
+                      "or a .csv of a row a sample")
 
 
 def windows(X: np.ndarray, window: int | None, step: int | None):

@@ -102,3 +102,17 @@ def test_arff_files_multivariate_and_univariate_read_as_the_ts_file(tmp_path):
     (tmp_path / "u.arff").write_text("\n".join(uni) + "\n")
     single = series.read_series(tmp_path / "u.arff")
     assert single[0].shape == (4, 1, 20) and np.array_equal(single[0][:, 0], from_ts[0][:, 0])
+
+
+def test_a_csv_of_a_row_a_sample_reads_as_the_npz_arrays(tmp_path):
+    import pandas as pd
+
+    X, y = recordings(cases=4, channels=3, samples=10)
+    rows = [{"case": f"c{i}", "label": int(y[i]), "subject": i // 2, **{f"ch{c}": X[i, c, t] for c in range(3)}}
+            for i in range(4) for t in range(10)]
+    pd.DataFrame(rows).to_csv(tmp_path / "r.csv", index=False)
+    got, labels, subjects = series.read_series(tmp_path / "r.csv")
+    assert np.allclose(got, X) and labels.tolist() == y.tolist() and subjects.tolist() == [0, 0, 1, 1]
+    pd.DataFrame(rows[:-1]).to_csv(tmp_path / "short.csv", index=False)
+    with pytest.raises(series.SeriesError, match="cases of different lengths"):
+        series.read_series(tmp_path / "short.csv")
