@@ -13,6 +13,7 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from .cost.energy import EnergyTable
+from .benchmarks import BENCHMARKS
 from .registry import load_members
 from .settings import (BOOL, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, POSITIVE_INT, Rule, check_settings, one_of,
                        setting)
@@ -115,12 +116,26 @@ def scaled_milestones(milestones, full_epochs, epochs) -> list:
     return sorted({max(1, round(m * epochs / full_epochs)) for m in milestones})
 
 
+def model_for(loader: str) -> str:
+    """The model a benchmark's inputs call for: resnet32 for images (a loader registered with images=True),
+    mlp for feature vectors."""
+    return "resnet32" if BENCHMARKS.facts(loader).get("images") else "mlp"
+
+
+@dataclass
+class AutoModelConfig:
+    """model=auto (the default): the benchmark's model (model_for), with that model's default settings."""
+    name: str = "${model_for:${benchmark.loader}}"
+
+
 def register_schemas() -> None:
     """The resolvers and every schema (the run's, the trainer's, each member's) where Hydra finds them."""
-    for name, fn in (("run_path", run_path), ("scaled_milestones", scaled_milestones), ("lower", str.lower)):
+    for name, fn in (("run_path", run_path), ("scaled_milestones", scaled_milestones), ("lower", str.lower),
+                     ("model_for", model_for)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
     store = ConfigStore.instance()
+    store.store(group="schema/model", name="auto", node=AutoModelConfig)
     store.store(name="run_schema", node=RunConfig)
     store.store(group="schema/trainer", name="default", node=TrainerConfig)
     store.store(group="schema/cost", name="table", node=EnergyTable)

@@ -22,7 +22,8 @@ def test_every_group_member_composes(make_cfg, group, member):
     cfg = make_cfg(f"{group}={member}", *(needs.get(member, []) if group == "benchmark" else []))
     OmegaConf.resolve(cfg)
     if group != "trainer":  # a benchmark's file names its loader; the data's name may differ (torchvision's sets)
-        assert (cfg[group].loader if group == "benchmark" else cfg[group].name) == member
+        expected = "mlp" if (group, member) == ("model", "auto") else member  # auto: the digits' model
+        assert (cfg[group].loader if group == "benchmark" else cfg[group].name) == expected
     validate(cfg)
 
 
@@ -85,7 +86,7 @@ def test_unknown_member_lists_choices(make_cfg):
     (["benchmark=hapt", "benchmark.split=kfold"], "benchmark.split='kfold' must be one of subject, random"),
     (["benchmark=hapt", "benchmark.train_fraction=1"], "benchmark.train_fraction=1.0 must be a number strictly"),
     (["benchmark=cifar10", "benchmark.augment_on=tpu"], "benchmark.augment_on='tpu' must be one of cpu, gpu"),
-    (["model.hidden=0"], "model.hidden=0 must be a positive integer or null"),
+    (["model=mlp", "model.hidden=0"], "model.hidden=0 must be a positive integer or null"),
     (["strategy=lwf", "strategy.lamb=-1"], "strategy.lamb=-1.0 must be a non-negative number"),
     (["strategy=lwf", "strategy.temperature=0"], "strategy.temperature=0.0 must be a positive number"),
     (["strategy=bic", "strategy.val_percentage=0"], "strategy.val_percentage=0.0 must be a number strictly"),
@@ -159,3 +160,15 @@ def test_a_run_folder_written_before_benchmarks_had_loaders_still_matches():
     now = {"seed": 0, "benchmark": {"loader": "hapt", "name": "hapt", "path": "/new/hapt.npz", "classes_per_exp": 2}}
     renamed = {"seed": 0, "benchmark": {"loader": "features", "name": "hapt", "path": "x", "classes_per_exp": 2}}
     assert comparable_config(before) == comparable_config(now) != comparable_config(renamed)
+
+
+@pytest.mark.parametrize("overrides, model", [
+    ([], "mlp"), (["benchmark=hapt"], "mlp"), (["benchmark=features", "benchmark.path=t.csv"], "mlp"),
+    (["benchmark=cifar10"], "resnet32"), (["benchmark=images", "benchmark.root=p"], "resnet32"),
+    (["benchmark=torchvision"], "resnet32"), (["benchmark=cifar10", "model=mlp"], "mlp"),
+    (["benchmark=hapt", "model=resnet32"], "resnet32"),
+])
+def test_the_default_model_is_the_one_the_benchmarks_inputs_call_for(make_cfg, overrides, model):
+    cfg = make_cfg(*overrides)
+    assert cfg.model.name == model and run_path(cfg.benchmark.name, cfg.model.name, "icarl", "hdqt", "", 0).split(
+        "/")[0].endswith(f"-{model}")

@@ -153,8 +153,8 @@ def _read_image_archive(archive: Path):
 
 
 
-@BENCHMARKS.register("cifar10", CifarConfig)
-@BENCHMARKS.register("cifar100", CifarConfig)
+@BENCHMARKS.register("cifar10", CifarConfig, images=True)
+@BENCHMARKS.register("cifar100", CifarConfig, images=True)
 def benchmark(cfg, seed: int):
     """The release's sets; augmentation per sample (augment_on=cpu) or none here (gpu: per batch,
     trainer/batch_augment.py)."""

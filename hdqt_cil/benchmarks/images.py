@@ -173,7 +173,7 @@ def _held_out(x, y, fraction: float, seed: int):
     return (x[~test], y[~test]), (x[test], y[test])
 
 
-@BENCHMARKS.register("images", ImagesConfig)
+@BENCHMARKS.register("images", ImagesConfig, images=True)
 def benchmark(cfg, seed: int) -> Loaded:
     source = Path(cfg.root).expanduser()
     if not source.exists():

@@ -52,7 +52,7 @@ def _part(cfg, train: bool):
     return torch.from_numpy(np.ascontiguousarray(images, dtype=np.uint8)), labels, list(names)
 
 
-@BENCHMARKS.register("torchvision", TorchvisionConfig)
+@BENCHMARKS.register("torchvision", TorchvisionConfig, images=True)
 def benchmark(cfg, seed: int) -> Loaded:
     train_x, train_y, names = _part(cfg, train=True)
     test_x, test_y, _ = _part(cfg, train=False)

@@ -7,7 +7,7 @@ behind it.
 from dataclasses import dataclass
 
 import torch
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 from torch import nn
 
 from ..registry import Registry
@@ -54,8 +54,12 @@ def build_model(model, input_shape: tuple[int, ...], num_classes: int, input_nor
     """The backbone for inputs of `input_shape` (without the batch dimension): `model` is its settings (the
     `model` config group) or its name (its default settings); `input_norm` = (mean, std) per channel for uint8
     images."""
-    cfg = MODELS.settings(model)() if isinstance(model, str) else model
-    features = MODELS.builder(cfg.name)(cfg, input_shape)
+    name = model if isinstance(model, str) else model.name
+    # the model's settings: its defaults, under what `model` gives (model=auto gives a name alone)
+    given = {} if isinstance(model, str) else (OmegaConf.to_container(model, resolve=True)
+                                              if OmegaConf.is_config(model) else vars(model))
+    cfg = OmegaConf.merge(OmegaConf.structured(MODELS.settings(name)), given)
+    features = MODELS.builder(name)(cfg, input_shape)
     if input_norm is not None:
         features = _Normalized(ImageNormalize(*input_norm), features)
     return Classifier(features, num_classes)
