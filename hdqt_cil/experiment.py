@@ -89,6 +89,7 @@ def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s
         "class_order": bench.class_order,
         "data_fingerprint": bench.data_fingerprint,  # the data's contents (benchmarks/split.py)
         "split": bench.split,  # how the training and test sets were split
+        "input_norm": bench.input_norm,  # images: the per-channel (mean, std) the model normalises with
         "class_names": [bench.class_names[c] for c in bench.class_order],
         "wall_time_s": elapsed,
         "kernel_compile_s": compile_s,  # compiling GPU kernels not shipped prebuilt (kernels/compile.py)

@@ -113,3 +113,4 @@ def test_a_short_run_with_an_image_model(make_cfg, tmp_path):
                    "model=resnet32", "strategy=naive", "trainer.epochs=1", "trainer.device=cpu", "quant=hdqt")
     summary = run(cfg, tmp_path / "run")
     assert summary["status"] == "complete" and summary["run"]["benchmark"] == "pets"
+    assert len(summary["input_norm"][0]) == 3 and summary["input_norm"][1][0] > 0  # stored with the run
