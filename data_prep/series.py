@@ -34,6 +34,16 @@ class SeriesError(ValueError):
     """Input that cannot become features, with the file and what is wrong."""
 
 
+def _stacked(path: Path, cases: list, labels: list):
+    """(X (cases, channels, samples), labels) of a file's cases, which must share one shape."""
+    if not cases:
+        raise SeriesError(f"{path}: no cases after @data")
+    if len({c.shape for c in cases}) != 1:
+        raise SeriesError(f"{path}: cases of different shapes {sorted({c.shape for c in cases})[:3]} (channels, "
+                          "samples); cut them to one length first")
+    return np.stack(cases), np.asarray(labels)
+
+
 def read_ts(path: Path):
     """(X (cases, channels, samples), labels as strings) of a `.ts` file with class labels and equal lengths."""
     header, cases, labels = {}, [], []
@@ -62,12 +72,7 @@ def read_ts(path: Path):
         labels.append(label.strip())
     if header.get("classlabel", "true").split()[0].lower() != "true":
         raise SeriesError(f"{path}: @classLabel false: the cases carry no class to learn")
-    if not cases:
-        raise SeriesError(f"{path}: no cases after @data")
-    if len({c.shape for c in cases}) != 1:
-        raise SeriesError(f"{path}: cases of different shapes {sorted({c.shape for c in cases})[:3]} (channels, "
-                          "samples); cut them to one length first")
-    return np.stack(cases), np.asarray(labels)
+    return _stacked(path, cases, labels)
 
 
 def read_arff(path: Path):
@@ -95,12 +100,7 @@ def read_arff(path: Path):
             raise SeriesError(f"{path} line {number}: {err} (missing values '?' and unequal channels are not "
                               "supported)") from err
         labels.append(label.strip().strip("'\""))
-    if not cases:
-        raise SeriesError(f"{path}: no cases after @data")
-    if len({c.shape for c in cases}) != 1:
-        raise SeriesError(f"{path}: cases of different shapes {sorted({c.shape for c in cases})[:3]} (channels, "
-                          "samples); cut them to one length first")
-    return np.stack(cases), np.asarray(labels)
+    return _stacked(path, cases, labels)
 
 
 def read_csv(path: Path):
