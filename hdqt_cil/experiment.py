@@ -181,6 +181,8 @@ class RunPlugins:
 def _run(cfg, run_dir: Path, gpu: int) -> dict:
     RNGManager.set_random_seeds(cfg.seed)
     device = resolve_device(cfg.trainer.device, gpu)
+    if device.type == "cuda":  # streams, graphs and kernels follow the current device: a sweep job's GPU
+        torch.cuda.set_device(device.index if device.index is not None else torch.cuda.current_device())
     bench = build_benchmark(cfg.benchmark, cfg.seed)
     check_fits(cfg.strategy, cfg.trainer, bench.num_classes)
     model = build_model(cfg.model, bench.input_shape, bench.num_classes, bench.input_norm)

@@ -5,7 +5,8 @@ bound by the host (docs/kernels.md, "The training step: CUDA graphs"). A capture
 results are bit-identical to eager execution: everything a step changes or draws from (rounding steps, statistics,
 BatchNorm's running stats) is device memory the graph updates in place (quant/layers.py).
 
-`CapturedTraining(module)` is called like the module. A call in training mode with gradients on and a CUDA input
+Warm-up, capture and replay run with the input's device current (streams and graphs belong to the current device),
+whichever device the caller has current. `CapturedTraining(module)` is called like the module. A call in training mode with gradients on and a CUDA input
 replays the graphs captured for that input shape (captured on first sight, up to `max_shapes` shapes); anything
 else (eval, no_grad, other shapes, a changed set of trainable parameters) runs the module eagerly. torch's
 `make_graphed_callables` does the same capture but warms up on uninitialised gradients (a NaN there trips the
@@ -82,16 +83,18 @@ class _Replay(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graphs: _Graphs, x, *params):
-        graphs.x.copy_(x)
-        graphs.forward.replay()
+        with torch.cuda.device(x.device):
+            graphs.x.copy_(x)
+            graphs.forward.replay()
         ctx.graphs = graphs
         return graphs.y.detach()
 
     @staticmethod
     def backward(ctx, grad_y):
         graphs = ctx.graphs
-        graphs.grad_y.copy_(grad_y)
-        graphs.backward.replay()
+        with torch.cuda.device(graphs.y.device):
+            graphs.grad_y.copy_(grad_y)
+            graphs.backward.replay()
         return None, None, *(None if g is None else g.detach() for g in graphs.grads)
 
 
@@ -149,9 +152,11 @@ class CapturedInference(_Captured):
         if graph is None:
             if len(self.graphs) >= self.max_shapes:
                 return module(x)
-            graph = self.graphs[key] = _InferenceGraph(module, x, self.warmup)
-        graph.x.copy_(x)
-        graph.graph.replay()
+            with torch.cuda.device(x.device):
+                graph = self.graphs[key] = _InferenceGraph(module, x, self.warmup)
+        with torch.cuda.device(x.device):
+            graph.x.copy_(x)
+            graph.graph.replay()
         self.replays += 1
         return graph.y.clone()  # the next replay overwrites the static output
 
@@ -174,6 +179,7 @@ class CapturedTraining(_Captured):
         if graphs is None:
             if len(self.graphs) >= self.max_shapes:
                 return module(x)
-            graphs = self.graphs[key] = _Graphs(module, x, named, self.warmup)
+            with torch.cuda.device(x.device):
+                graphs = self.graphs[key] = _Graphs(module, x, named, self.warmup)
         self.replays += 1
         return _Replay.apply(graphs, x, *params)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Whether this checkout trains bit for bit as another version of the code does, on the GPU: the same short CIFAR-10
-# runs (ResNet-32, 1 epoch a task: iCaRL FP32; iCaRL and BiC HDQT on the CuPy kernels; iCaRL HDQT on the torch
+# runs (ResNet-32, 1 epoch a task: iCaRL FP32 with torch's deterministic kernels; iCaRL and BiC HDQT on the CuPy kernels; iCaRL HDQT on the torch
 # reference) made in both trees, then compared with scripts/compare_runs.py (accuracy matrices, per-class accuracies,
 # losses, quantization statistics). The two trees run side by side.
 #   git archive <commit> hdqt_cil hydra_plugins configs run.py data_prep | tar x -C .device_data/base   (here)
@@ -13,7 +13,7 @@ mkdir -p "$out"
 out=$(realpath "$out")
 common=(+experiment=cifar10_paper benchmark.root="$archive" benchmark.augment_on=gpu trainer.num_workers=0
         trainer.epochs=1 seed=0)
-runs=("strategy=icarl quant=fp32 tag=eq" "strategy=icarl quant=hdqt quant.backend=cupy tag=cupy"
+runs=("strategy=icarl quant=fp32 trainer.deterministic=true tag=eq" "strategy=icarl quant=hdqt quant.backend=cupy tag=cupy"
       "strategy=bic quant=hdqt quant.backend=cupy tag=cupy" "strategy=icarl quant=hdqt quant.backend=torch tag=torch")
 
 make_runs() {  # tree, name

@@ -190,3 +190,27 @@ def test_experiment_with_cuda_graphs_gives_the_same_results(make_cfg, tmp_path, 
     np.testing.assert_array_equal(np.array(graphed["acc_matrix"], dtype=float),
                                   np.array(eager["acc_matrix"], dtype=float))
     assert graphed["train_loss"] == eager["train_loss"]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_steps_on_a_device_that_is_not_current_equal_those_on_the_current_one():
+    """A sweep job trains on GPU k while another device may be current: warm-up, capture and replay follow the
+    input's device."""
+    batches = make_batches("resnet32", [8, 8, 8])
+    here = make_model("resnet32", "hdqt")
+    train(here, CapturedTraining(here), batches)
+    there = make_model("resnet32", "hdqt").to("cuda:1")
+    assert torch.cuda.current_device() == 0
+    train(there, CapturedTraining(there), [(x.to("cuda:1"), y.to("cuda:1")) for x, y in batches])
+    assert_same_state(here, there.to("cuda:0"))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_sweep_job_on_the_second_gpu_gives_the_first_gpus_results(make_cfg, tmp_path):
+    """trainer.device=auto on GPU 1 (as the sweep launcher gives it), graphed, equals the run on GPU 0."""
+    overrides = ["strategy=icarl", "quant=hdqt", "trainer.epochs=2", "trainer.device=auto", "trainer.cuda_graph=true"]
+    first = run(make_cfg(*overrides), tmp_path / "gpu0")
+    second = run(make_cfg(*overrides), tmp_path / "gpu1", gpu=1)
+    torch.cuda.set_device(0)
+    assert first["status"] == second["status"] == "complete"
+    assert first["acc_matrix"] == second["acc_matrix"] and first["train_loss"] == second["train_loss"]
