@@ -5,8 +5,7 @@ bound by the host (docs/kernels.md, "The training step: CUDA graphs"). A capture
 results are bit-identical to eager execution: everything a step changes or draws from (rounding steps, statistics,
 BatchNorm's running stats) is device memory the graph updates in place (quant/layers.py).
 
-Warm-up, capture and replay run with the input's device current (streams and graphs belong to the current device),
-whichever device the caller has current. `CapturedTraining(module)` is called like the module. A call in training mode with gradients on and a CUDA input
+`CapturedTraining(module)` is called like the module. A call in training mode with gradients on and a CUDA input
 replays the graphs captured for that input shape (captured on first sight, up to `max_shapes` shapes); anything
 else (eval, no_grad, other shapes, a changed set of trainable parameters) runs the module eagerly. torch's
 `make_graphed_callables` does the same capture but warms up on uninitialised gradients (a NaN there trips the
@@ -83,18 +82,16 @@ class _Replay(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graphs: _Graphs, x, *params):
-        with torch.cuda.device(x.device):
-            graphs.x.copy_(x)
-            graphs.forward.replay()
+        graphs.x.copy_(x)
+        graphs.forward.replay()
         ctx.graphs = graphs
         return graphs.y.detach()
 
     @staticmethod
     def backward(ctx, grad_y):
         graphs = ctx.graphs
-        with torch.cuda.device(graphs.y.device):
-            graphs.grad_y.copy_(grad_y)
-            graphs.backward.replay()
+        graphs.grad_y.copy_(grad_y)
+        graphs.backward.replay()
         return None, None, *(None if g is None else g.detach() for g in graphs.grads)
 
 
@@ -113,6 +110,13 @@ class _InferenceGraph:
 class _Captured:
     """What both captures share: graphs by input shape (up to `max_shapes`, each warmed up `warmup` times), the
     count of replays, the finite check after them and the release of the graphs."""
+
+    @staticmethod
+    def _require_current(x: torch.Tensor) -> None:
+        """Streams and graphs belong to the current device: a capture of an input elsewhere fails inside CUDA."""
+        if x.device.index != torch.cuda.current_device():
+            raise ValueError(f"CUDA-graph capture of an input on {x.device} while cuda:{torch.cuda.current_device()} "
+                             f"is the current device; make it current first (torch.cuda.set_device)")
 
     def __init__(self, module: nn.Module, max_shapes: int = 2, warmup: int = 3):
         if max_shapes < 1 or warmup < 1:
@@ -152,11 +156,10 @@ class CapturedInference(_Captured):
         if graph is None:
             if len(self.graphs) >= self.max_shapes:
                 return module(x)
-            with torch.cuda.device(x.device):
-                graph = self.graphs[key] = _InferenceGraph(module, x, self.warmup)
-        with torch.cuda.device(x.device):
-            graph.x.copy_(x)
-            graph.graph.replay()
+            self._require_current(x)
+            graph = self.graphs[key] = _InferenceGraph(module, x, self.warmup)
+        graph.x.copy_(x)
+        graph.graph.replay()
         self.replays += 1
         return graph.y.clone()  # the next replay overwrites the static output
 
@@ -179,7 +182,7 @@ class CapturedTraining(_Captured):
         if graphs is None:
             if len(self.graphs) >= self.max_shapes:
                 return module(x)
-            with torch.cuda.device(x.device):
-                graphs = self.graphs[key] = _Graphs(module, x, named, self.warmup)
+            self._require_current(x)
+            graphs = self.graphs[key] = _Graphs(module, x, named, self.warmup)
         self.replays += 1
         return _Replay.apply(graphs, x, *params)

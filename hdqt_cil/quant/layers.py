@@ -28,6 +28,13 @@ STATS = ("forward_saturated", "grad_input_saturated", "grad_weight_saturated", "
 _STAT_ROW = {name: i for i, name in enumerate(STATS)}
 
 
+def _capturing(device: torch.device) -> bool:
+    """Whether `device`'s current stream is being captured into a CUDA graph (asked of that device: the thread
+    running a backward may have another device current)."""
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
+
+
 class NonFiniteError(FloatingPointError):
     """A NaN or Inf reached a quantizer; the message names the layer, the tensor role and the value."""
 
@@ -95,7 +102,7 @@ class QuantLayer:
             return
         # scales are positive, and amax keeps a NaN: the largest scale is finite iff all are
         worst = torch.cat([scale.reshape(-1) for _, _, scale in checks]).amax()
-        if worst.is_cuda and torch.cuda.is_current_stream_capturing():
+        if worst.is_cuda and _capturing(worst.device):
             slot = self.quant_worst[int(backward)]
             torch.maximum(slot, worst, out=slot)
             return
