@@ -23,7 +23,7 @@ from .trainer.monitor import Diverged, TrainingMonitor
 from .trainer.optim import PerExperienceSGD
 from .trainer.quantization import QuantizationPlugin
 from .trainer.recorder import PredictionRecorder
-from .strategies import build_strategy, check_fits, teachers, training_steps
+from .strategies import DataFacts, build_strategy, check_fits, teachers, training_steps
 from .config import validate
 from .benchmarks.augment import augment_batch
 from .benchmarks import build_benchmark
@@ -190,7 +190,7 @@ def _run(cfg, run_dir: Path, gpu: int) -> dict:
     plugins.quantization.apply(model)  # before the strategy copies the model (old models quantized alike)
     strategy = plugins.attach(build_strategy(cfg.strategy, cfg.trainer, model,
                                              _template_arguments(cfg, model, device, plugins.given(), run_dir),
-                                             image_inputs=len(bench.input_shape) == 3))
+                                             DataFacts(len(bench.input_shape) == 3, bench.n_experiences)))
 
     # Only a run that could be built claims its folder: bad input leaves nothing behind.
     folder = RunFolder(run_dir)

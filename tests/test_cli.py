@@ -29,9 +29,9 @@ def test_multirun_sweeps_into_one_results_tree(tmp_path):
 
 
 def test_unknown_strategy_lists_the_choices(tmp_path):
-    out = run_cli("strategy=ewc", tmp_path=tmp_path)
+    out = run_cli("strategy=ewcc", tmp_path=tmp_path)
     assert out.returncode != 0
-    assert "Could not find 'strategy/ewc'" in out.stderr and "icarl" in out.stderr
+    assert "Could not find 'strategy/ewcc'" in out.stderr and "icarl" in out.stderr
 
 
 def test_bad_value_fails_before_writing_anything(tmp_path):

@@ -57,7 +57,7 @@ def test_ablation_presets_sweep_valid_schemes_into_separate_folders(make_cfg, pr
 
 def test_unknown_member_lists_choices(make_cfg):
     with pytest.raises(MissingConfigException) as err:
-        make_cfg("strategy=ewc")
+        make_cfg("strategy=ewcc")
     assert "icarl" in str(err.value) and "bic" in str(err.value)
 
 

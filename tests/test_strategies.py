@@ -15,7 +15,7 @@ from hdqt_cil.trainer.cuda_graphs import CudaGraphPlugin
 from hdqt_cil.experiment import run
 from hdqt_cil.graph_replay import CapturedInference
 
-STRATEGIES = ["naive", "lwf", "icarl", "bic", "joint"]
+STRATEGIES = ["naive", "lwf", "icarl", "bic", "joint", "replay", "der", "er_ace", "gdumb", "agem", "ewc", "si"]
 VARIANTS = {"bic": ["strategy.stage_2_epochs=2"], "icarl-bce": ["strategy.loss=bce", "strategy.eval_head=nme"]}
 
 
@@ -130,8 +130,9 @@ def test_seed_reproduces_and_changes_class_order(make_cfg, tmp_path):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_hdqt_training_loss_decreases(make_cfg, tmp_path, strategy):
+    extra = {"bic": ["strategy.stage_2_epochs=2"], "gdumb": ["trainer.memory_size=2000"]}  # GDumb: memory only
     cfg = make_cfg(f"strategy={strategy}", "quant=hdqt", "trainer.epochs=4", "benchmark.n_experiences=1",
-                   *(["strategy.stage_2_epochs=2"] if strategy == "bic" else []))
+                   *extra.get(strategy, []))
     summary = run(cfg, tmp_path / "run")
     losses = summary["train_loss"][0]
     assert len(losses) == 4 and losses[-1] < 0.8 * losses[0], losses
@@ -170,12 +171,12 @@ def test_pycil_losses_by_hand():
 @pytest.mark.parametrize("name", ["lwf", "icarl", "bic"])
 def test_each_distilling_strategy_names_the_teacher_its_plugins_hold(make_cfg, name):
     """What a strategy lends to CUDA-graph replay is an attribute one of its plugins really has."""
-    from hdqt_cil.strategies import build_strategy, teachers
+    from hdqt_cil.strategies import DataFacts, build_strategy, teachers
     from hdqt_cil.models import build_model
 
     cfg = make_cfg(f"strategy={name}")
     model = build_model(cfg.model, (64,), 10)
     common = dict(optimizer=torch.optim.SGD(model.parameters(), lr=0.1), criterion=nn.CrossEntropyLoss(),
                   train_mb_size=8, train_epochs=1, eval_mb_size=8, device="cpu", plugins=[])
-    strategy = build_strategy(cfg.strategy, cfg.trainer, model, common, image_inputs=False)
+    strategy = build_strategy(cfg.strategy, cfg.trainer, model, common, DataFacts(False, 5))
     assert teachers(name) and all(any(hasattr(p, t) for p in strategy.plugins) for t in teachers(name))

@@ -1,14 +1,16 @@
 """The strategies: each a thin layer over avalanche's templates and plugins, registered with its settings.
 
-A strategy module registers `build(cfg, trainer, model, common, image_inputs)` with `STRATEGIES.register(name,
+A strategy module registers `build(cfg, trainer, model, common, data)` with `STRATEGIES.register(name,
 SettingsClass, ...)`, where `common` holds the keyword arguments every avalanche template takes (optimizer,
-criterion, batch sizes, epochs, device, plugins, evaluator). What a strategy tells the run besides:
+criterion, batch sizes, epochs, device, plugins, evaluator) and `data` the benchmark's facts a strategy may
+need (DataFacts). What a strategy tells the run besides:
 - `joint=True`: it trains once, on every experience's data together (the upper bound), after the last one;
 - `teachers=(...)`: the attributes of its plugins that hold an old model it distils from, which the run replays
   from CUDA graphs (trainer/cuda_graphs.py);
 - `fits(cfg, trainer, num_classes)`: its checks against the benchmark (e.g. memory for one exemplar a class).
 """
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from avalanche.training import JointTraining, Naive
 from avalanche.training.templates import SupervisedTemplate
@@ -17,6 +19,12 @@ from omegaconf import MISSING
 from ..registry import Registry
 
 STRATEGIES = Registry("strategy")
+
+
+class DataFacts(NamedTuple):
+    """What a strategy may need to know of the benchmark it is built for."""
+    image_inputs: bool  # images (uint8, normalised by the model), not feature vectors
+    n_experiences: int
 
 
 @dataclass
@@ -37,18 +45,18 @@ class JointConfig(StrategyConfig):
 
 
 @STRATEGIES.register("naive", NaiveConfig)
-def _naive(cfg, trainer, model, common, image_inputs):
+def _naive(cfg, trainer, model, common, data):
     return Naive(model=model, **common)
 
 
 @STRATEGIES.register("joint", JointConfig, joint=True)
-def _joint(cfg, trainer, model, common, image_inputs):
+def _joint(cfg, trainer, model, common, data):
     return JointTraining(model=model, **common)
 
 
-def build_strategy(cfg, trainer, model, common: dict, image_inputs: bool) -> SupervisedTemplate:
+def build_strategy(cfg, trainer, model, common: dict, data: DataFacts) -> SupervisedTemplate:
     """The avalanche strategy `cfg.name` around `model` (a models.Classifier)."""
-    return STRATEGIES.builder(cfg.name)(cfg, trainer, model, common, image_inputs)
+    return STRATEGIES.builder(cfg.name)(cfg, trainer, model, common, data)
 
 
 def training_steps(name: str, n_experiences: int) -> list[int]:

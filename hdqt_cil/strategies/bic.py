@@ -65,7 +65,7 @@ def _fits(cfg, trainer, num_classes: int) -> None:
 
 
 @STRATEGIES.register("bic", BiCConfig, teachers=("model_old",), fits=_fits)
-def build(cfg, trainer, model, common, image_inputs):
+def build(cfg, trainer, model, common, data):
     plugin = BiCPlugin(mem_size=trainer.memory_size, val_percentage=cfg.val_percentage, T=cfg.temperature,
                        stage_2_epochs=cfg.stage_2_epochs, lamb=cfg.lamb, lr=cfg.stage_2_lr)
     return SupervisedTemplate(model=model, **{**common, "plugins": [*common["plugins"], plugin]})

@@ -107,12 +107,12 @@ def _fits(cfg, trainer, num_classes: int) -> None:
 
 
 @STRATEGIES.register("icarl", ICaRLConfig, teachers=("old_model",), fits=_fits)
-def build(cfg, trainer, model, common, image_inputs):
+def build(cfg, trainer, model, common, data):
     if cfg.loss == "ce_kd":
         plugins = [*common["plugins"], *pycil_icarl_plugins(model, trainer.memory_size, cfg.temperature)]
         return SupervisedTemplate(model=model, **{**common, "plugins": plugins})
     # Exemplars are raw uint8 images (the model normalises); replay gets the geometric augmentation.
-    replay_tf = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()]) if image_inputs else None
+    replay_tf = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()]) if data.image_inputs else None
     kwargs = {k: v for k, v in common.items() if k != "criterion"}  # iCaRL brings its own loss
     if cfg.eval_head == "linear":
         kwargs["plugins"] = [*kwargs["plugins"], _ScoreWithTrainedHead()]

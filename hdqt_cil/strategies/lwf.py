@@ -69,6 +69,6 @@ class LwFConfig(StrategyConfig):
 
 
 @STRATEGIES.register("lwf", LwFConfig, teachers=("old_model",))
-def build(cfg, trainer, model, common, image_inputs):
+def build(cfg, trainer, model, common, data):
     common = {**common, "plugins": [*common["plugins"], LwFPlugin(cfg.lamb, cfg.temperature)]}
     return SupervisedTemplate(model=model, **common)

@@ -1,0 +1,23 @@
+"""DER++ (Buzzega et al., NeurIPS 2020): replay that also matches the logits the model gave a stored sample when
+it was stored. loss = CE(new batch) + α·MSE(logits, stored logits) + β·CE(stored batch). α = 0.1, β = 0.5 as the
+paper's sequential CIFAR-10 runs with a small buffer (avalanche's DER, class-balanced buffer)."""
+from dataclasses import dataclass
+
+from avalanche.training import DER
+
+from ..settings import NON_NEGATIVE, setting
+from .base import STRATEGIES, StrategyConfig
+from .rehearsal import needs_memory
+
+
+@dataclass
+class DERConfig(StrategyConfig):
+    name: str = "der"
+    alpha: float = setting(0.1, NON_NEGATIVE)  # weight of the logit-matching loss on stored samples
+    beta: float = setting(0.5, NON_NEGATIVE)  # weight of the cross-entropy on stored samples
+
+
+@STRATEGIES.register("der", DERConfig, fits=needs_memory("der"))
+def build(cfg, trainer, model, common, data):
+    return DER(model=model, mem_size=trainer.memory_size, batch_size_mem=trainer.batch_size, alpha=cfg.alpha,
+               beta=cfg.beta, **common)
