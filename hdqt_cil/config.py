@@ -75,10 +75,12 @@ class RunConfig:
     logging: LoggingConfig = setting(LoggingConfig())
 
 
-def run_path(benchmark, model, strategy, quant, tag, seed) -> str:
-    """Run folder relative to results_root: <benchmark>-<model>/<strategy>/<quant>[-<tag>]/seed<seed>."""
+def run_path(benchmark, scenario, model, strategy, quant, tag, seed) -> str:
+    """Run folder relative to results_root: <benchmark>[-<scenario>]-<model>/<strategy>/<quant>[-<tag>]/seed<seed>
+    (the scenario named unless class-incremental)."""
     quant_dir = f"{quant}-{tag}" if tag else str(quant)
-    return f"{benchmark}-{model}/{strategy}/{quant_dir}/seed{seed}"
+    data = benchmark if scenario == "class" else f"{benchmark}-{scenario}"
+    return f"{data}-{model}/{strategy}/{quant_dir}/seed{seed}"
 
 
 # Keys that may differ between two runs of the same experiment: they change how, not what, is computed.

@@ -76,8 +76,8 @@ def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s
     return {
         "status": status,
         "error": error,
-        "run": {"benchmark": cfg.benchmark.name, "model": cfg.model.name, "strategy": cfg.strategy.name,
-                "quant": cfg.quant.name, "tag": cfg.tag, "seed": cfg.seed},
+        "run": {"benchmark": cfg.benchmark.name, "scenario": cfg.benchmark.scenario, "model": cfg.model.name,
+                "strategy": cfg.strategy.name, "quant": cfg.quant.name, "tag": cfg.tag, "seed": cfg.seed},
         "n_experiences": bench.n_experiences,
         "classes_per_exp": bench.classes_per_exp,
         "steps_done": history.steps,
@@ -144,14 +144,15 @@ class RunPlugins:
     augment: BatchAugment | None = None
 
     @classmethod
-    def declare(cls, cfg, device: torch.device, run_dir: Path) -> "RunPlugins":
+    def declare(cls, cfg, device: torch.device, run_dir: Path, bench) -> "RunPlugins":
         t = cfg.trainer
         if t.cuda_graph is True and device.type != "cuda":
             raise ValueError(f"trainer.cuda_graph=true needs a CUDA device; this run is on {device} "
                              f"(trainer.device={t.device}); use auto or false")
         gpu_augment = cfg.benchmark.get("augment") and cfg.benchmark.augment_on == "gpu"
         return cls(
-            recorder=PredictionRecorder(), monitor=TrainingMonitor(epoch_log_every(cfg)),
+            recorder=PredictionRecorder(bench.task_classes() if cfg.benchmark.scenario == "task" else None),
+            monitor=TrainingMonitor(epoch_log_every(cfg)),
             optimizer=PerExperienceSGD(t.lr, list(t.milestones), t.gamma), quantization=QuantizationPlugin(cfg.quant),
             cost=CostCounter(energy_table(cfg.cost), teachers(cfg.strategy.name)),
             epochs=EpochCheckpoints(ExperienceCheckpoints(run_dir).root, t.checkpoint_every),
@@ -186,7 +187,7 @@ def _run(cfg, run_dir: Path, gpu: int) -> dict:
     bench = build_benchmark(cfg.benchmark, cfg.seed)
     check_fits(cfg.strategy, cfg.trainer, bench.num_classes)
     model = build_model(cfg.model, bench.input_shape, bench.num_classes, bench.input_norm)
-    plugins = RunPlugins.declare(cfg, device, run_dir)
+    plugins = RunPlugins.declare(cfg, device, run_dir, bench)
     plugins.quantization.apply(model)  # before the strategy copies the model (old models quantized alike)
     strategy = plugins.attach(build_strategy(cfg.strategy, cfg.trainer, model,
                                              _template_arguments(cfg, model, device, plugins.given(), run_dir),

@@ -17,7 +17,7 @@ def run_cli(*args, tmp_path):
 def test_run_prints_its_table(tmp_path):
     out = run_cli("strategy=naive", "trainer.epochs=1", tmp_path=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert "| digits | mlp | naive | fp32 |" in out.stdout
+    assert "| digits | class | mlp | naive | fp32 |" in out.stdout
     assert (tmp_path / "digits-mlp" / "naive" / "fp32" / "seed0" / "summary.json").exists()
 
 

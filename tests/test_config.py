@@ -83,6 +83,7 @@ def test_unknown_member_lists_choices(make_cfg):
     (["benchmark=features"], "benchmark.path must be set: benchmark.path=VALUE"),
     (["benchmark.classes_per_exp=2"], "set exactly one of benchmark.n_experiences and benchmark.classes_per_exp"),
     (["benchmark.class_order=[1,1]"], "benchmark.class_order=[1, 1] must be a list of distinct class indices"),
+    (["benchmark.scenario=domains"], "benchmark.scenario='domains' must be one of class, task"),
     (["benchmark=hapt", "benchmark.split=kfold"], "benchmark.split='kfold' must be one of subject, random"),
     (["benchmark=hapt", "benchmark.train_fraction=1"], "benchmark.train_fraction=1.0 must be a number strictly"),
     (["benchmark=cifar10", "benchmark.augment_on=tpu"], "benchmark.augment_on='tpu' must be one of cpu, gpu"),
@@ -129,9 +130,9 @@ def test_icarl_memory_smaller_than_classes(make_cfg):
 
 def test_run_folder_names_the_run(make_cfg):
     cfg = make_cfg("strategy=bic", "tag=acc12", "seed=3")
-    assert run_path(cfg.benchmark.name, cfg.model.name, cfg.strategy.name, cfg.quant.name, cfg.tag, cfg.seed) \
-        == "digits-mlp/bic/fp32-acc12/seed3"
-    assert Path(run_path("hapt", "mlp", "icarl", "hdqt", "", 0)).parts[-1] == "seed0"
+    assert run_path(cfg.benchmark.name, cfg.benchmark.scenario, cfg.model.name, cfg.strategy.name, cfg.quant.name,
+                    cfg.tag, cfg.seed) == "digits-mlp/bic/fp32-acc12/seed3"
+    assert run_path("hapt", "task", "mlp", "icarl", "hdqt", "", 0) == "hapt-task-mlp/icarl/hdqt/seed0"
 
 
 @pytest.mark.parametrize("experiment, epochs, milestones", [
@@ -170,5 +171,5 @@ def test_a_run_folder_written_before_benchmarks_had_loaders_still_matches():
 ])
 def test_the_default_model_is_the_one_the_benchmarks_inputs_call_for(make_cfg, overrides, model):
     cfg = make_cfg(*overrides)
-    assert cfg.model.name == model and run_path(cfg.benchmark.name, cfg.model.name, "icarl", "hdqt", "", 0).split(
+    assert cfg.model.name == model and run_path(cfg.benchmark.name, "class", cfg.model.name, "icarl", "hdqt", "", 0).split(
         "/")[0].endswith(f"-{model}")

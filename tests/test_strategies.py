@@ -180,3 +180,18 @@ def test_each_distilling_strategy_names_the_teacher_its_plugins_hold(make_cfg, n
                   train_mb_size=8, train_epochs=1, eval_mb_size=8, device="cpu", plugins=[])
     strategy = build_strategy(cfg.strategy, cfg.trainer, model, common, DataFacts(False, 5))
     assert teachers(name) and all(any(hasattr(p, t) for p in strategy.plugins) for t in teachers(name))
+
+
+@pytest.mark.parametrize("strategy", ["naive", "icarl"])
+def test_task_incremental_scoring_trains_alike_and_scores_within_each_task(make_cfg, tmp_path, strategy):
+    """benchmark.scenario=task trains as class-incremental does (same losses) and predicts among the evaluated
+    task's classes only: every accuracy is at least the class-incremental one, and a forgetting learner's old
+    tasks score far higher."""
+    common = [f"strategy={strategy}", "trainer.epochs=2", "trainer.device=cpu"]
+    cil = run(make_cfg(*common), tmp_path / "class")
+    til = run(make_cfg(*common, "benchmark.scenario=task"), tmp_path / "task")
+    assert til["train_loss"] == cil["train_loss"] and til["run"]["scenario"] == "task"
+    a, b = np.array(til["acc_matrix"], float), np.array(cil["acc_matrix"], float)
+    seen = ~np.isnan(b)
+    assert (a[seen] >= b[seen]).all() and (a[seen] > b[seen]).any()
+    assert np.isnan(a[~seen]).all()

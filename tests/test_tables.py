@@ -9,10 +9,10 @@ from hdqt_cil.files import write_json
 from hdqt_cil.results.tables import aggregate, collect_runs, display_table, make_tables
 
 
-def _summary(strategy, quant, seed, last, status="complete", tag=""):
+def _summary(strategy, quant, seed, last, status="complete", tag="", scenario=None):
+    run = {"benchmark": "hapt", "model": "mlp", "strategy": strategy, "quant": quant, "tag": tag, "seed": seed}
     return {"status": status, "error": None,
-            "run": {"benchmark": "hapt", "model": "mlp", "strategy": strategy, "quant": quant, "tag": tag,
-                    "seed": seed},
+            "run": run if scenario is None else {**run, "scenario": scenario},  # None: a summary from before
             "n_experiences": 2, "classes_per_exp": [2, 2], "steps_done": 2,
             "metrics": {"avg_acc": last + 10, "last_acc": last, "forgetting": 5.0, "bwt": -5.0},
             "seen_acc": [last + 20, last], "acc_matrix": [], "class_acc": [], "wall_time_s": 1.0}
@@ -47,7 +47,7 @@ def test_make_tables_writes_every_format(tmp_path):
     table = make_tables([tmp_path / "runs"], tmp_path / "out")
     assert list(table.strategy) == ["icarl", "icarl"]
     md = (tmp_path / "out" / "table.md").read_text()
-    assert "| hapt | mlp | icarl | hdqt | 88.0 ± 0.0 | 78.0 ± 0.0 |" in md
+    assert "| hapt | class | mlp | icarl | hdqt | 88.0 ± 0.0 | 78.0 ± 0.0 |" in md
     assert "last_acc_mean" in (tmp_path / "out" / "table.csv").read_text()
     assert "\\begin{tabular}" in (tmp_path / "out" / "table.tex").read_text()
     assert (tmp_path / "out" / "accuracy.png").stat().st_size > 1000
@@ -106,7 +106,7 @@ def test_tagged_runs_only_leave_the_main_table_empty_and_table_md_whole(tmp_path
     _run_with_config(runs, "hd", _summary("bic", "hdqt", 0, 35.0, tag="short3"))
     make_tables([runs], tmp_path / "out")
     assert (tmp_path / "out" / "main.md").read_text().splitlines()[0] == "| benchmark | strategy |"
-    assert "| hapt | mlp | bic | hdqt[short3] | 45.0 ± 0.0 | 35.0 ± 0.0 |" in (tmp_path / "out" / "table.md").read_text()
+    assert "| hapt | class | mlp | bic | hdqt[short3] | 45.0 ± 0.0 | 35.0 ± 0.0 |" in (tmp_path / "out" / "table.md").read_text()
 
 
 def test_published_numbers_beside_the_runs_with_differences_and_costs(tmp_path):
@@ -143,3 +143,15 @@ def test_cost_columns_and_the_energy_plot_where_runs_report_their_cost(tmp_path)
     assert (tmp_path / "out" / "energy.png").stat().st_size > 1000
     _write(tmp_path / "old", _summary("icarl", "fp32", 0, 80.0))  # runs from before the cost: no such columns
     assert "energy J" not in make_tables([tmp_path / "old"], tmp_path / "out2", plot=False).columns
+
+
+def test_task_incremental_runs_are_rows_of_their_own_named_by_their_scenario(tmp_path):
+    _write(tmp_path / "runs", _summary("icarl", "fp32", 0, 80.0), _summary("icarl", "fp32", 0, 95.0, scenario="task"),
+           _summary("icarl", "hdqt", 0, 93.0, scenario="task"))
+    make_tables([tmp_path / "runs"], tmp_path / "out", plot=False)
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "| hapt | class | mlp | icarl | fp32 | 90.0 ± 0.0 | 80.0 ± 0.0 |" in table
+    assert "| hapt (task) | task | mlp | icarl | fp32 | 105.0 ± 0.0 | 95.0 ± 0.0 |" in table
+    main = (tmp_path / "out" / "main.md").read_text()
+    assert "| hapt | icarl | 90.0 ± 0.0 | 80.0 ± 0.0 |" in main
+    assert "| hapt (task) | icarl | 105.0 ± 0.0 | 95.0 ± 0.0 | 5.0 ± 0.0 | 103.0 ± 0.0 | 93.0 ± 0.0 |" in main

@@ -19,7 +19,7 @@ from avalanche.benchmarks import nc_benchmark
 from omegaconf import MISSING
 
 from ..registry import Registry
-from ..settings import BOOL, POSITIVE_INT, Rule, optional, setting
+from ..settings import BOOL, POSITIVE_INT, Rule, one_of, optional, setting
 
 BENCHMARKS = Registry("benchmark")
 
@@ -44,6 +44,9 @@ class BenchmarkConfig:
     # One class order for every seed (indices into the sorted class ids), e.g. PyCIL's
     # `np.random.seed(1993); np.random.permutation(C)`; null: shuffle_classes decides.
     class_order: Optional[List[int]] = setting(None, CLASS_ORDER)
+    # class: one head over every class seen; task: the experience (task) is given at test time and the prediction
+    # is made among its classes (training as for class). The run's folder and the tables name a task run's scenario.
+    scenario: str = setting("class", one_of("class", "task"))
 
     def check(self, path: str) -> None:
         split = {"n_experiences": self.n_experiences, "classes_per_exp": self.classes_per_exp}
@@ -79,6 +82,11 @@ class Benchmark:
     @property
     def n_experiences(self) -> int:
         return len(self.scenario.train_stream)
+
+    def task_classes(self) -> list[tuple[int, int]]:
+        """Each experience's (first, end) range of relabelled classes: its task's classes."""
+        ends = np.cumsum(self.classes_per_exp).tolist()
+        return list(zip([0, *ends[:-1]], ends))
 
 
 def experience_sizes(n_classes: int, n_experiences, classes_per_exp, name: str) -> list[int]:

@@ -1,6 +1,6 @@
 """Tables and plots from run folders (never from logs): mean ± std over seeds.
 
-- table.*: one row per benchmark × model × strategy × quant[tag] (and variant: runs of one such row whose configs
+- table.*: one row per benchmark × scenario × model × strategy × quant[tag] (and variant: runs of one such row whose configs
   differ in anything but the seed are split, the differing settings named, never averaged together);
 - main.md: the paper's layout, one row per benchmark × strategy with the schemes side by side (untagged runs);
 - ablation.md / ablation.png: runs whose quant settings differ from their preset, one row per setting, and
@@ -9,6 +9,7 @@
   table.* then adds the integer GMACs, the energy and its ratio to the FP32 row).
 A run counts in a mean only when its summary says `complete`. Diverged runs are shown as such; runs that
 stopped early (fewer experiences than configured) are counted in a separate column, never averaged in.
+Outside table.*, a benchmark's label names its scenario unless it is class-incremental ("hapt (task)").
 """
 import math
 import re
@@ -22,7 +23,7 @@ from ..config import comparable_config
 from ..quant.schemes import SCHEMES, preset_settings
 from ..files import read_json, write_atomic
 
-KEYS = ["benchmark", "model", "strategy", "quant"]
+KEYS = ["benchmark", "scenario", "model", "strategy", "quant"]
 ROW_KEYS = [*KEYS, "variant", "quant_variant"]
 METRICS = {"avg_acc": "avg acc", "last_acc": "last acc", "forgetting": "forgetting", "wall_time_s": "wall s",
            "int_gmacs": "int GMACs", "energy_j": "energy J"}
@@ -91,6 +92,9 @@ def collect_runs(*roots) -> pd.DataFrame:
     if not rows:
         raise FileNotFoundError(f"no run folders (summary.json) under {', '.join(map(str, roots))}")
     df = pd.DataFrame(rows)
+    # The scenario in every row: a column of table.*, and in the other views' benchmark label unless class.
+    df["scenario"] = df["scenario"].fillna("class") if "scenario" in df else "class"
+    df["benchmark"] = [b if s == "class" else f"{b} ({s})" for b, s in zip(df.benchmark, df.scenario)]
     df["scheme"] = df["quant"]
     df["quant"] = df["quant"] + df["tag"].fillna("").map(lambda t: f"[{t}]" if t else "")
     df["variant"], df["quant_variant"] = _variants(df, configs)
