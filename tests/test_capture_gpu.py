@@ -196,7 +196,7 @@ def test_experiment_with_cuda_graphs_gives_the_same_results(make_cfg, tmp_path, 
 def test_a_capture_on_a_device_that_is_not_current_is_refused():
     """Streams and graphs belong to the current device: the capture says so instead of failing inside CUDA."""
     model = make_model("resnet32", "hdqt").to("cuda:1")
-    x, y = make_batches("resnet32", [8])[0]
+    x, _ = make_batches("resnet32", [8])[0]
     assert torch.cuda.current_device() == 0
     with pytest.raises(ValueError, match="cuda:1 while cuda:0 is the current device"):
         CapturedTraining(model)(x.to("cuda:1"))
