@@ -5,7 +5,6 @@ import contextlib
 import hashlib
 import io
 import tarfile
-import time
 import zipfile
 from pathlib import Path
 
@@ -202,15 +201,14 @@ def test_damaged_release_is_refused(release, tmp_path, capsys, damage, message):
 
 @pytest.fixture(scope="module")
 def real_release(tmp_path_factory):
-    """The whole release archive converted once, as a user runs it: (feature file, printed output, seconds)."""
+    """The whole release archive converted once, as a user runs it: (feature file, printed output)."""
     if not REAL_ARCHIVE.is_file():
         pytest.skip(f"the DSADS release archive is not at {REAL_ARCHIVE}")
     out = tmp_path_factory.mktemp("dsads") / "dsads_features.npz"
     printed = io.StringIO()
-    started = time.perf_counter()
     with contextlib.redirect_stdout(printed):
         assert _run("--archive", REAL_ARCHIVE, "--out", out) == 0
-    return out, printed.getvalue(), time.perf_counter() - started
+    return out, printed.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -227,8 +225,7 @@ def real_segments(real_release):
 
 
 def test_real_release_gives_9120_windows_of_19_activities_and_8_subjects(real_release):
-    out, _, seconds = real_release
-    assert seconds < 60  # 15-25 s measured on 2 busy cores
+    out, _ = real_release
     table = features.load_feature_table(out)
     with np.load(out) as npz:
         segment = npz["segment"]
@@ -241,7 +238,7 @@ def test_real_release_gives_9120_windows_of_19_activities_and_8_subjects(real_re
 
 
 def test_real_release_is_checked_file_by_file_against_its_list(real_release, real_segments):
-    out, printed, _ = real_release
+    out, printed = real_release
     expected = f"per-file sha256 against {REAL_LIST}: 9,120 files verified"
     assert f"contents: {expected}\n" in printed and contents_check(out) == expected
     listed = {name: digest for digest, name in (line.split("  ", 1) for line in REAL_LIST.read_text().splitlines())}

@@ -257,4 +257,4 @@ def test_own_data_named_gets_its_folders_and_table_rows(make_cfg, tmp_path):
     assert cfg.benchmark.loader == "features"
     folder = tmp_path / "runs" / "wisdm-mlp" / "naive" / "fp32" / "seed0"
     summary = run(cfg, folder)
-    assert summary["run"]["benchmark"] == "wisdm" and "| wisdm | mlp | naive | fp32 |" in run_table(folder)
+    assert summary["run"]["benchmark"] == "wisdm" and "| wisdm | class | mlp | naive | fp32 |" in run_table(folder)

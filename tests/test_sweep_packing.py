@@ -217,4 +217,4 @@ def test_gpus_launcher_sweep_runs_end_to_end_on_the_cpu(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "2 of 2 jobs completed" in (tmp_path / "sweep_summary.md").read_text()
-    assert "| digits | mlp | naive | fp32 |" in out.stdout
+    assert "| digits | class | mlp | naive | fp32 |" in out.stdout
