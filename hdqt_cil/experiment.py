@@ -88,6 +88,7 @@ def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s
         "train_loss": train_loss,
         "class_order": bench.class_order,
         "data_fingerprint": bench.data_fingerprint,  # the data's contents (benchmarks/split.py)
+        "data_source": bench.data_source,  # the same before the seed's split: what the tables group seeds by
         "split": bench.split,  # how the training and test sets were split
         "input_norm": bench.input_norm,  # images: the per-channel (mean, std) the model normalises with
         "class_names": [bench.class_names[c] for c in bench.class_order],

@@ -258,3 +258,22 @@ def test_own_data_named_gets_its_folders_and_table_rows(make_cfg, tmp_path):
     folder = tmp_path / "runs" / "wisdm-mlp" / "naive" / "fp32" / "seed0"
     summary = run(cfg, folder)
     assert summary["run"]["benchmark"] == "wisdm" and "| wisdm | class | mlp | naive | fp32 |" in run_table(folder)
+
+
+def test_seeds_split_the_subjects_differently_yet_count_as_runs_on_the_same_data(make_cfg, tmp_path):
+    """Each seed draws its own subject split and scaling (other training sets, other run fingerprints); the tables
+    still average the seeds in one row, while a changed feature file makes a row of its own."""
+    from hdqt_cil.experiment import run
+    from hdqt_cil.results.tables import aggregate, collect_runs
+
+    frame = _frame(n_subjects=10, classes=(1, 2, 3, 4))
+    common = ["benchmark=features", "benchmark.name=mine", "strategy=naive", "trainer.epochs=1", "trainer.device=cpu"]
+    summaries = [run(make_cfg(*common, f"benchmark.path={_save(frame, tmp_path, 'a.csv')}", f"seed={seed}"),
+                     tmp_path / "runs" / f"seed{seed}") for seed in (0, 1)]
+    assert summaries[0]["data_fingerprint"] != summaries[1]["data_fingerprint"]
+    assert summaries[0]["data_source"] == summaries[1]["data_source"]
+    changed = frame.copy()
+    changed.loc[0, "gyro_std"] += 1.0
+    run(make_cfg(*common, f"benchmark.path={_save(changed, tmp_path, 'b.csv')}"), tmp_path / "runs" / "changed")
+    agg = aggregate(collect_runs(tmp_path / "runs"))
+    assert sorted(agg.seeds.tolist()) == [1, 2]

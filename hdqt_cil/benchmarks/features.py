@@ -6,6 +6,7 @@ table a researcher brings: feature columns plus a `label` column and, optionally
 column (`train` / `test`: the release's own split; NPZ keys X, y, subject, split). Plain numpy (pandas only for
 CSV/Parquet), so data preparation can use it without torch.
 """
+import hashlib
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,6 +36,13 @@ class FeatureTable:
 
     def __len__(self):
         return len(self.y)
+
+    def fingerprint(self) -> str:
+        """A hash of the table's contents: features, labels, subjects and its own split."""
+        h = hashlib.blake2b(digest_size=16)
+        for part in (self.X, self.y, self.subject, self.is_test):
+            h.update(b"-" if part is None else np.ascontiguousarray(part).tobytes())
+        return h.hexdigest()
 
     def take(self, rows) -> "FeatureTable":
         return replace(self, X=self.X[rows], y=self.y[rows],

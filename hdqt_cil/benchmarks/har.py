@@ -86,4 +86,5 @@ def load(cfg, seed: int) -> Loaded:
         return ArrayDataset(torch.from_numpy(np.ascontiguousarray(t.X, dtype=np.float32)),
                             [relabel[int(c)] for c in t.y])
 
-    return Loaded(dataset(train), dataset(test), names, how)
+    source = table.fingerprint() + ("" if cfg.split != "given" or separate is None else separate.fingerprint())
+    return Loaded(dataset(train), dataset(test), names, how, source=source)

@@ -58,13 +58,16 @@ class BenchmarkConfig:
 class Loaded:
     """What a dataset module gives: the training and test sets (ArrayDatasets), class names by class id, how the
     two sets were split (said in every run's summary), and for images the per-sample training transform and the
-    input normalisation (mean, std) per channel."""
+    input normalisation (mean, std) per channel. `source`: a fingerprint of the data before any split or scaling
+    the seed draws (HAR features split by subject), so that runs of several seeds count as runs on the same data;
+    None where the sets do not depend on the seed."""
     train: object
     test: object
     class_names: list
     split: str
     train_transform: object = None
     input_norm: tuple | None = None
+    source: str | None = None
 
 
 @dataclass
@@ -77,6 +80,7 @@ class Benchmark:
     input_norm: tuple | None = None  # (mean, std) per channel for uint8 images, applied by the model
     classes_per_exp: list | None = None
     data_fingerprint: str = ""  # of the training and test sets' contents: the run's data, wherever it lies
+    data_source: str = ""  # of the data before the seed's split (Loaded.source), else data_fingerprint
     split: str = ""  # how the training and test sets were split (Loaded.split)
 
     @property
@@ -136,4 +140,4 @@ def build_benchmark(cfg, seed: int) -> Benchmark:
     )
     contents = hashlib.blake2b(f"{train.fingerprint()} {test.fingerprint()}".encode(), digest_size=8).hexdigest()
     return Benchmark(scenario, tuple(train.inputs.shape[1:]), len(classes), order, list(names), loaded.input_norm,
-                     sizes, contents, loaded.split)
+                     sizes, contents, loaded.source or contents, loaded.split)

@@ -82,7 +82,9 @@ def collect_runs(*roots) -> pd.DataFrame:
     for root in roots:
         for path in sorted(Path(root).rglob("summary.json")):
             summary, config = read_json(path), _run_config(path.parent)
-            configs.append({**config, "data": summary.get("data_fingerprint")})  # runs on other data: rows apart
+            # runs on other data: rows apart (the data before the seed's split; runs that do not record it are
+            # told apart by their configs alone)
+            configs.append({**config, "data": summary.get("data_source")})
             cost = summary.get("cost") or {}  # training's cost on integer hardware (trainer/cost.py)
             rows.append({**summary["run"], **summary["metrics"], "status": summary["status"],
                          "seen_acc": summary["seen_acc"], "classes_per_exp": summary["classes_per_exp"],
