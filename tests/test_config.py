@@ -173,3 +173,12 @@ def test_the_default_model_is_the_one_the_benchmarks_inputs_call_for(make_cfg, o
     cfg = make_cfg(*overrides)
     assert cfg.model.name == model and run_path(cfg.benchmark.name, "class", cfg.model.name, "icarl", "hdqt", "", 0).split(
         "/")[0].endswith(f"-{model}")
+
+
+@pytest.mark.parametrize("strategy", ["replay", "der", "er_ace", "gdumb", "agem"])
+def test_rehearsal_without_memory_is_refused(make_cfg, strategy):
+    cfg = make_cfg(f"strategy={strategy}", "trainer.memory_size=0")
+    with pytest.raises(ValueError, match=f"trainer.memory_size=0: {strategy} replays stored samples"):
+        check_fits(cfg.strategy, cfg.trainer, num_classes=10)
+    one = make_cfg(f"strategy={strategy}", "trainer.memory_size=1")
+    check_fits(one.strategy, one.trainer, num_classes=10)
