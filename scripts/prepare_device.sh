@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Stage what the lent GPU machine lacks into ignored folders of this checkout, to name in the device call's
-# `carry`: the Python wheels (avalanche, hydra, launchers; ../shared/tools/device_wheels.sh) in .whl/ and the
+# `carry`: the Python wheels (avalanche, hydra, launchers; ../shared/tools/device_wheels.sh) in .whl/, the kernels
+# compiled for the H100/H200 (sm_90) in hdqt_cil/kernels/prebuilt/ (python -m hdqt_cil.kernels.build) and the
 # raw data archives in .device_data/ (DSADS's 137 MB archive is over what a call carries: its feature file is made
 # here instead). Usage: scripts/prepare_device.sh [hapt] [cifar10] [dsads]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 shared=${SHARED_DATA:-../shared/data}
 [ -d .whl ] && [ -n "$(ls .whl)" ] || bash ../shared/tools/device_wheels.sh .whl
+python3 -m hdqt_cil.kernels.build --arch sm_90  # compiles only what changed since the last build
 mkdir -p .device_data
 for name in "$@"; do
   case $name in
