@@ -234,7 +234,7 @@ def _train(cfg, bench, strategy, plugins: RunPlugins, folder: RunFolder, start: 
     try:
         for k in steps[start.first:]:
             strategy.train(scenario.train_stream if joint else scenario.train_stream[k], **loader_args)
-            plugins.recorder.seen_classes = sum(bench.classes_per_exp[: k + 1])
+            plugins.recorder.seen_classes = bench.task_classes()[k][1]  # the end of task k's classes
             strategy.eval(scenario.test_stream[: k + 1], **loader_args)
             history.add_step(plugins.recorder.results)
             if k != steps[-1]:
