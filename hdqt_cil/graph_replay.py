@@ -34,6 +34,19 @@ def _buffers_restored(module: nn.Module):
                 b.copy_(state[name])
 
 
+_capture_streams: dict = {}
+
+
+def capturing_into(graph: torch.cuda.CUDAGraph, pool=None):
+    """torch.cuda.graph on a capture stream of the current device. torch's default capture stream is made once per
+    process, on the device current at the first capture: a process that later trains on another GPU (a sweep
+    worker given the next free slot) would capture that GPU's work on the first GPU's stream."""
+    device = torch.cuda.current_device()
+    if device not in _capture_streams:
+        _capture_streams[device] = torch.cuda.Stream(device)
+    return torch.cuda.graph(graph, pool=pool, stream=_capture_streams[device])
+
+
 def warm_up(run, times: int) -> None:
     """run() `times` times on a side stream, so that lazy initialisation (kernel loads, cuBLAS handles) stays out of
     the graphs; anything run() made is released when it returns."""
@@ -69,10 +82,10 @@ class _Graphs:
             warm_up(step, warmup)
             pool = torch.cuda.graph_pool_handle()
             self.forward, self.backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.forward, pool=pool):
+            with capturing_into(self.forward, pool):
                 y = run()
             self.grad_y = torch.zeros_like(y)
-            with torch.cuda.graph(self.backward, pool=pool):
+            with capturing_into(self.backward, pool):
                 self.grads = torch.autograd.grad(y, leaves, self.grad_y, allow_unused=True)
             self.y = y.detach()
 
@@ -103,7 +116,7 @@ class _InferenceGraph:
         with _buffers_restored(module), torch.no_grad():
             warm_up(lambda: module(self.x), warmup)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            with capturing_into(self.graph):
                 self.y = module(self.x)
 
 

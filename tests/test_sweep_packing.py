@@ -196,6 +196,41 @@ def test_launcher_packs_jobs_per_gpu_and_runs_the_sweep_under_mps(tmp_path, fake
     assert gpu_slots.ENV not in os.environ and fake_mps.read_text().split()[::2] == ["start", "quit"]
 
 
+def test_a_sweep_whose_job_process_died_starts_again_with_a_fresh_mps_daemon(tmp_path, fake_mps, monkeypatch, caplog):
+    """A dead worker breaks loky's pool (every running job with it): the launcher starts the sweep again, after
+    quitting the daemon it started (a GPU fault leaves MPS unusable) and starting a fresh one, `restarts` times."""
+    from joblib.externals.loky.process_executor import TerminatedWorkerError
+
+    attempts = []
+
+    def launch_that_dies_first(self, job_overrides, initial_job_idx):
+        attempts.append(mps.running(os.environ[mps.PIPE]))
+        if len(attempts) == 1:
+            raise TerminatedWorkerError("A worker process managed by the executor was unexpectedly terminated.")
+        return ["done"]
+
+    monkeypatch.setattr(launcher, "device_count", lambda: 1)
+    monkeypatch.setattr(launcher.JoblibLauncher, "launch", launch_that_dies_first)
+    monkeypatch.setattr(mps, "cuda_probe", lambda env: "")
+    monkeypatch.setattr(launcher, "_stop_workers", lambda: None)
+    caplog.set_level("WARNING")
+
+    def sweep(restarts):
+        made = launcher.GpusLauncher(jobs_per_gpu=2, jobs_per_gpu_by_model={}, default_jobs_per_gpu=1, mps="auto",
+                                     restarts=restarts, n_jobs=None)
+        made.config = _Config
+        return made.launch([["seed=0"], ["seed=1"]], 0)
+
+    assert sweep(restarts=1) == ["done"] and attempts == [True, True]
+    assert fake_mps.read_text().split()[::2] == ["start", "quit", "start", "quit"]
+    assert "a job process died (A worker process managed" in caplog.text and "restart 1 of 1" in caplog.text
+    attempts.clear()
+    with pytest.raises(TerminatedWorkerError):
+        sweep(restarts=0)
+    with pytest.raises(ValueError, match="hydra.launcher.restarts=-1 must be an integer ≥ 0"):
+        sweep(restarts=-1)
+
+
 def test_launcher_without_a_gpu_runs_one_job_at_a_time_without_mps(monkeypatch, fake_mps):
     seen = {}
     monkeypatch.setattr(launcher, "device_count", lambda: 0)
@@ -218,3 +253,25 @@ def test_gpus_launcher_sweep_runs_end_to_end_on_the_cpu(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "2 of 2 jobs completed" in (tmp_path / "sweep_summary.md").read_text()
     assert "| digits | class | mlp | naive | fp32 |" in out.stdout
+
+
+def test_a_sweep_finishes_every_run_after_one_of_its_job_processes_is_killed(tmp_path):
+    """The real launcher through run.py on the CPU: SIGKILL to a job process mid-run (as a segfault or the OOM
+    killer would end it) costs a restart, not the sweep: both runs finish, resumed from their epoch checkpoints."""
+    import psutil
+
+    sweep = subprocess.Popen([sys.executable, "run.py", "-m", "hydra/launcher=gpus", "hydra.launcher.n_jobs=2",
+                              f"results_root={tmp_path}", "strategy=naive", "quant=fp32", "seed=0,1",
+                              "trainer.epochs=100", "trainer.checkpoint_every=5", "logging.progress=off"],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not any(tmp_path.glob("**/checkpoints/*")) and time.monotonic() < deadline and sweep.poll() is None:
+        time.sleep(0.05)
+    workers = [p for p in psutil.Process(sweep.pid).children(recursive=True) if "popen_loky" in " ".join(p.cmdline())]
+    assert workers, "no job process found while the runs trained"
+    workers[0].kill()
+    out, err = sweep.communicate(timeout=600)
+    assert sweep.returncode == 0, err
+    assert "a job process died" in out and "restart 1 of 1" in out
+    assert "2 of 2 jobs completed" in (tmp_path / "sweep_summary.md").read_text()
+    assert "resuming" in out + err

@@ -4,6 +4,11 @@ hydra-joblib-launcher's processes run the jobs; this launcher decides how many a
 hands each job a GPU slot (hdqt_cil/sweep/gpu_slots.py) and keeps CUDA MPS up for the sweep's length
 (hdqt_cil/sweep/mps.py). loky's workers live for the whole sweep, so a worker imports torch and loads the kernels
 once for all the jobs it runs. Without a GPU, jobs run on the CPU, `n_jobs` at a time (default 1).
+
+A job process that dies (a segfault, the OOM killer, a GPU fault: under MPS one ends every process on that GPU)
+breaks loky's pool and with it every running job. The launcher then starts the sweep again, `restarts` times at
+most, with fresh workers (and a fresh MPS daemon where it started one): finished runs are skipped, unfinished ones
+resume from their checkpoints (experiment.run).
 """
 import logging
 import os
@@ -31,6 +36,7 @@ class GpusLauncherConf(JobLibLauncherConf):
     jobs_per_gpu_by_model: dict = field(default_factory=dict)
     default_jobs_per_gpu: int = 1  # auto, for a model the table does not name
     mps: str = "auto"  # auto: CUDA MPS when more than one job shares a GPU and it can start | on | off
+    restarts: int = 1  # times the sweep starts again after a job process died
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="gpus_base", node=GpusLauncherConf,
@@ -59,14 +65,30 @@ def jobs_per_gpu(setting, by_model: dict, fallback: int, models: set[str]) -> in
 
 
 class GpusLauncher(JoblibLauncher):
-    def __init__(self, jobs_per_gpu, jobs_per_gpu_by_model, default_jobs_per_gpu, mps, **joblib) -> None:
+    def __init__(self, jobs_per_gpu, jobs_per_gpu_by_model, default_jobs_per_gpu, mps, restarts=1, **joblib) -> None:
         if mps not in MPS_MODES:
             raise ValueError(f"hydra.launcher.mps={mps!r} must be one of {', '.join(MPS_MODES)}")
+        if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+            raise ValueError(f"hydra.launcher.restarts={restarts!r} must be an integer ≥ 0")
         super().__init__(**joblib)
-        self.jobs_per_gpu, self.mps = jobs_per_gpu, mps
+        self.jobs_per_gpu, self.mps, self.restarts = jobs_per_gpu, mps, restarts
         self.by_model, self.fallback = dict(jobs_per_gpu_by_model), default_jobs_per_gpu
 
     def launch(self, job_overrides, initial_job_idx):
+        from joblib.externals.loky.process_executor import TerminatedWorkerError  # noqa: PLC0415
+
+        for attempt in range(self.restarts + 1):
+            try:
+                return self._launch_once(job_overrides, initial_job_idx)
+            except TerminatedWorkerError as died:
+                if attempt == self.restarts:
+                    raise
+                log.warning("a job process died (%s); starting the sweep again (restart %d of %d): finished runs "
+                            "are skipped, the others resume from their checkpoints",
+                            str(died).splitlines()[0], attempt + 1, self.restarts)
+                _stop_workers()
+
+    def _launch_once(self, job_overrides, initial_job_idx):
         gpus = device_count()
         per_gpu = jobs_per_gpu(self.jobs_per_gpu, self.by_model, self.fallback,
                                sweep_models(job_overrides, self.config.model.name))

@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from hdqt_cil.graph_replay import warm_up
+from hdqt_cil.graph_replay import capturing_into, warm_up
 
 
 def _sync(device: torch.device) -> None:
@@ -56,7 +56,7 @@ def graphed(fn):
     microseconds, is as long as its kernels on 64 MiB; training replays them from graphs too.)"""
     warm_up(fn, 1)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capturing_into(graph):
         fn()
     return graph.replay
 
