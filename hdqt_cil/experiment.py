@@ -81,7 +81,7 @@ def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s
         "n_experiences": bench.n_experiences,
         "classes_per_exp": bench.classes_per_exp,
         "steps_done": history.steps,
-        "metrics": summarize(history),
+        "metrics": summarize(history, by_experience=cfg.benchmark.scenario == "domain"),
         "seen_acc": history.seen_acc,
         "acc_matrix": history.acc_matrix,
         "class_acc": history.class_acc,
@@ -186,7 +186,7 @@ def _run(cfg, run_dir: Path, gpu: int) -> dict:
     if device.type == "cuda":  # streams, graphs and kernels follow the current device: a sweep job's GPU
         torch.cuda.set_device(device.index if device.index is not None else torch.cuda.current_device())
     bench = build_benchmark(cfg.benchmark, cfg.seed)
-    check_fits(cfg.strategy, cfg.trainer, bench.num_classes)
+    check_fits(cfg.strategy, cfg.trainer, bench.num_classes, cfg.benchmark.scenario)
     model = build_model(cfg.model, bench.input_shape, bench.num_classes, bench.input_norm)
     plugins = RunPlugins.declare(cfg, device, run_dir, bench)
     plugins.quantization.apply(model)  # before the strategy copies the model (old models quantized alike)

@@ -155,3 +155,18 @@ def test_task_incremental_runs_are_rows_of_their_own_named_by_their_scenario(tmp
     main = (tmp_path / "out" / "main.md").read_text()
     assert "| hapt | icarl | 90.0 ± 0.0 | 80.0 ± 0.0 |" in main
     assert "| hapt (task) | icarl | 105.0 ± 0.0 | 95.0 ± 0.0 | 5.0 ± 0.0 | 103.0 ± 0.0 | 93.0 ± 0.0 |" in main
+
+
+def test_domain_incremental_runs_are_plotted_against_the_experiences_seen(tmp_path, monkeypatch):
+    """A domain run has every class in every experience (classes_per_exp null): its curve's x values are the
+    experiences seen, on an axis of its own benchmark label."""
+    domain = {**_summary("replay", "fp32", 0, 80.0, scenario="domain"), "classes_per_exp": None}
+    _write(tmp_path / "runs", _summary("replay", "fp32", 0, 70.0), domain)
+    import matplotlib.axes
+    drawn = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar",
+                        lambda self, x, y, **kw: drawn.append((self, list(x), list(y))))
+    make_tables([tmp_path / "runs"], tmp_path / "out")
+    assert sorted((ax.get_title(), ax.get_xlabel(), x, y) for ax, x, y in drawn) == [
+        ("hapt", "classes seen", [2, 4], [90.0, 70.0]),
+        ("hapt (domain)", "experiences (domains) seen", [1, 2], [100.0, 80.0])]

@@ -87,4 +87,17 @@ def load(cfg, seed: int) -> Loaded:
                             [relabel[int(c)] for c in t.y])
 
     source = table.fingerprint() + ("" if cfg.split != "given" or separate is None else separate.fingerprint())
-    return Loaded(dataset(train), dataset(test), names, how, source=source)
+    return Loaded(dataset(train), dataset(test), names, how, source=source, domains=_subject_domains(cfg, train, test))
+
+
+def _subject_domains(cfg, train, test):
+    """scenario=domain: the subjects are the domains, so each must be in both sets (not split by subject)."""
+    if cfg.scenario != "domain":
+        return None
+    if train.subject is None:
+        raise ValueError(f"benchmark.scenario=domain takes {cfg.name}'s subjects as its domains, but its table has "
+                         "no subject column")
+    if cfg.split == "subject":
+        raise ValueError(f"benchmark.scenario=domain takes {cfg.name}'s subjects as its domains, so each subject "
+                         "needs training and test samples: set benchmark.split=random (or given), not subject")
+    return train.subject, test.subject

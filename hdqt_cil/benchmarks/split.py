@@ -1,4 +1,4 @@
-"""Benchmark construction: a registered loader per dataset, then one class-incremental split for all of them.
+"""Benchmark construction: a registered loader per dataset, then one split into experiences for all of them.
 
 A dataset module registers `load(cfg, seed) -> Loaded` with `BENCHMARKS.register(loader, SettingsClass)`; its
 settings extend `BenchmarkConfig`, which holds the split into experiences and the class order that every benchmark
@@ -8,6 +8,10 @@ The split uses avalanche's `nc_benchmark` (not `class_incremental_benchmark`: av
 read `n_classes_per_exp` and `classes_order`, which only the NC scenarios carry). Classes are relabelled 0..C-1 in
 the order they arrive, so logits, exemplar memories and per-class tables all speak the same label space;
 `class_names[order[i]]` names relabelled class i.
+
+`scenario=domain` keeps every class in every experience and splits by the inputs' domain instead
+(avalanche's `dataset_benchmark`): the loader's own domains where it has them (HAR: subjects, in groups drawn by
+the seed), else, for images, one rotation a domain (`rotated_domains`).
 """
 import hashlib
 import re
@@ -15,11 +19,13 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 import numpy as np
-from avalanche.benchmarks import nc_benchmark
+import torch
+from avalanche.benchmarks import dataset_benchmark, nc_benchmark
 from omegaconf import MISSING
 
 from ..registry import Registry
 from ..settings import BOOL, POSITIVE_INT, Rule, one_of, optional, setting
+from .arrays import ArrayDataset
 
 BENCHMARKS = Registry("benchmark")
 
@@ -45,11 +51,16 @@ class BenchmarkConfig:
     # `np.random.seed(1993); np.random.permutation(C)`; null: shuffle_classes decides.
     class_order: Optional[List[int]] = setting(None, CLASS_ORDER)
     # class: one head over every class seen; task: the experience (task) is given at test time and the prediction
-    # is made among its classes (training as for class). The run's folder and the tables name a task run's scenario.
-    scenario: str = setting("class", one_of("class", "task"))
+    # is made among its classes (training as for class); domain: every class in every experience, the experiences
+    # differing in their inputs' domain (module docstring). The run's folder and the tables name the scenario
+    # unless it is class.
+    scenario: str = setting("class", one_of("class", "task", "domain"))
 
     def check(self, path: str) -> None:
         split = {"n_experiences": self.n_experiences, "classes_per_exp": self.classes_per_exp}
+        if self.scenario == "domain" and self.n_experiences is None:
+            raise ValueError(f"{path}scenario=domain splits by domain, not by class: set {path}n_experiences (the "
+                             f"number of domains) instead of {path}classes_per_exp={self.classes_per_exp}")
         if sum(v is not None for v in split.values()) != 1:
             raise ValueError(f"set exactly one of {path}n_experiences and {path}classes_per_exp (got {split})")
 
@@ -68,17 +79,18 @@ class Loaded:
     train_transform: object = None
     input_norm: tuple | None = None
     source: str | None = None
+    domains: tuple | None = None  # (training, test) per-sample domain ids (HAR: subjects), for scenario=domain
 
 
 @dataclass
 class Benchmark:
-    scenario: object  # avalanche NCScenario
+    scenario: object  # avalanche NCScenario (scenario=domain: a ClassificationScenario)
     input_shape: tuple
     num_classes: int
     class_order: list  # original class index of relabelled class i
     class_names: list
     input_norm: tuple | None = None  # (mean, std) per channel for uint8 images, applied by the model
-    classes_per_exp: list | None = None
+    classes_per_exp: list | None = None  # None for scenario=domain: every class in every experience
     data_fingerprint: str = ""  # of the training and test sets' contents: the run's data, wherever it lies
     data_source: str = ""  # of the data before the seed's split (Loaded.source), else data_fingerprint
     split: str = ""  # how the training and test sets were split (Loaded.split)
@@ -88,7 +100,10 @@ class Benchmark:
         return len(self.scenario.train_stream)
 
     def task_classes(self) -> list[tuple[int, int]]:
-        """Each experience's (first, end) range of relabelled classes: its task's classes."""
+        """Each experience's (first, end) range of relabelled classes: its task's classes (every class, in every
+        experience of a domain-incremental benchmark)."""
+        if self.classes_per_exp is None:
+            return [(0, self.num_classes)] * self.n_experiences
         ends = np.cumsum(self.classes_per_exp).tolist()
         return list(zip([0, *ends[:-1]], ends))
 
@@ -125,6 +140,8 @@ def build_benchmark(cfg, seed: int) -> Benchmark:
     """Split benchmark `cfg.name` (read by its loader) into experiences (see `experience_sizes`); the class order
     is `benchmark.class_order` when set, else shuffled by `seed` (see `class_order`)."""
     loaded = BENCHMARKS.builder(cfg.loader)(cfg, seed)
+    if cfg.scenario == "domain":
+        return _domain_benchmark(cfg, seed, loaded)
     train, test, names = loaded.train, loaded.test, loaded.class_names
     classes = sorted(set(train.targets))
     sizes = experience_sizes(len(classes), cfg.get("n_experiences"), cfg.get("classes_per_exp"), cfg.name)
@@ -141,3 +158,66 @@ def build_benchmark(cfg, seed: int) -> Benchmark:
     contents = hashlib.blake2b(f"{train.fingerprint()} {test.fingerprint()}".encode(), digest_size=8).hexdigest()
     return Benchmark(scenario, tuple(train.inputs.shape[1:]), len(classes), order, list(names), loaded.input_norm,
                      sizes, contents, loaded.source or contents, loaded.split)
+
+
+def domain_groups(domains: np.ndarray, n: int, seed: int, name: str) -> list[np.ndarray]:
+    """The distinct domain ids in `n` groups of near-equal size, drawn by `seed` (a permutation split in order)."""
+    values = np.unique(domains)
+    if len(values) < n:
+        raise ValueError(f"benchmark.n_experiences={n} domains need at least as many distinct domains; {name} has "
+                         f"{len(values)}")
+    return [np.sort(g) for g in np.array_split(np.random.RandomState(seed).permutation(values), n)]
+
+
+def rotated_domains(train, test, n: int, seed: int) -> tuple[list, list, list[float]]:
+    """Images: domain k turned anticlockwise by k·180/n degrees. Experience k trains on the k-th of `n` parts of the training
+    set (drawn by `seed`, each class split evenly) and is tested on the whole test set, rotated alike."""
+    from torchvision.transforms.functional import rotate
+
+    angles = [k * 180.0 / n for k in range(n)]
+    labels = np.asarray(train.targets)
+    rng = np.random.RandomState(seed)
+    parts = [[] for _ in range(n)]
+    for c in np.unique(labels):
+        for k, rows in enumerate(np.array_split(rng.permutation(np.flatnonzero(labels == c)), n)):
+            parts[k].append(rows)
+
+    def turned(inputs, angle):  # quarter turns exactly, other angles interpolated (nearest)
+        quarters, rest = divmod(angle, 90.0)
+        return torch.rot90(inputs, int(quarters), dims=(-2, -1)) if rest == 0 else rotate(inputs, angle)
+
+    def rotated(dataset, rows, angle):
+        rows = torch.as_tensor(np.sort(np.concatenate(rows)) if isinstance(rows, list) else rows)
+        return ArrayDataset(turned(dataset.inputs[rows], angle), [dataset.targets[i] for i in rows.tolist()])
+
+    everything = np.arange(len(test))
+    return ([rotated(train, parts[k], a) for k, a in enumerate(angles)],
+            [rotated(test, everything, a) for a in angles], angles)
+
+
+def _domain_benchmark(cfg, seed: int, loaded: Loaded) -> Benchmark:
+    """Every class in every experience; experience k holds domain group k's training and test samples."""
+    train, test, names, n = loaded.train, loaded.test, loaded.class_names, cfg.n_experiences
+    if loaded.domains is not None:
+        groups = domain_groups(np.concatenate(loaded.domains), n, seed, cfg.name)
+        parts = []
+        for dataset, domains in zip((train, test), loaded.domains):
+            parts.append([ArrayDataset(dataset.inputs[torch.as_tensor(rows)], np.asarray(dataset.targets)[rows])
+                          for rows in (np.flatnonzero(np.isin(domains, g)) for g in groups)])
+        for k, (part, group) in enumerate(zip(parts[1], groups)):
+            if not len(part) or not len(parts[0][k]):
+                raise ValueError(f"domain group {k} ({group.tolist()}) of {cfg.name} has no "
+                                 f"{'test' if not len(part) else 'training'} samples")
+        how = f"domains: {[g.tolist() for g in groups]}"
+    elif train.inputs.ndim == 4:
+        *parts, angles = rotated_domains(train, test, n, seed)
+        how = f"domains: rotations by {[round(a, 2) for a in angles]} degrees"
+    else:
+        raise ValueError(f"benchmark.scenario=domain needs domains: {cfg.name} has neither per-sample domains "
+                         "(HAR subjects with benchmark.split=random or given) nor images to rotate")
+    scenario = dataset_benchmark(parts[0], parts[1], train_transform=loaded.train_transform, eval_transform=None)
+    contents = hashlib.blake2b(" ".join(d.fingerprint() for d in parts[0] + parts[1]).encode(),
+                               digest_size=8).hexdigest()
+    classes = sorted(set(train.targets))
+    return Benchmark(scenario, tuple(train.inputs.shape[1:]), len(classes), classes, list(names), loaded.input_norm,
+                     None, contents, loaded.source or contents, f"{loaded.split}; {how}")

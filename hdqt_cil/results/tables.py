@@ -88,6 +88,7 @@ def collect_runs(*roots) -> pd.DataFrame:
             cost = summary.get("cost") or {}  # training's cost on integer hardware (trainer/cost.py)
             rows.append({**summary["run"], **summary["metrics"], "status": summary["status"],
                          "seen_acc": summary["seen_acc"], "classes_per_exp": summary["classes_per_exp"],
+                         "n_experiences": summary["n_experiences"],
                          "wall_time_s": summary.get("wall_time_s", math.nan), "path": str(path.parent),
                          "setting": quant_setting(config), "int_gmacs": cost.get("training int GMACs", math.nan),
                          "energy_j": cost.get("training energy J", {}).get("total", math.nan)})
@@ -323,12 +324,17 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
         colors = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(lines), 2)))
         for color, ((strategy, variant, quant, quant_variant), group) in zip(colors, lines):
             curves = np.array([c for c in group.seen_acc if len(c) == len(group.seen_acc.iloc[0])])
-            # the last points: a joint run's single evaluation comes after every class
-            classes = np.cumsum(group.classes_per_exp.iloc[0])[-curves.shape[1]:]
+            # the last points: a joint run's single evaluation comes after every class (domain-incremental runs:
+            # after every experience, each holding every class)
+            per_exp = group.classes_per_exp.iloc[0]
+            seen = np.cumsum(per_exp) if per_exp else np.arange(1, group.n_experiences.iloc[0] + 1)
+            classes = seen[-curves.shape[1]:]
             detail = ", ".join(filter(None, (_short(variant), _short(quant_variant))))
             ax.errorbar(classes, curves.mean(0), yerr=curves.std(0), marker="o", capsize=2, color=color,
                         label=f"{strategy} / {quant}" + (f" ({detail})" if detail else ""))
-        ax.set(title=bench, xlabel="classes seen", ylabel="accuracy on seen classes (%)")
+        domain = bench.endswith("(domain)")
+        ax.set(title=bench, xlabel="experiences (domains) seen" if domain else "classes seen",
+               ylabel="accuracy on seen classes (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()

@@ -7,7 +7,8 @@ need (DataFacts). What a strategy tells the run besides:
 - `joint=True`: it trains once, on every experience's data together (the upper bound), after the last one;
 - `teachers=(...)`: the attributes of its plugins that hold an old model it distils from, which the run replays
   from CUDA graphs (trainer/cuda_graphs.py);
-- `fits(cfg, trainer, num_classes)`: its checks against the benchmark (e.g. memory for one exemplar a class).
+- `fits(cfg, trainer, num_classes)`: its checks against the benchmark (e.g. memory for one exemplar a class);
+- `scenarios=(...)`: the scenarios it is made for, where not all (iCaRL and BiC need new classes each experience).
 """
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -16,7 +17,7 @@ from avalanche.training import JointTraining, Naive
 from avalanche.training.templates import SupervisedTemplate
 from omegaconf import MISSING
 
-from ..registry import Registry
+from ..registry import Registry, load_members
 
 STRATEGIES = Registry("strategy")
 
@@ -68,8 +69,19 @@ def teachers(name: str) -> tuple[str, ...]:
     return STRATEGIES.facts(name).get("teachers", ())
 
 
-def check_fits(cfg, trainer, num_classes: int) -> None:
-    """The strategy's own checks against the benchmark's class count (ValueError naming what to change)."""
+SCENARIOS = ("class", "task", "domain")
+
+
+def check_fits(cfg, trainer, num_classes: int, scenario: str = "class") -> None:
+    """The strategy's own checks against the benchmark's scenario and class count (ValueError naming what to
+    change)."""
+    made_for = STRATEGIES.facts(cfg.name).get("scenarios", SCENARIOS)
+    if scenario not in made_for:
+        load_members()
+        fit = sorted(name for name in STRATEGIES.names()
+                     if scenario in STRATEGIES.facts(name).get("scenarios", SCENARIOS))
+        raise ValueError(f"strategy={cfg.name} is made for benchmark.scenario={'|'.join(made_for)} (it expects new "
+                         f"classes in each experience), not {scenario}; strategies for {scenario}: {', '.join(fit)}")
     fits = STRATEGIES.facts(cfg.name).get("fits")
     if fits is not None:
         fits(cfg, trainer, num_classes)

@@ -64,7 +64,7 @@ def _fits(cfg, trainer, num_classes: int) -> None:
                          f"fewer than the {num_classes} classes; raise trainer.memory_size")
 
 
-@STRATEGIES.register("bic", BiCConfig, teachers=("model_old",), fits=_fits)
+@STRATEGIES.register("bic", BiCConfig, teachers=("model_old",), fits=_fits, scenarios=("class", "task"))
 def build(cfg, trainer, model, common, data):
     plugin = BiCPlugin(mem_size=trainer.memory_size, val_percentage=cfg.val_percentage, T=cfg.temperature,
                        stage_2_epochs=cfg.stage_2_epochs, lamb=cfg.lamb, lr=cfg.stage_2_lr)

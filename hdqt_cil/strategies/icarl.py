@@ -106,7 +106,8 @@ def _fits(cfg, trainer, num_classes: int) -> None:
                          "iCaRL needs at least one exemplar per class")
 
 
-@STRATEGIES.register("icarl", ICaRLConfig, teachers=("old_model",), fits=_fits)
+@STRATEGIES.register("icarl", ICaRLConfig, teachers=("old_model",), fits=_fits,
+                     scenarios=("class", "task"))
 def build(cfg, trainer, model, common, data):
     if cfg.loss == "ce_kd":
         plugins = [*common["plugins"], *pycil_icarl_plugins(model, trainer.memory_size, cfg.temperature)]

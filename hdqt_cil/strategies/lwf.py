@@ -11,7 +11,8 @@ with KD_T the soft cross-entropy between temperature-T softmaxes (λ = 3, T = 2 
 relabelled in arrival order (benchmarks/split.py), so old classes are 0..known-1.
 
 PyCIL's iCaRL trains with the same distillation but a cross-entropy over every class seen so far (the exemplars
-bring the old ones): `current_only=False`, λ = 1 (strategies/icarl.py).
+bring the old ones): `current_only=False`, λ = 1 (strategies/icarl.py). Both split the logits into old and new
+classes, so neither is offered for domain-incremental learning (the same classes in every experience).
 """
 import copy
 from dataclasses import dataclass
@@ -68,7 +69,7 @@ class LwFConfig(StrategyConfig):
     temperature: float = setting(2.0, POSITIVE)
 
 
-@STRATEGIES.register("lwf", LwFConfig, teachers=("old_model",))
+@STRATEGIES.register("lwf", LwFConfig, teachers=("old_model",), scenarios=("class", "task"))
 def build(cfg, trainer, model, common, data):
     common = {**common, "plugins": [*common["plugins"], LwFPlugin(cfg.lamb, cfg.temperature)]}
     return SupervisedTemplate(model=model, **common)
