@@ -52,6 +52,12 @@ class LoggingConfig:
                                                                  and v >= 0), "auto or a non-negative integer"))
     csv: bool = setting(False, BOOL)  # avalanche CSVLogger into <run>/csv
     tensorboard: bool = setting(False, BOOL)  # avalanche TensorboardLogger into <run>/tb
+    # Weights & Biases through avalanche's WandBLogger, into <run>/wandb: the run's metrics and config, named by its
+    # folder; offline (no network; `wandb sync <run>/wandb/offline-run-*` uploads it later) unless wandb_mode=online.
+    # A resumed run continues its W&B run (the logger's id is kept in the checkpoint).
+    wandb: bool = setting(False, BOOL)
+    wandb_project: str = "hdqt-cil"
+    wandb_mode: str = setting("offline", one_of("offline", "online"))
 
 
 @dataclass

@@ -23,8 +23,9 @@ from .trainer.monitor import Diverged, TrainingMonitor
 from .trainer.optim import PerExperienceSGD
 from .trainer.quantization import QuantizationPlugin
 from .trainer.recorder import PredictionRecorder
+from .trainer.wandb_logger import ScalarWandBLogger
 from .strategies import DataFacts, build_strategy, check_fits, teachers, training_steps
-from .config import validate
+from .config import run_path, validate
 from .benchmarks.augment import augment_batch
 from .benchmarks import build_benchmark
 from .kernels.compile import compile_seconds
@@ -68,6 +69,12 @@ def _evaluator(cfg, run_dir: Path) -> EvaluationPlugin:
         loggers.append(CSVLogger(log_folder=str(run_dir / "csv")))
     if cfg.logging.tensorboard:
         loggers.append(TensorboardLogger(tb_log_dir=str(run_dir / "tb")))
+    if cfg.logging.wandb:  # imports wandb (slow) only here
+        run_dir.mkdir(parents=True, exist_ok=True)
+        name = run_path(cfg.benchmark.name, cfg.benchmark.scenario, cfg.model.name, cfg.strategy.name, cfg.quant.name,
+                        cfg.tag, cfg.seed)
+        loggers.append(ScalarWandBLogger(cfg.logging.wandb_project, name, str(run_dir),
+                                         OmegaConf.to_container(cfg, resolve=True), cfg.logging.wandb_mode))
     metrics = [accuracy_metrics(epoch=True, experience=True), loss_metrics(epoch=True)] if loggers else []
     return EvaluationPlugin(*metrics, loggers=loggers)
 
@@ -209,7 +216,12 @@ def _run(cfg, run_dir: Path, gpu: int) -> dict:
                  f", epoch {start.within} of the next" if start.within else "")
     else:
         folder.clear_checkpoints()
-    return _train(cfg, bench, strategy, plugins, folder, start, device)
+    try:
+        return _train(cfg, bench, strategy, plugins, folder, start, device)
+    finally:
+        for logger in strategy.evaluator.loggers:
+            if isinstance(logger, ScalarWandBLogger):
+                logger.finish()
 
 
 def _train(cfg, bench, strategy, plugins: RunPlugins, folder: RunFolder, start: Start, device) -> dict:
