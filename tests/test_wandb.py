@@ -1,5 +1,6 @@
 """logging.wandb=true: a run's metrics and config reach Weights & Biases, offline, without a network."""
 import struct
+import time
 
 import dill
 import pytest
@@ -33,13 +34,17 @@ def test_an_offline_run_logs_its_metrics_and_config(make_cfg, tmp_path):
                   tmp_path / "run")
     assert summary["status"] == "complete"
     (path,) = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")
-    history, started = set(), None
-    for record in wandb_records(path):
-        kind = record.WhichOneof("record_type")
-        if kind == "history":
-            history |= {item.key or "/".join(item.nested_key) for item in record.history.item}
-        elif kind == "run":
-            started = record.run
+    deadline = time.monotonic() + 60
+    while True:  # wandb's service process may still be writing the file: complete once it holds the exit record
+        records = list(wandb_records(path))
+        kinds = {record.WhichOneof("record_type") for record in records}
+        if "exit" in kinds or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    history = {item.key or "/".join(item.nested_key)
+               for r in records if r.HasField("history") for item in r.history.item}
+    started = next((r.run for r in records if r.HasField("run")), None)
+    assert started is not None, sorted(kinds)
     assert started.project == "hdqt-cil" and started.display_name == "digits-mlp/naive/fp32/seed0"
     assert any(u.key == "strategy" and '"naive"' in u.value_json for u in started.config.update)
     assert {"Top1_Acc_Epoch/train_phase/train_stream/Task000", "Loss_Epoch/train_phase/train_stream/Task000",
