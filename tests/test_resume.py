@@ -71,7 +71,9 @@ def test_sigkill_mid_experience_then_resume_matches_uninterrupted(tmp_path, stra
                      "after experience 2")
 
 
-@pytest.mark.parametrize("strategy,quant,experience", [("icarl", "fp32", 2), ("lwf", "hot", 1), ("si", "hdqt", 1)])
+@pytest.mark.parametrize("strategy,quant,experience", [("icarl", "fp32", 2), ("lwf", "hot", 1), ("si", "hdqt", 1),
+                                                     ("der", "fp32", 2), ("er_ace", "fp32", 2), ("agem", "fp32", 2),
+                                                     ("gdumb", "fp32", 2), ("replay", "fp32", 2)])
 def test_sigkill_after_an_epoch_checkpoint_resumes_from_that_epoch(tmp_path, strategy, quant, experience):
     """trainer.checkpoint_every=5: the resumed run restarts at epoch 10 or later of the experience (the first one
     has no boundary checkpoint before it) and still ends as the uninterrupted run."""

@@ -2,8 +2,9 @@
 so that it does not; the reference gradient comes from `sample_size` stored samples (256 in the paper), the memory
 holding trainer.memory_size / #experiences samples of each experience (avalanche's AGEMPlugin).
 
-avalanche's plugin holds a live iterator over its memory, which a checkpoint cannot pickle: here the checkpoint
-keeps the memory's loader and a restored plugin starts a new iterator over it."""
+avalanche's plugin holds a live iterator over its memory, which a checkpoint can neither pickle nor resume: here it
+is a ResumableCycle over the same loader (strategies/resumable_replay.py), dropped from boundary checkpoints and
+started again by a restored plugin, and put back at its position by an epoch checkpoint."""
 from dataclasses import dataclass
 
 from avalanche.training.plugins import AGEMPlugin
@@ -12,16 +13,28 @@ from avalanche.training.templates import SupervisedTemplate
 from ..settings import POSITIVE_INT, setting
 from .base import STRATEGIES, StrategyConfig
 from .rehearsal import needs_memory
+from .resumable_replay import ResumableCycle
 
 
 class CheckpointableAGEMPlugin(AGEMPlugin):
+    def update_memory(self, dataset, num_workers=0, **kwargs):
+        super().update_memory(dataset, num_workers=num_workers, **kwargs)
+        self.buffer_dliter = ResumableCycle(self.buffer_dataloader)
+
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k != "buffer_dliter"}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         loader = state.get("buffer_dataloader")
-        self.buffer_dliter = iter(loader) if loader is not None else iter([])
+        self.buffer_dliter = ResumableCycle(loader) if loader is not None else iter([])
+
+    def epoch_state(self):
+        return self.buffer_dliter.position() if isinstance(self.buffer_dliter, ResumableCycle) else None
+
+    def load_epoch_state(self, state) -> None:
+        if isinstance(self.buffer_dliter, ResumableCycle):
+            self.buffer_dliter.restore(state)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from avalanche.training import DER
 from ..settings import NON_NEGATIVE, setting
 from .base import STRATEGIES, StrategyConfig
 from .rehearsal import needs_memory
+from .resumable_replay import ResumableReplay
 
 
 @dataclass
@@ -20,4 +21,4 @@ class DERConfig(StrategyConfig):
 @STRATEGIES.register("der", DERConfig, fits=needs_memory("der"))
 def build(cfg, trainer, model, common, data):
     return DER(model=model, mem_size=trainer.memory_size, batch_size_mem=trainer.batch_size, alpha=cfg.alpha,
-               beta=cfg.beta, **common)
+               beta=cfg.beta, **{**common, "plugins": [*common["plugins"], ResumableReplay()]})

@@ -8,6 +8,7 @@ from avalanche.training import ER_ACE
 
 from .base import STRATEGIES, StrategyConfig
 from .rehearsal import needs_memory
+from .resumable_replay import ResumableReplay
 
 
 @dataclass
@@ -17,4 +18,5 @@ class ERACEConfig(StrategyConfig):
 
 @STRATEGIES.register("er_ace", ERACEConfig, fits=needs_memory("er_ace"))
 def build(cfg, trainer, model, common, data):
-    return ER_ACE(model=model, mem_size=trainer.memory_size, batch_size_mem=trainer.batch_size, **common)
+    return ER_ACE(model=model, mem_size=trainer.memory_size, batch_size_mem=trainer.batch_size,
+                  **{**common, "plugins": [*common["plugins"], ResumableReplay()]})
