@@ -51,14 +51,19 @@ def test_an_offline_run_logs_its_metrics_and_config(make_cfg, tmp_path):
             "Top1_Acc_Exp/eval_phase/test_stream/Task000/Exp004"} <= history
 
 
-def test_a_restored_logger_continues_the_same_wandb_run(make_cfg, tmp_path):
-    """A checkpoint holds the logger (the strategy is pickled with dill): restored, it resumes its run's id."""
+def test_a_restored_logger_continues_the_same_wandb_run(tmp_path):
+    """A checkpoint holds the logger (the strategy is pickled with dill): restored, it resumes its run's id once
+    training starts again; a logger whose run never trained opens no W&B run."""
     from hdqt_cil.trainer.wandb_logger import ScalarWandBLogger
 
     logger = ScalarWandBLogger("hdqt-cil", "a/run", str(tmp_path), {"seed": 0}, "offline")
+    assert not logger.started and not (tmp_path / "wandb").exists()
+    logger.before_training(None)
     run_id = logger.init_kwargs["id"]
-    logger.wandb.finish()
+    assert logger.wandb.run.id == run_id
     restored = dill.loads(dill.dumps(logger))
-    assert restored.init_kwargs["id"] == run_id and restored.init_kwargs["resume"] == "allow"
+    logger.finish()
+    assert not restored.started and restored.init_kwargs["resume"] == "allow"
+    restored.before_training(None)
     assert restored.wandb.run.id == run_id
-    restored.wandb.finish()
+    restored.finish()
