@@ -262,7 +262,7 @@ def test_a_sweep_finishes_every_run_after_one_of_its_job_processes_is_killed(tmp
 
     sweep = subprocess.Popen([sys.executable, "run.py", "-m", "hydra/launcher=gpus", "hydra.launcher.n_jobs=2",
                               f"results_root={tmp_path}", "strategy=naive", "quant=fp32", "seed=0,1",
-                              "trainer.epochs=100", "trainer.checkpoint_every=5", "logging.progress=off"],
+                              "trainer.epochs=40", "trainer.checkpoint_every=5", "logging.progress=off"],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not any(tmp_path.glob("**/checkpoints/*")) and time.monotonic() < deadline and sweep.poll() is None:
