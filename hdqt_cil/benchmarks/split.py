@@ -170,8 +170,8 @@ def domain_groups(domains: np.ndarray, n: int, seed: int, name: str) -> list[np.
 
 
 def rotated_domains(train, test, n: int, seed: int) -> tuple[list, list, list[float]]:
-    """Images: domain k turned anticlockwise by k·180/n degrees. Experience k trains on the k-th of `n` parts of the training
-    set (drawn by `seed`, each class split evenly) and is tested on the whole test set, rotated alike."""
+    """Images: domain k turned anticlockwise by k·180/n degrees. Experience k trains on the k-th of `n` parts of the
+    training set (drawn by `seed`, each class split evenly) and is tested on the whole test set, rotated alike."""
     from torchvision.transforms.functional import rotate
 
     angles = [k * 180.0 / n for k in range(n)]
