@@ -69,8 +69,7 @@ def _evaluator(cfg, run_dir: Path) -> EvaluationPlugin:
         loggers.append(CSVLogger(log_folder=str(run_dir / "csv")))
     if cfg.logging.tensorboard:
         loggers.append(TensorboardLogger(tb_log_dir=str(run_dir / "tb")))
-    if cfg.logging.wandb:  # imports wandb (slow) only here
-        run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.logging.wandb:  # imports wandb (slow) only here; its run starts with the training, in the claimed folder
         name = run_path(cfg.benchmark.name, cfg.benchmark.scenario, cfg.model.name, cfg.strategy.name, cfg.quant.name,
                         cfg.tag, cfg.seed)
         loggers.append(ScalarWandBLogger(cfg.logging.wandb_project, name, str(run_dir),

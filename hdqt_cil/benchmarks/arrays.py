@@ -38,6 +38,12 @@ class ArrayDataset(Dataset):
     def __getitem__(self, i):
         return self.inputs[i], self.targets[i]
 
+    def take(self, rows, transform=None) -> "ArrayDataset":
+        """The samples at `rows` (indices), their inputs passed through `transform` when given."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        inputs = self.inputs[rows] if transform is None else transform(self.inputs[rows])
+        return ArrayDataset(inputs, [self.targets[i] for i in rows.tolist()])
+
     def fingerprint(self) -> str:
         """A hash of the inputs' bytes, dtype and shape and of the labels (computed once, when first asked)."""
         if self._fingerprint is None:

@@ -25,7 +25,6 @@ from omegaconf import MISSING
 
 from ..registry import Registry
 from ..settings import BOOL, POSITIVE_INT, Rule, one_of, optional, setting
-from .arrays import ArrayDataset
 
 BENCHMARKS = Registry("benchmark")
 
@@ -136,6 +135,11 @@ def class_order(classes: list, fixed, shuffle: bool, seed: int, name: str) -> li
     return [int(c) for c in order]
 
 
+def contents_fingerprint(datasets) -> str:
+    """The run's data, wherever it lies: a hash of its datasets' fingerprints, in order."""
+    return hashlib.blake2b(" ".join(d.fingerprint() for d in datasets).encode(), digest_size=8).hexdigest()
+
+
 def build_benchmark(cfg, seed: int) -> Benchmark:
     """Split benchmark `cfg.name` (read by its loader) into experiences (see `experience_sizes`); the class order
     is `benchmark.class_order` when set, else shuffled by `seed` (see `class_order`)."""
@@ -155,7 +159,7 @@ def build_benchmark(cfg, seed: int) -> Benchmark:
         fixed_class_order=order, class_ids_from_zero_from_first_exp=True,
         train_transform=loaded.train_transform, eval_transform=None,
     )
-    contents = hashlib.blake2b(f"{train.fingerprint()} {test.fingerprint()}".encode(), digest_size=8).hexdigest()
+    contents = contents_fingerprint([train, test])
     return Benchmark(scenario, tuple(train.inputs.shape[1:]), len(classes), order, list(names), loaded.input_norm,
                      sizes, contents, loaded.source or contents, loaded.split)
 
@@ -182,17 +186,13 @@ def rotated_domains(train, test, n: int, seed: int) -> tuple[list, list, list[fl
         for k, rows in enumerate(np.array_split(rng.permutation(np.flatnonzero(labels == c)), n)):
             parts[k].append(rows)
 
-    def turned(inputs, angle):  # quarter turns exactly, other angles interpolated (nearest)
+    def turned(angle):  # quarter turns exactly, other angles interpolated (nearest)
         quarters, rest = divmod(angle, 90.0)
-        return torch.rot90(inputs, int(quarters), dims=(-2, -1)) if rest == 0 else rotate(inputs, angle)
-
-    def rotated(dataset, rows, angle):
-        rows = torch.as_tensor(np.sort(np.concatenate(rows)) if isinstance(rows, list) else rows)
-        return ArrayDataset(turned(dataset.inputs[rows], angle), [dataset.targets[i] for i in rows.tolist()])
+        return lambda x: torch.rot90(x, int(quarters), dims=(-2, -1)) if rest == 0 else rotate(x, angle)
 
     everything = np.arange(len(test))
-    return ([rotated(train, parts[k], a) for k, a in enumerate(angles)],
-            [rotated(test, everything, a) for a in angles], angles)
+    return ([train.take(np.sort(np.concatenate(parts[k])), turned(a)) for k, a in enumerate(angles)],
+            [test.take(everything, turned(a)) for a in angles], angles)
 
 
 def _domain_benchmark(cfg, seed: int, loaded: Loaded) -> Benchmark:
@@ -202,8 +202,7 @@ def _domain_benchmark(cfg, seed: int, loaded: Loaded) -> Benchmark:
         groups = domain_groups(np.concatenate(loaded.domains), n, seed, cfg.name)
         parts = []
         for dataset, domains in zip((train, test), loaded.domains):
-            parts.append([ArrayDataset(dataset.inputs[torch.as_tensor(rows)], np.asarray(dataset.targets)[rows])
-                          for rows in (np.flatnonzero(np.isin(domains, g)) for g in groups)])
+            parts.append([dataset.take(np.flatnonzero(np.isin(domains, g))) for g in groups])
         for k, (part, group) in enumerate(zip(parts[1], groups)):
             if not len(part) or not len(parts[0][k]):
                 raise ValueError(f"domain group {k} ({group.tolist()}) of {cfg.name} has no "
@@ -216,8 +215,7 @@ def _domain_benchmark(cfg, seed: int, loaded: Loaded) -> Benchmark:
         raise ValueError(f"benchmark.scenario=domain needs domains: {cfg.name} has neither per-sample domains "
                          "(HAR subjects with benchmark.split=random or given) nor images to rotate")
     scenario = dataset_benchmark(parts[0], parts[1], train_transform=loaded.train_transform, eval_transform=None)
-    contents = hashlib.blake2b(" ".join(d.fingerprint() for d in parts[0] + parts[1]).encode(),
-                               digest_size=8).hexdigest()
+    contents = contents_fingerprint(parts[0] + parts[1])
     classes = sorted(set(train.targets))
     return Benchmark(scenario, tuple(train.inputs.shape[1:]), len(classes), classes, list(names), loaded.input_norm,
                      None, contents, loaded.source or contents, f"{loaded.split}; {how}")

@@ -63,10 +63,10 @@ def forgetting_by_experience(acc_matrix) -> float:
     """Mean over the earlier experiences of their best accuracy so far − the last (domain-incremental learning,
     where every class is in every experience and a class's accuracy mixes domains)."""
     a = np.asarray(acc_matrix, dtype=float)
-    t = a.shape[0]
-    if t < 2:
+    earlier = len(a) - 1  # rows: steps so far; columns: every experience, NaN where not yet seen
+    if earlier < 1:
         return float("nan")
-    return float(np.mean([np.nanmax(a[:t, j]) - a[t - 1, j] for j in range(t - 1)]))
+    return float(np.mean(np.nanmax(a[:, :earlier], axis=0) - a[-1, :earlier]))
 
 
 def summarize(history: AccuracyHistory, by_experience: bool = False) -> dict:
