@@ -158,13 +158,23 @@ def _with_epoch_state(strategy) -> list:
 
 
 def _rng_states() -> dict:
+    """The generators a run draws from. Of CUDA's, only the run's own device's: a run trains on one GPU, and a
+    resumed run may be on another index of another machine (a sweep's job k takes GPU k mod #GPUs)."""
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+            "cuda": cuda}
 
 
 def _restore_rng_states(states: dict) -> None:
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    cuda = states["cuda"]
+    if cuda is None or not torch.cuda.is_available():
+        return
+    if isinstance(cuda, list):  # one state per GPU of the machine that wrote it: take this device's index
+        index = torch.cuda.current_device()
+        if index < len(cuda):
+            torch.cuda.set_rng_state(cuda[index])
+        return
+    torch.cuda.set_rng_state(cuda)  # into the current device: the one this run trains on
