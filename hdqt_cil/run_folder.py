@@ -94,7 +94,7 @@ class RunFolder:
             strategy, first, history = self.checkpoints.load(strategy, device)
         epochs = next(p for p in strategy.plugins if isinstance(p, EpochCheckpoints))
         epochs.every = checkpoint_every
-        start = Start(first, history, epochs.arm(first))
+        start = Start(first, history, epochs.arm(first, device))
         if start.resumed and self.summary_file.exists():
             start.elapsed_before = read_json(self.summary_file)["wall_time_s"]
         return strategy, start

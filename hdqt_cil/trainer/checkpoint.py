@@ -56,7 +56,7 @@ class ExperienceCheckpoints:
         """Restore `strategy` in place; return it, the next experience to train and the history so far."""
         latest = self._latest()
         strategy, _ = maybe_load_checkpoint(strategy, str(latest / "strategy.pkl"), map_location=device)
-        progress = torch.load(latest / "progress.pt", weights_only=False)
+        progress = torch.load(latest / "progress.pt", weights_only=False, map_location=onto(device))
         _restore_rng_states(progress["rng"])
         return strategy, progress["next_exp"], AccuracyHistory(**progress["history"])
 
@@ -80,10 +80,12 @@ class EpochCheckpoints(SupervisedPlugin):
         self.pending = None
         self.full_epochs = None
 
-    def arm(self, experience: int) -> int:
-        """Resume into `experience` from its latest epoch checkpoint, if any; return how many epochs it holds."""
+    def arm(self, experience: int, device) -> int:
+        """Resume into `experience` on `device` from its latest epoch checkpoint, if any; return how many epochs it
+        holds."""
         found = sorted(self.root.glob(f"exp{experience:03d}_epoch*"))
-        self.pending = torch.load(found[-1] / "state.pt", weights_only=False) if found else None
+        self.pending = (torch.load(found[-1] / "state.pt", weights_only=False, map_location=onto(device))
+                        if found else None)
         return self.pending["clock"]["train_exp_epochs"] if found else 0
 
     def before_training_exp(self, strategy, **kwargs):
@@ -136,6 +138,19 @@ def _write_folder(root: Path, name: str, fill) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
     return target
+
+
+def onto(device):
+    """torch.load's map_location for a checkpoint resumed on `device`: its CUDA storages go there, whichever GPU
+    index of whichever machine wrote them (a sweep's job k trains on GPU k mod #GPUs); CPU storages (the
+    generators' states) stay on the CPU."""
+    device = torch.device(device)
+
+    def place(storage, location: str):
+        if not location.startswith("cuda"):
+            return storage
+        return storage.cuda(device.index) if device.type == "cuda" else storage.cpu()
+    return place
 
 
 def _optimizer_state(optimizer, model) -> dict:

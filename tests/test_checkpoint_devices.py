@@ -1,5 +1,5 @@
-"""The generators a checkpoint keeps: a resumed run draws what the uninterrupted run would have, and a run saved on
-one GPU of a machine resumes on another GPU of another machine (fewer GPUs included) with its own CUDA state."""
+"""A checkpoint moves between devices: a run saved on one GPU of a machine resumes on another GPU of another machine
+(fewer GPUs included) or on the CPU, with its tensors on the new device and its own generators' states."""
 import random
 
 import numpy as np
@@ -7,6 +7,36 @@ import pytest
 import torch
 
 from hdqt_cil.trainer import checkpoint
+
+
+def _saved_as_if_on(location, monkeypatch, obj, path):
+    """torch.save `obj` to `path` with every storage tagged as living on `location` (e.g. cuda:3)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.serialization, "location_tag", lambda storage: location)
+        torch.save(obj, path)
+
+
+def test_an_epoch_checkpoint_written_on_gpu3_resumes_on_the_cpu(tmp_path, monkeypatch):
+    folder = tmp_path / "exp001_epoch0003"
+    folder.mkdir()
+    weights = torch.randn(4, 3)
+    _saved_as_if_on("cuda:3", monkeypatch, {"clock": {"train_exp_epochs": 3}, "model": {"w": weights}},
+                    folder / "state.pt")
+    with pytest.raises(RuntimeError, match="CUDA"):  # what torch.load does without the mapping
+        torch.load(folder / "state.pt", weights_only=False)
+
+    epochs = checkpoint.EpochCheckpoints(tmp_path, every=3)
+    assert epochs.arm(1, "cpu") == 3
+    assert epochs.pending["model"]["w"].device.type == "cpu"
+    assert torch.equal(epochs.pending["model"]["w"], weights)
+    assert epochs.arm(2, "cpu") == 0 and epochs.pending is None  # no checkpoint of that experience
+
+
+def test_cpu_storages_stay_on_the_cpu(tmp_path):
+    state = torch.get_rng_state()  # the generators' states must stay CPU tensors wherever the run resumes
+    torch.save({"rng": state}, tmp_path / "progress.pt")
+    loaded = torch.load(tmp_path / "progress.pt", weights_only=False, map_location=checkpoint.onto("cuda:1"))
+    assert loaded["rng"].device.type == "cpu" and torch.equal(loaded["rng"], state)
 
 
 def _draws():
