@@ -1,0 +1,244 @@
+"""Where a strategy's HDQT gap comes from: accuracy on the newest and the old tasks, FP32 against HDQT paired by
+seed, and the HDQT runs' quantization statistics (quant_stats.json) by layer group and experience.
+
+    python scripts/quant_gap_report.py RUNS --out DIR [--compare lwf icarl]
+
+Writes into DIR, from the complete run folders under RUNS (a[k,j]: accuracy on task j after experience k):
+- accuracy_split.md: 'new' a[k,k] and 'old' mean_{j<k} a[k,j]; old = 'learned' (mean a[j,j]) − 'forgotten';
+- gap_decomposition.md: per seed, the HDQT − FP32 gap of average and last accuracy split exactly into the newest
+  task's and the old tasks' parts (seen accuracy = (new + k·old)/(k+1) with equal test sets, checked);
+- forgetting_by_age.md: a[j,j] − a[k,j] by the task's age k − j: whether extra forgetting accumulates;
+- train_loss.md: each experience's last-epoch training loss;
+- quant_stats.md, saturation.png: each statistic per layer group (mean over its layers) and experience (mean over
+  its epochs), the two compared strategies' HDQT runs and their difference paired by seed.
+Accuracies are class-incremental (predictions over all seen classes): a low a[k,j] mixes a task not learned with
+its images given to other tasks' classes.
+"""
+import argparse
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hdqt_cil.files import read_json, write_atomic
+from hdqt_cil.results.tables import collect_runs, to_markdown
+
+QUANT = "hdqt"
+STATS = ("forward_saturated", "grad_input_saturated", "grad_weight_saturated", "input_clipped", "weight_clipped")
+
+
+def cell(values, form=".1f") -> str:
+    """'mean ± std' (std over seeds, ddof 1; 0 for one value)."""
+    v = np.asarray(values, dtype=float)
+    return f"{v.mean():{form}} ± {(v.std(ddof=1) if len(v) > 1 else 0.0):{form.lstrip('+')}}"
+
+
+def split_accuracy(acc_matrix) -> pd.DataFrame:
+    """One row per step k: new = a[k,k], old = mean_{j<k} a[k,j], learned = mean_{j<k} a[j,j], forgotten =
+    learned − old, seen = mean_{j≤k} a[k,j] (old columns NaN at k = 0)."""
+    a = np.asarray(acc_matrix, dtype=float)
+    rows = []
+    for k in range(len(a)):
+        old = a[k, :k].mean() if k else np.nan
+        learned = np.diag(a)[:k].mean() if k else np.nan
+        rows.append({"exp": k, "new": a[k, k], "old": old, "learned": learned, "forgotten": learned - old,
+                     "seen": a[k, : k + 1].mean()})
+    return pd.DataFrame(rows)
+
+
+def forgetting_by_age(acc_matrix) -> pd.DataFrame:
+    """Per age d ≥ 1: the mean over steps k and tasks j = k − d of a[j,j] − a[k,j], what a task lost d experiences
+    after its own."""
+    a = np.asarray(acc_matrix, dtype=float)
+    return pd.DataFrame([{"age": d, "forgetting": np.mean([a[k - d, k - d] - a[k, k - d] for k in range(d, len(a))])}
+                         for d in range(1, len(a))])
+
+
+def load_runs(root) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Complete runs (collect_runs): one row per run × experience (accuracy split, last-epoch training loss) and one
+    per run × task age (forgetting_by_age)."""
+    runs = collect_runs(root)
+    rows, ages = [], []
+    for run in runs[runs.status == "complete"].itertuples():
+        summary = read_json(Path(run.path) / "summary.json")
+        steps = split_accuracy(summary["acc_matrix"])
+        if not np.allclose(steps.seen, summary["seen_acc"], atol=0.01):
+            raise ValueError(f"{run.path}: tasks' test sets differ in size (the mean of a row of acc_matrix is "
+                             "not the seen accuracy); the split below assumes equal ones")
+        steps["loss"] = [losses[-1] for losses in summary["train_loss"]]
+        rows.append(steps.assign(strategy=run.strategy, quant=run.quant, seed=run.seed, path=run.path,
+                                 avg_acc=run.avg_acc, last_acc=run.last_acc))
+        ages.append(forgetting_by_age(summary["acc_matrix"]).assign(strategy=run.strategy, quant=run.quant,
+                                                                    seed=run.seed))
+    return pd.concat(rows, ignore_index=True), pd.concat(ages, ignore_index=True)
+
+
+def paired(steps: pd.DataFrame, keys=("strategy", "seed", "exp"),
+           cols=("new", "old", "learned", "forgotten", "seen", "loss", "avg_acc", "last_acc")) -> pd.DataFrame:
+    """FP32 and HDQT runs of the same strategy and seed side by side (suffixes _fp32, _q), d_* = q − fp32."""
+    keys, cols = list(keys), list(cols)
+    both = steps[steps.quant == "fp32"][keys + cols].merge(steps[steps.quant == QUANT][keys + cols], on=keys,
+                                                           suffixes=("_fp32", "_q"))
+    for c in cols:
+        both[f"d_{c}"] = both[f"{c}_q"] - both[f"{c}_fp32"]
+    return both
+
+
+def accuracy_split_table(pairs: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for (strategy, k), g in pairs.groupby(["strategy", "exp"]):
+        row = {"strategy": strategy, "after exp": k, "seeds": " ".join(map(str, sorted(g.seed)))}
+        for c in ("new", "old"):
+            row[f"{c} fp32"], row[f"{c} hdqt"], row[f"Δ{c}"] = (cell(g[f"{c}_fp32"]), cell(g[f"{c}_q"]),
+                                                              cell(g[f"d_{c}"], "+.1f"))
+        row["Δlearned"], row["Δforgotten"] = cell(g.d_learned, "+.1f"), cell(g.d_forgotten, "+.1f")
+        row["Δ(new − old)"] = cell(g.d_new - g.d_old, "+.1f")
+        if k == 0:
+            for c in ("old fp32", "old hdqt", "Δold", "Δlearned", "Δforgotten", "Δ(new − old)"):
+                row[c] = "–"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def decomposition(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Per strategy and seed: Δavg = mean_k [Δnew_k + k·Δold_k] / (k+1), Δlast the same at the last k; the old part
+    split into Δlearned and −Δforgotten. Then the mean ± std over seeds."""
+    rows = []
+    for (strategy, seed), g in pairs.groupby(["strategy", "seed"]):
+        g = g.sort_values("exp")
+        k = g.exp.to_numpy()
+        w_new, w_old = 1 / (k + 1), k / (k + 1)
+        old, learned, forgot = (np.nan_to_num(g[c].to_numpy()) for c in ("d_old", "d_learned", "d_forgotten"))
+        new = g.d_new.to_numpy()
+        rows.append({"strategy": strategy, "seed": seed,
+                     "Δavg (summary)": g.d_avg_acc.iloc[0],
+                     "Δavg: new task": np.mean(w_new * new), "Δavg: old tasks": np.mean(w_old * old),
+                     "Δavg: old, learned": np.mean(w_old * learned), "Δavg: old, forgotten": -np.mean(w_old * forgot),
+                     "Δlast (summary)": g.d_last_acc.iloc[0],
+                     "Δlast: new task": (w_new * new)[-1], "Δlast: old tasks": (w_old * old)[-1],
+                     "Δlast: old, learned": (w_old * learned)[-1], "Δlast: old, forgotten": -(w_old * forgot)[-1]})
+    per_seed = pd.DataFrame(rows)
+    numbers = [c for c in per_seed if c not in ("strategy", "seed")]
+    table = per_seed.assign(**{c: per_seed[c].map(lambda v: f"{v:+.1f}") for c in numbers}).astype({"seed": str})
+    means = [{"strategy": s, "seed": "mean ± std", **{c: cell(g[c], "+.1f") for c in numbers}}
+             for s, g in per_seed.groupby("strategy")]
+    return pd.concat([table, pd.DataFrame(means)]).sort_values(["strategy", "seed"], kind="stable")
+
+
+def age_table(pairs: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame([{"strategy": s, "age (experiences since the task's own)": d,
+                          "seeds": " ".join(map(str, sorted(g.seed))), "fp32": cell(g.forgetting_fp32),
+                          "hdqt": cell(g.forgetting_q), "Δ (paired)": cell(g.d_forgetting, "+.1f"),
+                          "Δ per seed": " / ".join(f"{v:+.1f}" for v in g.sort_values("seed").d_forgetting),
+                          "seeds hdqt > fp32": f"{int((g.d_forgetting > 0).sum())}/{len(g)}"}
+                         for (s, d), g in pairs.groupby(["strategy", "age"])])
+
+
+def loss_table(pairs: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame([{"strategy": s, "exp": k, "seeds": len(g), "fp32": cell(g.loss_fp32, ".3f"),
+                          "hdqt": cell(g.loss_q, ".3f"), "Δ (paired)": cell(g.d_loss, "+.3f"),
+                          "hdqt / fp32": cell(g.loss_q / g.loss_fp32, ".2f")}
+                         for (s, k), g in pairs.groupby(["strategy", "exp"])])
+
+
+def layer_group(name: str) -> str:
+    """stem, stage s (ResNet's `stages.s`), classifier; other layers by their own name."""
+    stage = re.search(r"stages\.(\d+)\.", name)
+    if stage:
+        return f"stage {stage.group(1)}"
+    return "stem" if name.endswith("conv1") else name
+
+
+def group_order(group: str) -> tuple:
+    """stem first, then the stages in order, the classifier last."""
+    return (group != "stem", group == "classifier", group)
+
+
+def load_quant_stats(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per run × epoch × layer group: each statistic's mean share over the group's layers."""
+    rows = []
+    for run in runs.drop_duplicates("path").itertuples():
+        path = Path(run.path) / "quant_stats.json"
+        if not path.exists():
+            continue
+        for record in read_json(path):
+            for layer, stats in record["layers"].items():
+                rows.append({"strategy": run.strategy, "quant": run.quant, "seed": run.seed, "epoch": record["epoch"],
+                             "exp": record["experience"], "group": layer_group(layer), **stats})
+    long = pd.DataFrame(rows)
+    return long.groupby(["strategy", "quant", "seed", "exp", "epoch", "group"], as_index=False)[list(STATS)].mean()
+
+
+def quant_table(stats: pd.DataFrame, stat: str, a: str, b: str) -> pd.DataFrame:
+    """Rows group × experience: `stat` in percent for strategies a and b (mean over epochs, then ± over seeds) and
+    a − b paired by seed."""
+    per_exp = stats.groupby(["strategy", "seed", "group", "exp"], as_index=False)[stat].mean()
+    per_exp[stat] *= 100
+    wide = per_exp.pivot_table(index=["group", "exp", "seed"], columns="strategy", values=stat).reset_index()
+    rows = []
+    for (group, k), g in sorted(wide.groupby(["group", "exp"]), key=lambda kg: (group_order(kg[0][0]), kg[0][1])):
+        both = g.dropna(subset=[a, b])
+        rows.append({"group": group, "exp": k,
+                     f"{a} %": cell(g[a].dropna(), ".3g"), f"{b} %": cell(g[b].dropna(), ".3g"),
+                     f"{a} − {b} (paired)": cell(both[a] - both[b], "+.3g"),
+                     f"seeds {a} > {b}": f"{int((both[a] > both[b]).sum())}/{len(both)}"})
+    return pd.DataFrame(rows)
+
+
+def plot_saturation(stats: pd.DataFrame, strategies, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted(stats.group.unique(), key=group_order)
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups), 3.2), squeeze=False)
+    epochs = stats.epoch.max()
+    for ax, group in zip(axes[0], groups):
+        for strategy in strategies:
+            g = stats[(stats.group == group) & (stats.strategy == strategy)]
+            curve = g.assign(x=g.exp * epochs + g.epoch).groupby("x").forward_saturated
+            mean, std = 100 * curve.mean(), 100 * curve.std()
+            ax.plot(mean.index, mean, label=f"{strategy} ({g.seed.nunique()} seeds)", lw=1)
+            ax.fill_between(mean.index, mean - std, mean + std, alpha=0.2)
+        for b in range(1, stats.exp.max() + 1):
+            ax.axvline(b * epochs + 0.5, color="grey", lw=0.5)
+        ax.set(title=group, xlabel="epoch (all experiences)", ylabel="forward tile sums saturated (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(root, out, compare=("lwf", "icarl"), plot=True) -> dict:
+    out = Path(out)
+    steps, ages = load_runs(root)
+    pairs = paired(steps)
+    tables = {"accuracy_split.md": accuracy_split_table(pairs), "gap_decomposition.md": decomposition(pairs),
+              "forgetting_by_age.md": age_table(paired(ages, ("strategy", "seed", "age"), ("forgetting",))),
+              "train_loss.md": loss_table(pairs)}
+    stats = load_quant_stats(steps[(steps.quant == QUANT) & steps.strategy.isin(compare)])
+    a, b = compare
+    sections = [f"## {stat}\n\n" + to_markdown(quant_table(stats, stat, a, b)) for stat in STATS]
+    for name, table in tables.items():
+        write_atomic(out / name, to_markdown(table))
+    write_atomic(out / "quant_stats.md", "\n".join(sections))
+    if plot:
+        plot_saturation(stats, compare, out / "saturation.png")
+    return {**tables, "quant_stats": stats}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", help="folder searched recursively for run folders (summary.json)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--compare", nargs=2, default=["lwf", "icarl"], metavar="STRATEGY",
+                        help="two strategies whose quantization statistics are set side by side")
+    parser.add_argument("--no-plot", action="store_true")
+    args = parser.parse_args(argv)
+    report(args.runs, args.out, args.compare, plot=not args.no_plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""scripts/quant_gap_report.py: the accuracy split, the gap decomposition, forgetting by task age and the
+per-layer-group quantization statistics, on tiny run folders whose numbers are known."""
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("quant_gap_report", ROOT / "scripts" / "quant_gap_report.py")
+gap = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gap)
+
+NAN = math.nan
+FP32 = [[90, NAN, NAN], [60, 80, NAN], [40, 50, 70]]
+# HDQT: every task learned as well (same diagonal), the old ones forgotten 10 points more after one experience and
+# 20 more after two
+HDQT = [[90, NAN, NAN], [50, 80, NAN], [20, 40, 70]]
+LAYERS = ("features.1.conv1", "features.1.stages.1.0.conv1", "features.1.stages.1.0.conv2", "classifier")
+
+
+def write_run(root: Path, strategy: str, quant: str, acc_matrix, stats=None, seed=0):
+    folder = root / "cifar10-resnet32" / strategy / quant / f"seed{seed}"
+    folder.mkdir(parents=True)
+    seen = [sum(row[: k + 1]) / (k + 1) for k, row in enumerate(acc_matrix)]
+    summary = {"status": "complete", "error": None, "n_experiences": 3, "classes_per_exp": [2, 2, 2], "steps_done": 3,
+               "run": {"benchmark": "cifar10", "model": "resnet32", "strategy": strategy, "quant": quant, "tag": "",
+                       "seed": seed, "scenario": "class"},
+               "metrics": {"avg_acc": sum(seen) / 3, "last_acc": seen[-1], "forgetting": 0.0, "bwt": 0.0},
+               "seen_acc": seen, "acc_matrix": acc_matrix, "class_acc": [], "wall_time_s": 1.0,
+               "train_loss": [[2.0, 1.0], [3.0, 2.0], [4.0, 3.0 if quant == "fp32" else 3.6]]}
+    (folder / "summary.json").write_text(json.dumps(summary))  # NaN written as the runs write it
+    if stats is not None:
+        records = [{"epoch": epoch, "experience": exp,
+                    "layers": {layer: {s: stats(exp, epoch, layer) if s == "forward_saturated" else 0.0
+                                       for s in gap.STATS} for layer in LAYERS}}
+                   for exp in range(3) for epoch in (1, 2)]
+        (folder / "quant_stats.json").write_text(json.dumps(records))
+
+
+def lwf_saturation(exp, epoch, layer):
+    """Stage 1 in experience 1: conv1 0.01 and 0.03 over the two epochs, conv2 0.03 and 0.05: mean 3 %."""
+    if exp == 1 and ".stages.1." in layer:
+        return {1: 0.01, 2: 0.03}[epoch] + (0.02 if layer.endswith("conv2") else 0.0)
+    return 0.0
+
+
+def rows(md: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in md.splitlines()[2:] if line.startswith("|")]
+
+
+def test_numbers_from_known_runs(tmp_path):
+    runs = tmp_path / "runs"
+    write_run(runs, "lwf", "fp32", FP32)
+    write_run(runs, "lwf", "hdqt", HDQT, stats=lwf_saturation)
+    write_run(runs, "icarl", "hdqt", FP32, stats=lambda exp, epoch, layer: 0.01 if layer == "classifier" else 0.0)
+    gap.main([str(runs), "--out", str(tmp_path / "out"), "--no-plot"])
+    out = tmp_path / "out"
+
+    split = {r[1]: r for r in rows((out / "accuracy_split.md").read_text())}
+    # after experience 2: new 70 in both; old (40+50)/2 = 45 → (20+40)/2 = 30; learned (90+80)/2 in both
+    assert split["2"][3:11] == ["70.0 ± 0.0", "70.0 ± 0.0", "+0.0 ± 0.0", "45.0 ± 0.0", "30.0 ± 0.0",
+                                "-15.0 ± 0.0", "+0.0 ± 0.0", "+15.0 ± 0.0"]
+    assert split["1"][8] == "-10.0 ± 0.0"
+
+    # seen accuracy 90/70/53.3 → 90/65/43.3: Δavg −5 and Δlast −10, all from the old tasks and all forgotten
+    decomposition = rows((out / "gap_decomposition.md").read_text())[0]
+    assert decomposition[:12] == ["lwf", "0", "-5.0", "+0.0", "-5.0", "+0.0", "-5.0", "-10.0", "+0.0", "-10.0",
+                                  "+0.0", "-10.0"]
+
+    ages = {r[1]: r for r in rows((out / "forgetting_by_age.md").read_text())}
+    assert ages["1"][3:8] == ["30.0 ± 0.0", "40.0 ± 0.0", "+10.0 ± 0.0", "+10.0", "1/1"]
+    assert ages["2"][3:8] == ["50.0 ± 0.0", "70.0 ± 0.0", "+20.0 ± 0.0", "+20.0", "1/1"]
+
+    loss = {r[1]: r for r in rows((out / "train_loss.md").read_text())}
+    assert loss["2"][3:6] == ["3.000 ± 0.000", "3.600 ± 0.000", "+0.600 ± 0.000"]
+
+    quant = (out / "quant_stats.md").read_text()
+    forward = {(r[0], r[1]): r for r in rows(quant.split("## grad_input_saturated")[0].split("\n", 2)[2])}
+    assert forward[("stage 1", "1")][2:] == ["3 ± 0", "0 ± 0", "+3 ± 0", "1/1"]
+    assert forward[("stage 1", "0")][2:] == ["0 ± 0", "0 ± 0", "+0 ± 0", "0/1"]
+    assert forward[("classifier", "2")][2:] == ["0 ± 0", "1 ± 0", "-1 ± 0", "0/1"]
+    assert [g for g, k in forward if k == "0"] == ["stem", "stage 1", "classifier"]
+
+
+def test_unequal_test_sets_are_refused(tmp_path):
+    write_run(tmp_path, "lwf", "fp32", FP32)
+    path = next(tmp_path.rglob("summary.json"))
+    summary = json.loads(path.read_text())
+    summary["seen_acc"][1] += 1.0  # a pooled accuracy that the task accuracies' mean does not give
+    path.write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match="test sets differ"):
+        gap.load_runs(tmp_path)
+
+
+def test_layer_groups():
+    assert [gap.layer_group(n) for n in LAYERS] == ["stem", "stage 1", "stage 1", "classifier"]
