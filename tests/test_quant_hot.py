@@ -11,6 +11,8 @@ from hdqt_cil.quant import (HotConv2d, HotLinear, HotScheme, QuantLinear, block_
                             hadamard_block_size, hla_compress, hla_rank, hla_reconstruct, hla_rows, lp_l1_rank,
                             lqs_choices, lqs_pending, preset, quant_stats, quantize, quantize_model,
                             scheme_from_config)
+from hdqt_cil.quant.backend import resolve_ops
+from hdqt_cil.quant.compact import restore, store
 from hdqt_cil.quant.hla import hla_projection
 from hdqt_cil.quant.lqs import quantization_errors
 
@@ -144,18 +146,29 @@ def test_full_precision_full_rank_gives_torch_gradients(case):
 
 
 @pytest.mark.parametrize("case", ["linear 2-D", "linear tokens", "conv 3x3"])
-def test_quantized_gradients_are_close_and_abc_on_off_identical(case):
+def test_quantized_gradients_are_close_and_what_abc_keeps_changes_only_a_kxk_convs_input(case):
+    """ABC on or off gives the same gradients bit for bit; abc=true's 8-bit copy of a 3×3 conv's input gives the
+    gradients of the float path run on that copy."""
     make, shape = LAYERS[case]
     plain, layer = _pair(make, preset("hot"))
     x = torch.randn(shape)
     exact = _gradients(plain, x)
-    results = {}
-    for abc in (True, False, "pointwise"):
+
+    def run(abc, inputs):
         quantize_model(layer, dataclasses.replace(preset("hot"), abc=abc))
         layer.step = 0
-        results[abc] = _gradients(layer, x)
-    for abc in (False, "pointwise"):
-        for a, b in zip(results[True][1:3], results[abc][1:3]):
+        return _gradients(layer, inputs)
+    results = {abc: run(abc, x) for abc in (True, False, "pointwise", "columns")}
+    for abc in ("pointwise", "columns"):
+        for a, b in zip(results[False][1:3], results[abc][1:3]):
+            assert torch.equal(a, b)
+    if case.startswith("conv"):
+        levels, scale = store(x, 8, resolve_ops("torch", x.device))
+        on_copy = run(False, restore(levels, scale))
+        assert torch.equal(results[True][1], results[False][1])  # g_x does not read x
+        assert torch.equal(results[True][2], on_copy[2]) and not torch.equal(results[True][2], results[False][2])
+    else:
+        for a, b in zip(results[False][1:3], results[True][1:3]):
             assert torch.equal(a, b)
     y, gx, gw, _ = results[True]
     assert torch.equal(y, exact[0])
@@ -219,6 +232,8 @@ def test_abc_saves_the_compressed_int8_input():
     assert _saved_activation_bytes(layer, odd) <= 0.30 * _saved_activation_bytes(plain, odd)
     conv_plain, conv = _pair(lambda: nn.Conv2d(16, 16, 3, padding=1, bias=False), preset("hot"))
     image = torch.randn(2, 16, 16, 16, requires_grad=True)
+    assert _saved_activation_bytes(conv, image) == image.numel() + 2 * 4  # abc=true: the input in int8, a scale a sample
+    quantize_model(conv, dataclasses.replace(preset("hot"), abc="columns"))
     im2col = _saved_activation_bytes(conv, image)  # 9 · 136/256 / 4 of the input, rows of 144: more than FP32
     assert im2col == 2 * 16 * 9 * 144 + 2 * 4
     quantize_model(conv, dataclasses.replace(preset("hot"), abc="pointwise"))
@@ -326,8 +341,8 @@ def test_hot_preset_and_hydra_overrides(make_cfg):
     ({"hla_rank": 4, "hla_rank_ratio": 0.5}, "quant.hla_rank=4 and quant.hla_rank_ratio=0.5 exclude each other"),
     ({"lqs": "perhaps"}, "quant.lqs='perhaps'"),
     ({"lqs_threshold": 0}, r"quant.lqs_threshold=0.0 must be a number in \(0, 1\]"),
-    ({"abc": "im2col"}, "quant.abc='im2col' must be true, false or pointwise"),
-    ({"abc": 1}, "quant.abc=1 must be true, false or pointwise"),
+    ({"abc": "im2col"}, "quant.abc='im2col' must be true, false, columns or pointwise"),
+    ({"abc": 1}, "quant.abc=1 must be true, false, columns or pointwise"),
     ({"hadamard_cap": 12}, "quant.hadamard_cap=12 must be a power of two"),
     ({"backend": "triton"}, "quant.backend='triton'"),
     ({"bits": 4}, "quant.bits is not a setting of quant=hot; its settings are name, backend, seed, gx_bits"),

@@ -61,7 +61,7 @@ def test_hydra_overrides_reach_the_scheme(make_cfg):
     ({"name": "hdqt", "backend": "triton"}, "quant.backend='triton'"),
     ({"name": "hdqt", "fwd_clip": 1.5}, "quant.fwd_clip=1.5"),
     ({"name": "hdqt", "bits": "four"}, "quant.bits='four'"),
-    ({"name": "hot", "abc": "sometimes"}, "quant.abc='sometimes' must be true, false or pointwise"),
+    ({"name": "hot", "abc": "sometimes"}, "quant.abc='sometimes' must be true, false, columns or pointwise"),
     ({"name": "luq", "bits": 6}, "bits=6 is out of range; a log2 grid allows 2..5"),
 ])
 def test_bad_configs_name_the_value(cfg, message):

@@ -23,6 +23,7 @@ from collections import Counter
 
 from torch import nn
 
+from ..quant.compact import store_spec
 from ..quant.hadamard import hadamard_block_size
 from ..quant.hot import HotConv2d, HotLinear, _hla_shape
 from ..quant.layers import QuantLayer
@@ -180,10 +181,16 @@ def hot_layer_tally(layer, x_shape: tuple, input_grad: bool, training: bool) -> 
     block, rank = _hla_shape(layer, tokens)
     kept = tokens // block * rank
     input_spec = scheme.input_spec
-    abc = layer._abc_here()
-    t.quantize(fwd if abc else bwd, input_spec, entries * g.k * kept)
-    (fwd if abc else bwd)["hadamard_add"] += entries * g.k * tokens * _log2(block)
-    _saved(fwd, input_spec if abc else None, entries * g.k * kept if abc else g.x_elements)
+    keeps = layer._keeps()  # the compressed operand, made in the forward (ABC) or from x kept in float / 8 bits
+    compressing = fwd if keeps == "compressed" else bwd
+    t.quantize(compressing, input_spec, entries * g.k * kept)
+    compressing["hadamard_add"] += entries * g.k * tokens * _log2(block)
+    if keeps == "compressed":
+        _saved(fwd, input_spec, entries * g.k * kept)
+    else:
+        stored = store_spec(scheme.abc_bits) if keeps == "stored" else None
+        t.quantize(fwd, stored, g.x_elements)
+        _saved(fwd, stored, g.x_elements)
     if input_grad:
         n = hadamard_block_size(g.out, scheme.hadamard_cap)
         g_spec = scheme.grad_output_spec(layer.lqs_per_token)

@@ -25,7 +25,19 @@ class _PadShortcut(nn.Module):
         return F.pad(x, (0, 0, 0, 0, half, self.pad - half))
 
 
-class BasicBlock(nn.Module):
+class _WithReLUModules(nn.Module):
+    """A model unpickled from a checkpoint written while ResNet-32 applied F.relu gets its ReLU modules."""
+    _relus: tuple[str, ...] = ()
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for name in self._relus:
+            self._modules.setdefault(name, nn.ReLU())
+
+
+class BasicBlock(_WithReLUModules):
+    _relus = ("relu1", "relu2")
+
     def __init__(self, in_channels: int, out_channels: int, stride: int):
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
@@ -34,20 +46,23 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(out_channels)
         needs_shortcut = stride != 1 or in_channels != out_channels
         self.shortcut = _PadShortcut(in_channels, out_channels, stride) if needs_shortcut else nn.Identity()
+        self.relu1, self.relu2 = nn.ReLU(), nn.ReLU()  # modules, so that a scheme can swap them (quant/compact.py)
 
     def forward(self, x):
-        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.relu1(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return F.relu(out + self.shortcut(x))
+        return self.relu2(out + self.shortcut(x))
 
 
-class ResNetFeatures(nn.Module):
+class ResNetFeatures(_WithReLUModules):
     """Everything up to the global-average-pooled 64-d embedding (iCaRL's feature extractor)."""
+    _relus = ("relu",)
 
     def __init__(self, in_channels: int = 3, blocks_per_stage: int = 5, widths=(16, 32, 64)):
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(widths[0])
+        self.relu = nn.ReLU()
         stages, channels = [], widths[0]
         for i, width in enumerate(widths):
             blocks = []
@@ -62,7 +77,7 @@ class ResNetFeatures(nn.Module):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def forward(self, x):
-        x = F.relu(self.bn1(self.conv1(x)))
+        x = self.relu(self.bn1(self.conv1(x)))
         x = self.stages(x)
         return F.adaptive_avg_pool2d(x, 1).flatten(1)
 

@@ -3,6 +3,7 @@ import warnings
 
 from torch import nn
 
+from .compact import compact_neighbours
 from .hot import HotConv2d, HotLinear
 from .layers import QuantConv2d, QuantLinear, QuantLayer
 from .schemes import HotScheme, Scheme
@@ -41,8 +42,9 @@ def quantize_model(model: nn.Module, scheme: Scheme | HotScheme) -> nn.Module:
     optimizer, hooks and state-dict keys stay as they were. Idempotent and cheap: call it again whenever layers
     may have appeared (avalanche's IncrementalClassifier replaces its Linear as classes arrive) or to switch
     schemes. Layer indices (for the random bits) follow module order; a new layer starts at the model's step.
-    A HotScheme gives the layers HOT's classes (quant/hot.py); switching between HOT and another scheme
-    changes the class again, keeping the parameters and the step.
+    A HotScheme gives the layers HOT's classes (quant/hot.py), and with `abc=true` the ReLUs and BatchNorms
+    their compact classes (quant/compact.py); switching between HOT and another scheme changes the classes again,
+    keeping the parameters and the step.
     """
     step = max((m.step for m in model.modules() if isinstance(m, QuantLayer)), default=0)
     classes = _layer_classes(scheme)
@@ -62,4 +64,6 @@ def quantize_model(model: nn.Module, scheme: Scheme | HotScheme) -> nn.Module:
             module.__class__ = cls
             module._setup_quant(scheme, name, index, layer_step)
         index += 1
+    compact = isinstance(scheme, HotScheme) and scheme.abc is True
+    compact_neighbours(model, scheme.backend if compact else None, scheme.abc_bits if compact else None)
     return model

@@ -27,21 +27,13 @@ from torch import nn
 
 from .backend import resolve_ops
 from .hadamard import hadamard_block_size
+from .compact import restore, storage, store
 from .hla import hla_compress, hla_rank
 from .layers import QuantConv2d, QuantLinear
-from .quantizers import QuantSpec, within_levels
+from .quantizers import within_levels
 
 # The LQS choice of a layer, a buffer (state dict, checkpoints): not calibrated yet (per tensor), per tensor, per token.
 LQS_UNSET, LQS_TENSOR, LQS_TOKEN = 0, 1, 2
-_INT_STORAGE = ((8, torch.int8), (16, torch.int16))
-
-
-def _storage(levels: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """Levels in the narrowest integer dtype that holds them (int8 up to 8 bits): what ABC keeps in memory."""
-    for bits, dtype in _INT_STORAGE:
-        if spec.bits <= bits:
-            return levels if levels.dtype == dtype else levels.to(dtype)
-    return levels
 
 
 def _hla_shape(layer, length: int) -> tuple[int, int]:
@@ -89,7 +81,7 @@ def compressed_input(layer, x: torch.Tensor, step, count: bool, ops, checks: lis
     checks.append(("input", compressed, scale))
     if count:
         layer._count("input_clipped", (~within_levels(compressed, scale, spec)).sum(), compressed.numel())
-    return _abc_layout(_storage(levels, spec), dim), scale, block, rank
+    return _abc_layout(storage(levels, spec), dim), scale, block, rank
 
 
 def grad_input_rows(layer, g_rows: torch.Tensor, weight: torch.Tensor, per_token: bool, step, count: bool,
@@ -139,18 +131,22 @@ class _HotProduct(torch.autograd.Function):
     def forward(ctx, x, weight, bias, layer, step, training):
         y = layer._torch_class.forward(layer, x)
         ctx.layer, ctx.step, ctx.training, ctx.x_shape = layer, step, training, x.shape
-        ctx.per_token, ctx.abc = layer.lqs_per_token, None
+        ctx.per_token = layer.lqs_per_token
         needs_x, needs_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         saved_w = weight if needs_x else None
-        if not needs_w:
+        kept = layer._keeps() if needs_w else None
+        ctx.kept = kept
+        if kept is None:
             ctx.save_for_backward(saved_w, None, None)
-        elif layer._abc_here():
+        elif kept == "compressed":
             checks = []
             ops = resolve_ops(layer.scheme.backend, x.device)
             values, scale, block, rank = compressed_input(layer, x, step, training, ops, checks)
             layer._check_finite(checks, backward=False)
             ctx.save_for_backward(saved_w, values, scale)
             ctx.abc = (block, rank)
+        elif kept == "stored":
+            ctx.save_for_backward(saved_w, *store(x, layer.scheme.abc_bits, resolve_ops(layer.scheme.backend, x.device)))
         else:
             ctx.save_for_backward(saved_w, x, None)
         return y
@@ -166,10 +162,11 @@ class _HotProduct(torch.autograd.Function):
             rows = grad_input_rows(layer, g_rows, weight, ctx.per_token, step, count, ops, checks)
             grad_x = layer._grad_input(rows, ctx.x_shape, ops)
         if ctx.needs_input_grad[1]:
-            if ctx.abc is not None:
+            if ctx.kept == "compressed":
                 abc = (x_saved, x_scale, *ctx.abc)
-            else:  # ABC off: the same compressed operand, computed now from the saved input
-                abc = compressed_input(layer, x_saved, step, count, ops, checks)
+            else:  # the compressed operand, computed now from the input kept in float or in 8 bits
+                x_kept = restore(x_saved, x_scale) if ctx.kept == "stored" else x_saved
+                abc = compressed_input(layer, x_kept, step, count, ops, checks)
             grad_w = grad_weight_sum(layer, g_tokens, abc, step, ops, checks).reshape(layer.weight.shape)
         if ctx.needs_input_grad[2]:
             grad_b = g_rows.sum(dim=(0, 1))
@@ -219,8 +216,9 @@ class HotLinear(_HotLayer, QuantLinear):
     _torch_class = nn.Linear
     _token_dim = -2  # the weight gradient's operands are token-major, (B, L, in) and (B, L, out)
 
-    def _abc_here(self) -> bool:
-        return self.scheme.abc is not False
+    def _keeps(self) -> str:
+        """What the forward keeps of x for g_W: 'compressed' (ABC) or 'float'."""
+        return "float" if self.scheme.abc is False else "compressed"
 
     def _hot_columns(self, x, ops):
         """(B, L, in): L = the samples of a 2-D input (B = 1), else the tokens of each sample."""
@@ -238,9 +236,13 @@ class HotConv2d(_HotLayer, QuantConv2d):
     _torch_class = nn.Conv2d
     _token_dim = -1  # the weight gradient's operands are token-last, (B, C·kh·kw, L) and (B, out, L)
 
-    def _abc_here(self) -> bool:
+    def _keeps(self) -> str:
+        """What the forward keeps of x for g_W: 'compressed' (ABC: the HLA-compressed im2col matrix, 9·r/L'/4 of x
+        for a 3×3 conv, so only for 1×1 convs unless abc=columns), 'stored' (x in abc_bits, abc=true) or 'float'."""
         abc = self.scheme.abc
-        return abc is True or abc == "pointwise" and tuple(self.kernel_size) == (1, 1)
+        if abc == "columns" or abc in (True, "pointwise") and tuple(self.kernel_size) == (1, 1):
+            return "compressed"
+        return "stored" if abc is True and self.scheme.abc_bits is not None else "float"
 
     def forward(self, x):
         if x.dim() == 3 and not self.lqs_float:

@@ -14,6 +14,7 @@ import dataclasses
 
 import torch
 
+from .compact import torch_neighbours
 from .hot import hot_layers
 from .quantizers import quantize
 
@@ -61,7 +62,7 @@ def calibrate_lqs(model: torch.nn.Module, inputs, targets, loss_fn, threshold: f
         for _, layer in layers:
             layer.lqs_float = True
         model.train()
-        with torch.enable_grad():
+        with torch.enable_grad(), torch_neighbours(model):
             loss = loss_fn(model(inputs), targets)
             captured = [(name, out) for name, _ in layers for out in outputs[name]]
             grads = torch.autograd.grad(loss, [out for _, out in captured], allow_unused=True)

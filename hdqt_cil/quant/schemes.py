@@ -97,6 +97,9 @@ class Scheme:
                 and not self.grad_input.hadamard and not self.grad_weight.hadamard)
 
 
+ABC_MODES = ("columns", "pointwise")  # besides true and false: docs/quant.md "HOT"
+
+
 @dataclass(frozen=True)
 class HotScheme:
     """HOT (Kim et al., CVPR 2025; docs/quant.md "HOT"): float forward, compressed saved input, integer backward.
@@ -104,9 +107,11 @@ class HotScheme:
     gx_bits: g_x = G·W with G (stochastic) and W (SAWB, nearest) Hadamard-transformed along the output channels
     (block min(hadamard_cap, largest power of two dividing O)). gw_bits: g_W = Gᵀ·x with G (stochastic) and x
     HLA-compressed along the tokens (rank: `hla_rank` rows a block, or `hla_rank_ratio` of the block, or LP_L1's
-    triangle when both are None). abc_bits: the compressed x (SAWB, nearest), computed in the forward and saved
-    instead of x when `abc` is on (True: every layer; 'pointwise': Linear and 1×1 convs only; False: none; the
-    gradients are the same either way). Bits None: that operand stays float (its transform still applies).
+    triangle when both are None). abc_bits: the compressed x (SAWB, nearest). `abc`, what the forward keeps for
+    the backward: True: Linears and 1×1 convs the compressed x, k×k convs x in 8 bits, ReLU a bit mask, BatchNorm
+    its normalized input in 8 bits (quant/compact.py); 'columns': every layer the compressed x (a k×k conv's
+    im2col matrix), the neighbours in float; 'pointwise': Linears and 1×1 convs the compressed x, the rest in
+    float; False: all in float. Only True's 8-bit copies of k×k conv inputs and BatchNorm change gradients. Bits None: that operand stays float (its transform still applies).
     lqs: choose per layer, on a calibration batch, per-token scales for G in g_x when e_token < lqs_threshold ·
     e_tensor (quant/lqs.py).
     """
@@ -126,8 +131,8 @@ class HotScheme:
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r} is not allowed; choose one of {', '.join(BACKENDS)}")
-        if not (isinstance(self.abc, bool) or self.abc == "pointwise"):
-            raise ValueError(f"abc={self.abc!r} is not allowed; choose one of true, false, pointwise")
+        if not (isinstance(self.abc, bool) or self.abc in ABC_MODES):
+            raise ValueError(f"abc={self.abc!r} is not allowed; choose one of true, false, {', '.join(ABC_MODES)}")
         if self.hla_rank is not None and self.hla_rank_ratio is not None:
             raise ValueError("hla_rank and hla_rank_ratio exclude each other; set one of them to null")
 
@@ -265,8 +270,10 @@ class HotConfig(QuantConfig):
                                                          "a fraction of the HLA block in (0, 1] or null"))
     lqs: bool = setting(True, BOOL)  # layer-wise quantizer selection before the first experience
     lqs_threshold: float = setting(0.5, UNIT_FRACTION)  # per-token scales when e_token < threshold · e_tensor
-    # Save the compressed x: true (every layer) | pointwise (Linear, 1x1 convs) | false.
-    abc: Any = setting(True, Rule(lambda v: isinstance(v, bool) or v == "pointwise", "true, false or pointwise"))
+    # What the forward keeps: true (compact: ABC, 8-bit k×k conv inputs and BatchNorm, ReLU bit masks) | columns
+    # (ABC in every layer, k×k convs' im2col matrices included) | pointwise (ABC in Linears and 1x1 convs) | false.
+    abc: Any = setting(True, Rule(lambda v: isinstance(v, bool) or v in ABC_MODES,
+                                  f"true, false, {' or '.join(ABC_MODES)}"))
 
     def check(self, path: str) -> None:
         if self.hla_rank is not None and self.hla_rank_ratio is not None:

@@ -11,8 +11,11 @@ Cases (one table at the end, every number in OUT/hot_<device>.json):
   batch 64. Backward time (loss.backward() only, after an untimed forward) under fp32 (TF32 off), bf16 autocast
   and HOT (backend per --backends; LQS calibrated on one batch first); fp32 and HOT also with the forward and
   backward replayed from CUDA graphs.
-- resnet32: one training step (forward, backward, SGD), CIFAR shape, batch 128, fp32 (TF32 off) against HOT
-  (and HOT with quant.abc=pointwise: the 3×3 convs keep their float input); both also with the forward and backward
+- resnet32 (CIFAR shape, batch 128) and resnet18 (torchvision's, 224×224, 100 classes, batch 64): one training step
+  (forward, backward, SGD) under fp32 (TF32 off), bf16 autocast, HOT (quant.abc=true: the ReLUs, max pools and
+  BatchNorms keep compact copies, quant/compact.py) and HOT with quant.abc=columns (every conv keeps its compressed
+  im2col matrix, the neighbours their floats); for ResNet-18 on the GPU also the largest batch whose step fits
+  --budget-gib (8). fp32 and HOT also with the forward and backward
   replayed from CUDA graphs (hdqt_cil.graph_replay, trainer.cuda_graph).
 - memory: per case, peak torch.cuda.max_memory_allocated during a step minus what was allocated before it (model,
   optimizer state, the batch); and bytes saved for the backward per quantized layer kind (saved_tensors_hooks,
@@ -28,11 +31,13 @@ from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
+import torchvision
 from torch import nn
 
 from hdqt_cil.graph_replay import CapturedTraining
 from hdqt_cil.models import build_model
-from hdqt_cil.quant import calibrate_lqs, preset, quantize_model
+from hdqt_cil.quant import calibrate_lqs, lqs_choices, preset, quantize_model
+from hdqt_cil.quant.hot import hot_layers
 from hdqt_cil.quant.backend import resolve_ops
 from scripts.bench.record import print_device_profile, save_rows
 from scripts.bench.timing import median_seconds
@@ -196,36 +201,34 @@ def profile_backward(label: str, forward, backward) -> None:
     print_device_profile(f"two backward passes, vit-linear {label}", passes)
 
 
-def resnet32(args, device):
-    case = "resnet32"
-    shape, classes = (3, 32, 32), 10
-    g = torch.Generator(device=device).manual_seed(1)
-    x = torch.randn(args.resnet_batch, *shape, generator=g, device=device)
-    y = torch.randint(0, classes, (args.resnet_batch,), generator=g, device=device)
+CNNS = {  # case: (model builder, input shape, classes, batch argument)
+    "resnet32": (lambda shape, classes: build_model("resnet32", shape, classes), (3, 32, 32), 10, "resnet_batch"),
+    "resnet18": (lambda shape, classes: torchvision.models.resnet18(num_classes=classes), (3, 224, 224), 100,
+                 "resnet18_batch"),
+}
+
+
+def cnn(case, args, device):
+    """One training step (forward, backward, SGD) of a convnet under fp32 (TF32 off), bf16 autocast, HOT
+    (abc=true: compact neighbours) and HOT with abc=columns (every conv keeps its compressed im2col matrix); eager
+    and, on the GPU, replayed from CUDA graphs (hdqt_cil.graph_replay, trainer.cuda_graph)."""
+    build, shape, classes, batch_arg = CNNS[case]
+    batch = getattr(args, batch_arg)
     reference, fp32_saved = None, None
-    variants = [("fp32", None, True)] + [(f"hot[{b}]", b, True) for b in args.backends]
-    variants += [(f"hot[{args.backends[0]}] abc=pointwise", args.backends[0], "pointwise")]
-    for label, backend, abc in variants:
-        torch.manual_seed(0)
-        model = build_model("resnet32", shape, classes).to(device)
+    variants = [("fp32", None, None, False), ("bf16 autocast", None, None, True)]
+    variants += [(f"hot[{b}]", b, True, False) for b in args.backends]
+    variants += [(f"hot[{args.backends[0]}] abc=columns", args.backends[0], "columns", False)]
+    for label, backend, abc, bf16 in variants:
+        make_step, model = _cnn_step(build, shape, classes, backend, abc, bf16, device)
+        step = make_step(batch)
+        captured = CapturedTraining(model) if device.type == "cuda" and not bf16 else None
         if backend is not None:
-            quantize_model(model, _hot(backend, abc))
-            per_token, layers = _calibrate(model, x, y, F.cross_entropy)
-            row(case, label, "LQS per-token layers", per_token, f"of {layers}")
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        captured = CapturedTraining(model) if device.type == "cuda" else None
-
-        def step(call=model):
-            optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(call(x), y).backward()
-            optimizer.step()
-
+            row(case, label, "LQS per-token layers", *_lqs_row(model))
         seconds = median_seconds(step, device, args.reps, args.warmup)
-        if reference is None:
-            reference = seconds
+        reference = reference or seconds
         row(case, label, "training step", seconds * 1e3, "ms", reference / seconds, "speedup vs fp32")
         if captured is not None:
-            graphed = median_seconds(lambda: step(call=captured), device, args.reps, args.warmup)
+            graphed = median_seconds(lambda: step(captured), device, args.reps, args.warmup)
             captured.check()
             captured.release()
             row(case, label, "training step, CUDA graph", graphed * 1e3, "ms", reference / graphed,
@@ -233,15 +236,73 @@ def resnet32(args, device):
         peak = peak_bytes(step, device)
         if peak is not None:
             row(case, label, "peak memory of a step", peak / 2**20, "MiB")
-        saved = saved_bytes(model, lambda: F.cross_entropy(model(x), y))
-        if fp32_saved is None:
-            fp32_saved = saved
+        saved = saved_bytes(model, step.forward)
+        fp32_saved = fp32_saved or saved
         for kind in sorted(k for k in fp32_saved if k not in ("other", "distinct")):
             value = saved.get(kind, 0)
             row(case, label, f"saved by {kind} layers", value / 2**20, "MiB", value / fp32_saved[kind], "of fp32")
         row(case, label, "saved in all (distinct)", saved["distinct"] / 2**20, "MiB",
             saved["distinct"] / fp32_saved["distinct"], "of fp32")
-        del model, optimizer
+        if case == "resnet18" and device.type == "cuda" and abc != "columns":
+            fits = largest_batch(make_step, args.budget_gib * 2**30, device)
+            row(case, label, f"largest batch in {args.budget_gib:g} GiB", fits, "samples")
+        del model, step
+
+
+def _cnn_step(build, shape, classes, backend, abc, bf16, device):
+    """(make_step(batch) → step(call=model), model) for one variant: the model and its optimizer made once, a
+    batch per make_step; step.forward is its loss alone."""
+    torch.manual_seed(0)
+    model = build(shape, classes).to(device)
+    if backend is not None:
+        quantize_model(model, _hot(backend, abc))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+
+    def make_step(batch):
+        g = torch.Generator(device=device).manual_seed(1)
+        x = torch.randn(batch, *shape, generator=g, device=device)
+        y = torch.randint(0, classes, (batch,), generator=g, device=device)
+        if backend is not None and not any(m.lqs_calibrated for _, m in hot_layers(model)):
+            calibrate_lqs(model, x, y, F.cross_entropy)
+
+        def forward(call=model):
+            with autocast:
+                return F.cross_entropy(call(x), y)
+
+        def step(call=model):
+            optimizer.zero_grad(set_to_none=True)
+            forward(call).backward()
+            optimizer.step()
+        step.forward = forward
+        return step
+    return make_step, model
+
+
+def _lqs_row(model):
+    choices = lqs_choices(model)
+    return sum(choice == "token" for choice in choices.values()), f"of {len(choices)}"
+
+
+def largest_batch(make_step, budget: int, device) -> int:
+    """The largest batch whose training step keeps torch.cuda.max_memory_allocated (model, optimizer state and
+    batch included) within `budget` bytes: doubling, then bisection."""
+    def fits(batch: int) -> bool:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        try:
+            make_step(batch)()
+            torch.cuda.synchronize(device)
+            return torch.cuda.max_memory_allocated(device) <= budget
+        except torch.cuda.OutOfMemoryError:
+            return False
+    low, high = 0, 1
+    while fits(high):
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 def main():
@@ -257,27 +318,30 @@ def main():
     parser.add_argument("--hidden", type=int, default=3072)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--resnet-batch", type=int, default=128)
+    parser.add_argument("--resnet18-batch", type=int, default=64)
+    parser.add_argument("--budget-gib", type=float, default=8.0, help="memory budget of the largest-batch search")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--skip", nargs="*", default=[], choices=["vit-linear", "resnet32"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["vit-linear", *CNNS])
     parser.add_argument("--profile", action="store_true", help="print HOT's ViT backward kernel breakdown")
     args = parser.parse_args()
     if args.quick:
-        args.blocks, args.batch, args.resnet_batch, args.reps, args.warmup = 1, 2, 4, 1, 1
+        args.blocks, args.batch, args.resnet_batch, args.resnet18_batch, args.reps, args.warmup = 1, 2, 4, 2, 1, 1
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 is fp32 (and the HOT reference's float products too)
     torch.backends.cudnn.allow_tf32 = False
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     header = (f"device {name}, torch {torch.__version__}, TF32 off, ViT stack {args.blocks} blocks × "
               f"(tokens {args.tokens}, width {args.width}, MLP {args.hidden}) batch {args.batch}, ResNet-32 batch "
-              f"{args.resnet_batch}, median of {args.reps} after {args.warmup} warm-up"
+              f"{args.resnet_batch}, ResNet-18 (224×224) batch {args.resnet18_batch}, median of {args.reps} after {args.warmup} warm-up"
               + (" (--quick: sizes reduced)" if args.quick else ""))
     print(header, flush=True)
     started = time.time()
     if "vit-linear" not in args.skip:
         vit_linear(args, device)
-    if "resnet32" not in args.skip:
-        resnet32(args, device)
+    for case in CNNS:
+        if case not in args.skip:
+            cnn(case, args, device)
 
     path = save_rows(args.out, "hot", name, header, started, ROWS)
     print(f"\n{header}\n")
