@@ -181,7 +181,7 @@ def test_captured_inference_equals_the_eager_forward(scheme_name):
     ("bic", "hdqt", ["strategy.stage_2_epochs=2"]), ("bic", "hot", ["strategy.stage_2_epochs=2"]),
     ("joint", "int4", []), ("naive", "fp32", []),
     ("replay", "hdqt", []), ("der", "hdqt", []), ("er_ace", "hdqt", []), ("gdumb", "hdqt", []), ("agem", "hdqt", []),
-    ("ewc", "hdqt", []), ("si", "hdqt", []),
+    ("ewc", "hdqt", []), ("si", "hdqt", []), ("dyn_der", "hdqt", []),
 ])
 def test_experiment_with_cuda_graphs_gives_the_same_results(make_cfg, tmp_path, strategy, quant, extra):
     """The whole run through the plugin: accuracy matrix and per-epoch losses as the eager run's."""

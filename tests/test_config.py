@@ -93,6 +93,7 @@ def test_unknown_member_lists_choices(make_cfg):
     (["strategy=bic", "strategy.val_percentage=0"], "strategy.val_percentage=0.0 must be a number strictly"),
     (["strategy=icarl", "strategy.eval_head=cnn"], "strategy.eval_head='cnn' must be one of nme, linear"),
     (["strategy=icarl", "strategy.eval_head=nme"], "strategy.eval_head='nme' needs strategy.loss=bce"),
+    (["strategy=dyn_der", "strategy.aux_weight=-1"], "strategy.aux_weight=-1.0 must be a non-negative number"),
     (["quant=hdqt", "quant.acc_bits=3"], "quant.acc_bits=3 must be null (no saturation) or an integer from"),
     (["quant=hot", "quant.hla_rank=2", "quant.hla_rank_ratio=0.5"], "quant.hla_rank=2 and quant.hla_rank_ratio"),
 ])

@@ -15,7 +15,8 @@ from hdqt_cil.trainer.cuda_graphs import CudaGraphPlugin
 from hdqt_cil.experiment import run
 from hdqt_cil.graph_replay import CapturedInference
 
-STRATEGIES = ["naive", "lwf", "icarl", "bic", "joint", "replay", "der", "er_ace", "gdumb", "agem", "ewc", "si"]
+STRATEGIES = ["naive", "lwf", "icarl", "bic", "joint", "replay", "der", "er_ace", "gdumb", "agem", "ewc", "si",
+              "dyn_der"]
 VARIANTS = {"bic": ["strategy.stage_2_epochs=2"], "icarl-bce": ["strategy.loss=bce", "strategy.eval_head=nme"]}
 
 
@@ -195,3 +196,80 @@ def test_task_incremental_scoring_trains_alike_and_scores_within_each_task(make_
     seen = ~np.isnan(b)
     assert (a[seen] >= b[seen]).all() and (a[seen] > b[seen]).any()
     assert np.isnan(a[~seen]).all()
+
+
+def test_dyn_der_expands_quantized_freezes_the_old_extractor_and_keeps_the_old_heads(make_cfg, tmp_path, monkeypatch):
+    """Experience 2 under HDQT: a second extractor, every Linear of the model (both extractors, classifier,
+    auxiliary head) a QuantLinear before the first forward, the optimizer over the trainable parameters alone; the
+    old classes' classifier weights copied in, an auxiliary head over the new classes + "old"; the first extractor
+    frozen (its state bit-identical, in eval mode while the new one trains)."""
+    from avalanche.core import SupervisedPlugin
+
+    from hdqt_cil.quant.layers import QuantConv2d, QuantLinear
+
+    seen = {}
+
+    class Probe(SupervisedPlugin):
+        def before_training_exp(self, strategy, **kwargs):  # after the run's plugins: expanded and quantized
+            model = strategy.model
+            if len(model.features.extractors) == 1:
+                return
+            layers = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+            seen["quantized"] = all(isinstance(m, (QuantLinear, QuantConv2d)) for m in layers)
+            seen["layers"] = len(layers)
+            seen["optimized"] = {id(p) for p in strategy.optimizer.param_groups[0]["params"]}
+            seen["trainable"] = {id(p) for p in model.parameters() if p.requires_grad}
+            seen["frozen_before"] = {k: v.clone() for k, v in model.features.extractors[0].state_dict().items()}
+            seen["new_head"] = model.classifier.weight.detach().clone(), model.classifier.bias.detach().clone()
+            seen["aux_outputs"] = model.aux_classifier.out_features
+
+        def after_training_iteration(self, strategy, **kwargs):
+            extractors = strategy.model.features.extractors
+            seen["modes"] = [e.training for e in extractors]
+
+        def after_training_exp(self, strategy, **kwargs):
+            model = strategy.model
+            if len(model.features.extractors) == 1:
+                seen["old_head"] = model.classifier.weight.detach().clone(), model.classifier.bias.detach().clone()
+            else:
+                seen["frozen_after"] = model.features.extractors[0].state_dict()
+                seen["extractors"] = len(model.features.extractors)
+
+    build = experiment.build_strategy
+
+    def with_probe(*args):
+        strategy = build(*args)
+        strategy.plugins.append(Probe())
+        return strategy
+
+    monkeypatch.setattr(experiment, "build_strategy", with_probe)
+    cfg = make_cfg("strategy=dyn_der", "quant=hdqt", "trainer.epochs=2", "trainer.device=cpu",
+                   "benchmark.n_experiences=2")
+    assert run(cfg, tmp_path / "run")["status"] == "complete"
+    assert seen["extractors"] == 2 and seen["layers"] == 2 * 2 + 2 and seen["quantized"]
+    assert seen["optimized"] == seen["trainable"] and len(seen["trainable"]) == 2 + 4  # new extractor, two heads
+    assert seen["modes"] == [False, True]
+    for name, before in seen["frozen_before"].items():
+        assert torch.equal(before, seen["frozen_after"][name]), name
+    (old_w, old_b), (new_w, new_b) = seen["old_head"], seen["new_head"]
+    known, width = old_w.shape
+    assert new_w.shape == (2 * known, 2 * width) and seen["aux_outputs"] == known + 1
+    assert torch.equal(new_w[:known, :width], old_w) and torch.equal(new_b[:known], old_b)
+
+
+def test_dyn_der_freezes_batchnorm_of_the_old_resnet():
+    """On a ResNet, the old extractor's BatchNorm statistics hold through training steps of the new one."""
+    from hdqt_cil.models import build_model
+    from hdqt_cil.strategies.dyn_der import ExpandableNet
+
+    net = ExpandableNet(build_model("resnet32", (3, 8, 8), 4).features)
+    net.expand(2)
+    net.expand(2)
+    net.train()
+    old = {k: v.clone() for k, v in net.features.extractors[0].state_dict().items()}
+    out = net(torch.randn(4, 3, 8, 8))
+    assert out.shape == (4, 4 + 3)  # 4 classes seen, then the auxiliary head's 2 new + "old"
+    out.sum().backward()
+    assert all(torch.equal(v, net.features.extractors[0].state_dict()[k]) for k, v in old.items())
+    assert all(p.grad is None for p in net.features.extractors[0].parameters())
+    assert net.features.extractors[1].bn1.num_batches_tracked == 1

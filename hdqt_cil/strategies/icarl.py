@@ -18,6 +18,7 @@ from torchvision.transforms import v2
 from ..settings import BOOL, POSITIVE, one_of, setting
 from .lwf import LwFPlugin
 from .base import STRATEGIES, StrategyConfig
+from .rehearsal import needs_exemplar_per_class
 
 
 class DeviceHerding(HerdingSelectionStrategy):
@@ -100,13 +101,7 @@ class _ScoreWithTrainedHead(SupervisedPlugin):
         strategy.mb_output = model.train_classifier(model.feature_extractor(strategy.mb_x))
 
 
-def _fits(cfg, trainer, num_classes: int) -> None:
-    if trainer.memory_size < num_classes:
-        raise ValueError(f"trainer.memory_size={trainer.memory_size} is smaller than the {num_classes} classes: "
-                         "iCaRL needs at least one exemplar per class")
-
-
-@STRATEGIES.register("icarl", ICaRLConfig, teachers=("old_model",), fits=_fits,
+@STRATEGIES.register("icarl", ICaRLConfig, teachers=("old_model",), fits=needs_exemplar_per_class("iCaRL"),
                      scenarios=("class", "task"))
 def build(cfg, trainer, model, common, data):
     if cfg.loss == "ce_kd":

@@ -1,12 +1,14 @@
 """What a run would cost on integer hardware: each experience's operation counts and energy estimate
 (hdqt_cil/cost), tallied from the samples each phase processes, without touching a training step.
 
-The first forward of each Linear / Conv2d records the shape of a sample of its input (a hook, removed once every
-layer has been seen). An iteration only counts its batch size; at an experience's end (and its evaluation's) the
-counts of a step at each batch size (the forward and the backward, and the old model's forward where the strategy
-distils from one: LwF, iCaRL, BiC; evaluation forwards apart) are multiplied by the steps taken at it. Not
-counted: BiC's bias-correction stage, iCaRL's herding forwards, the optimizer's update, data loading
-(docs/cost.md).
+The first training forward of each Linear / Conv2d in an experience records the shape of a sample of its input (a
+hook, removed once every layer has been seen; recorded afresh each experience, as a strategy may change the model
+between them: dyn_der adds an extractor and widens its classifier). A frozen layer (its weight needs no gradient,
+as dyn_der's old extractors) counts as an inference forward. An iteration only counts its batch size; at an
+experience's end (and its evaluation's) the counts of a step at each batch size (the forward and the backward, and
+the old model's forward where the strategy distils from one: LwF, iCaRL, BiC; evaluation forwards apart) are
+multiplied by the steps taken at it. Not counted: BiC's bias-correction stage, iCaRL's herding forwards, the
+optimizer's update, data loading (docs/cost.md).
 """
 import copy
 from collections import Counter
@@ -43,14 +45,15 @@ class CostCounter(SupervisedPlugin):
 
     def _watch(self, model: nn.Module) -> None:
         """The model's Linear / Conv2d layers; a hook records each one's sample shape at its first training
-        forward, and the hooks go once every layer has one."""
+        forward (a frozen layer's forward in eval mode included), and the hooks go once every layer has one."""
+        for handle in self._hooks:
+            handle.remove()
         self._modules = {name: m for name, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))}
-        if self._hooks or set(self._modules) <= set(self.shapes):
-            return
+        self.shapes = {}
 
         def record(name):
             def hook(module, args):
-                if name not in self.shapes and module.training:
+                if name not in self.shapes and (module.training or not module.weight.requires_grad):
                     self.shapes[name] = (tuple(args[0].shape[1:]), args[0].requires_grad)
                     if set(self._modules) <= set(self.shapes):
                         for handle in self._hooks:
@@ -67,8 +70,9 @@ class CostCounter(SupervisedPlugin):
             if shape is None:
                 continue
             phases = out[name] = {p: Counter() for p in (PHASES if training else ("forward",))}
+            trains = training and layer.weight.requires_grad
             for batch, steps in batches.items():
-                tally = layer_tally(layer, (batch, *shape), input_grad and training, training)
+                tally = layer_tally(layer, (batch, *shape), input_grad and trains, trains)
                 for phase, counts in (("forward", tally.forward), ("backward", tally.backward)):
                     if phase in phases:
                         phases[phase].update({k: v * steps for k, v in counts.items()})
