@@ -11,8 +11,8 @@ from torch import nn
 from hdqt_cil.models import build_model
 from hdqt_cil.quant import preset, quantize_model
 from hdqt_cil.quant.backend import resolve_ops
-from hdqt_cil.quant.compact import (CompactBatchNorm2d, CompactMaxPool2d, CompactReLU, compact_neighbours, pack_mask,
-                                    restore, store, unpack_mask)
+from hdqt_cil.quant.compact import (CompactBatchNorm2d, CompactGELU, CompactLayerNorm, CompactMaxPool2d, CompactReLU,
+                                    compact_neighbours, pack_mask, restore, store, unpack_mask)
 from scripts.bench.hot import saved_bytes
 
 TORCH_OPS = resolve_ops("torch", torch.device("cpu"))
@@ -171,3 +171,59 @@ def test_a_resnet32_pickled_without_relu_modules_gets_them(tmp_path):
             module._modules.pop(name, None)
     restored = pickle.loads(pickle.dumps(model))
     assert torch.equal(restored(x), expected)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_compact_gelu_is_torchs_backward_on_the_stored_input(approximate):
+    x, g = torch.randn(3, 5, 16) * 2, torch.randn(3, 5, 16)
+    gelu = nn.GELU(approximate)
+    compact_neighbours(gelu, "torch", 8)
+    assert type(gelu) is CompactGELU
+    xi = x.clone().requires_grad_()
+    y = gelu(xi)
+    y.backward(g)
+    assert torch.equal(y, F.gelu(x, approximate=approximate))
+    stored = restore(*store(x, 8, TORCH_OPS))
+    assert torch.equal(xi.grad, torch.ops.aten.gelu_backward(g, stored, approximate=approximate))
+
+
+def test_compact_layer_norm_forward_is_torchs_and_backward_is_the_formula_on_the_8bit_copy():
+    torch.manual_seed(0)
+    plain = nn.LayerNorm(24)
+    nn.init.uniform_(plain.weight, 0.5, 1.5)
+    nn.init.uniform_(plain.bias, -0.5, 0.5)
+    compact = nn.LayerNorm(24)
+    compact.load_state_dict(plain.state_dict())
+    compact_neighbours(compact, "torch", 8)
+    assert type(compact) is CompactLayerNorm
+    x, g = torch.randn(4, 7, 24) * 3 + 1, torch.randn(4, 7, 24)
+    outs = []
+    for module in (plain, compact):
+        xi = x.clone().requires_grad_()
+        y = module(xi)
+        y.backward(g)
+        outs.append((y, xi.grad, module.weight.grad, module.bias.grad))
+    assert torch.equal(outs[0][0], outs[1][0])
+    var, mean = torch.var_mean(x, dim=-1, unbiased=False, keepdim=True)
+    rstd = torch.rsqrt(var + compact.eps)
+    x_hat = restore(*store((x - mean) * rstd, 8, TORCH_OPS))
+    gg = g * plain.weight.detach()
+    expected = rstd / 24 * (24 * gg - gg.sum(-1, keepdim=True) - x_hat * (gg * x_hat).sum(-1, keepdim=True))
+    torch.testing.assert_close(outs[1][1], expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(outs[1][2], (g * x_hat).sum((0, 1)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs[1][3], outs[0][3])
+    torch.testing.assert_close(outs[1][1], outs[0][1], rtol=0.05, atol=0.02 * outs[0][1].abs().max().item())
+
+
+def test_a_vit_size_linear_stack_under_hot_keeps_at_most_0_40_of_fp32s_saved_bytes():
+    from scripts.bench.hot import linear_stack
+    x = torch.randn(2, 64, 48)
+    saved = {}
+    for hot in (False, True):
+        torch.manual_seed(0)
+        model = linear_stack(2, 48, 192)
+        if hot:
+            quantize_model(model, _hot())
+            assert {type(m) for m in model.modules()} >= {CompactLayerNorm, CompactGELU}
+        saved[hot] = saved_bytes(model, lambda: model(x).square().mean())["distinct"]
+    assert saved[True] <= 0.40 * saved[False]

@@ -9,6 +9,8 @@ conv's output is BatchNorm's input, which BatchNorm keeps. So under `quant.abc=t
                   (not the input and int64 indices)
     BatchNorm2d   x̂ = (x − mean)·invstd in `abc_bits`     the forward and running statistics are torch's; the
                   (`store`), invstd per channel           backward is BatchNorm's formula on the stored x̂
+    LayerNorm     x̂ in `abc_bits`, rstd per row           as BatchNorm, over each row's normalized dimensions
+    GELU          its input in `abc_bits`                 torch's GELU backward on the stored input
     k×k conv      its input in `abc_bits` (`store`)        the backward makes HOT's compressed operand from it
                                                            (quant/hot.py)
 
@@ -171,21 +173,88 @@ class CompactBatchNorm2d(nn.BatchNorm2d):
         return _StoredBatchNorm.apply(x, self.weight, self.bias, self, resolve_ops(self.backend, x.device))
 
 
-COMPACT_CLASSES = {nn.ReLU: CompactReLU, nn.MaxPool2d: CompactMaxPool2d, nn.BatchNorm2d: CompactBatchNorm2d}
+class _StoredLayerNorm(torch.autograd.Function):
+    """y = torch's LayerNorm; the backward is its formula with x̂ read back from `bits`, per row of D values:
+        g_x = rstd/D · (D·gγ − Σ gγ − x̂·Σ(gγ·x̂)) with gγ = g·γ,  g_γ = Σ_rows(g·x̂),  g_β = Σ_rows g."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, module, ops):
+        y = nn.LayerNorm.forward(module, x)
+        dims = tuple(range(x.dim() - len(module.normalized_shape), x.dim()))
+        var, mean = torch.var_mean(x, dim=dims, unbiased=False, keepdim=True)
+        rstd = torch.rsqrt(var + module.eps)
+        levels, scale = store((x - mean) * rstd, module.bits, ops)
+        ctx.dims = dims
+        ctx.save_for_backward(levels, scale, rstd, weight)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        levels, scale, rstd, weight = ctx.saved_tensors
+        x_hat, g, dims = restore(levels, scale), grad_y.to(torch.float32), ctx.dims
+        rows = tuple(range(g.dim() - len(dims)))
+        g_gamma = g if weight is None else g * weight
+        count = x_hat[(0,) * len(rows)].numel()
+        grad_x = rstd / count * (count * g_gamma - g_gamma.sum(dims, keepdim=True)
+                                 - x_hat * (g_gamma * x_hat).sum(dims, keepdim=True))
+        grad_w = None if weight is None else (g * x_hat).sum(rows)
+        grad_b = None if weight is None else g.sum(rows)
+        return grad_x.to(grad_y.dtype), grad_w, grad_b, None, None
+
+
+class CompactLayerNorm(nn.LayerNorm):
+    """nn.LayerNorm that keeps its normalized input in `bits` for the backward; without a gradient to compute,
+    torch's module. `backend`: the scheme's, for `store`."""
+    backend, bits = "auto", 8
+
+    def forward(self, x):
+        wants_grad = x.requires_grad or self.weight is not None and self.weight.requires_grad
+        if not (torch.is_grad_enabled() and wants_grad and x.dim() > len(self.normalized_shape)):
+            return super().forward(x)
+        return _StoredLayerNorm.apply(x, self.weight, self.bias, self, resolve_ops(self.backend, x.device))
+
+
+class _StoredGELU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, module, ops):
+        ctx.approximate = module.approximate
+        ctx.save_for_backward(*store(x, module.bits, ops))
+        return nn.GELU.forward(module, x)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x = restore(*ctx.saved_tensors).to(grad_y.dtype)
+        return torch.ops.aten.gelu_backward(grad_y, x, approximate=ctx.approximate), None, None
+
+
+class CompactGELU(nn.GELU):
+    """nn.GELU that keeps its input in `bits` for torch's GELU backward. `backend`: the scheme's, for `store`."""
+    backend, bits = "auto", 8
+
+    def forward(self, x):
+        if not (torch.is_grad_enabled() and x.requires_grad and x.dim() > 1):  # a scale per sample: a batch
+            return super().forward(x)
+        return _StoredGELU.apply(x, self, resolve_ops(self.backend, x.device))
+
+
+COMPACT_CLASSES = {nn.ReLU: CompactReLU, nn.MaxPool2d: CompactMaxPool2d, nn.BatchNorm2d: CompactBatchNorm2d,
+                   nn.LayerNorm: CompactLayerNorm, nn.GELU: CompactGELU}
 TORCH_CLASSES = {compact: torch_class for torch_class, compact in COMPACT_CLASSES.items()}
+STORING = (CompactBatchNorm2d, CompactLayerNorm, CompactGELU)  # keep a low-precision copy: need `bits`
 
 
 def compact_neighbours(model: nn.Module, backend: str | None, bits: int | None = None) -> None:
-    """Give every nn.ReLU and nn.MaxPool2d of `model` its compact class, and with `bits` every nn.BatchNorm2d
-    (quantizing with `backend`), or (backend None) their torch classes back, in place: no parameters or state-dict
-    keys change."""
+    """Give every nn.ReLU and nn.MaxPool2d of `model` its compact class, and with `bits` every nn.BatchNorm2d,
+    nn.LayerNorm and nn.GELU (quantizing with `backend`), or (backend None) their torch classes back, in place: no
+    parameters or state-dict keys change."""
     for module in model.modules():
         torch_class = TORCH_CLASSES.get(type(module), type(module))
         if torch_class not in COMPACT_CLASSES:
             continue
-        compact = backend is not None and (torch_class is not nn.BatchNorm2d or bits is not None)
-        module.__class__ = COMPACT_CLASSES[torch_class] if compact else torch_class
-        if isinstance(module, CompactBatchNorm2d):
+        compact = COMPACT_CLASSES[torch_class]
+        wanted = backend is not None and (bits is not None or compact not in STORING)
+        module.__class__ = compact if wanted else torch_class
+        if isinstance(module, STORING):
             module.backend, module.bits = backend, bits
         else:
             module.__dict__.pop("backend", None)

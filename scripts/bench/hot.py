@@ -53,11 +53,12 @@ class Block(nn.Module):
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
         self.fc1, self.fc2 = nn.Linear(width, hidden), nn.Linear(hidden, width)
+        self.act = nn.GELU()
 
     def forward(self, x):
         h = self.qkv(self.norm1(x)).unflatten(-1, (3, -1)).sum(-2)
         x = x + self.proj(h)
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
 
 
 def linear_stack(blocks: int, width: int, hidden: int) -> nn.Module:
