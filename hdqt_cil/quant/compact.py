@@ -17,6 +17,7 @@ conv's output is BatchNorm's input, which BatchNorm keeps. So under `quant.abc=t
 `store` is the one rule for an activation kept in low precision: signed levels ±(2^(b-1)-1), one max scale per
 sample, nearest, in the narrowest integer type that holds them (int8 at 8 bits).
 """
+import math
 from contextlib import contextmanager
 
 import torch
@@ -133,31 +134,36 @@ class CompactMaxPool2d(nn.MaxPool2d):
         return super().forward(x) if plain else _WindowMaxPool.apply(x, self)
 
 
-class _StoredBatchNorm(torch.autograd.Function):
-    """y = the module's own BatchNorm forward (torch's, running statistics included); the backward is BatchNorm's
-    training-mode formula with x̂ read back from 8 bits:
-        g_x = γ·invstd/M · (M·g − Σg − x̂·Σ(g·x̂)),  g_γ = Σ(g·x̂),  g_β = Σg   (sums over N, H, W; M their size)."""
+class _StoredNorm(torch.autograd.Function):
+    """y = the module's own torch forward (running statistics included); the backward is the normalization's
+    formula with x̂ = (x − mean)·inv (over `dims`) read back from `bits`, M the size of `dims`:
+        g_x = inv/M · (M·gγ − Σ gγ − x̂·Σ(gγ·x̂)) with gγ = g·γ,  g_γ = Σ(g·x̂),  g_β = Σg
+    (g_γ and g_β summed to γ's shape, `gamma_shape`: (−1, 1, 1) for BatchNorm's channels)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, module, ops):
-        y = nn.BatchNorm2d.forward(module, x)
-        var, mean = torch.var_mean(x, dim=(0, 2, 3), unbiased=False, keepdim=True)
-        invstd = torch.rsqrt(var + module.eps)
-        levels, scale = store((x - mean) * invstd, module.bits, ops)
-        ctx.save_for_backward(levels, scale, invstd, weight)
+    def forward(ctx, x, weight, bias, module, ops, dims, gamma_shape):
+        y = TORCH_CLASSES[type(module)].forward(module, x)
+        var, mean = torch.var_mean(x, dim=dims, unbiased=False, keepdim=True)
+        inv = torch.rsqrt(var + module.eps)
+        levels, scale = store((x - mean) * inv, module.bits, ops)
+        ctx.dims, ctx.gamma_shape = dims, gamma_shape
+        ctx.save_for_backward(levels, scale, inv, weight)
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        levels, scale, invstd, weight = ctx.saved_tensors
-        x_hat, g = restore(levels, scale), grad_y.to(torch.float32)
-        dims, count = (0, 2, 3), g.numel() // g.shape[1]
-        g_sum, g_dot = g.sum(dims, keepdim=True), (g * x_hat).sum(dims, keepdim=True)
-        gamma = torch.ones_like(invstd) if weight is None else weight.view_as(invstd)
-        grad_x = gamma * invstd / count * (count * g - g_sum - x_hat * g_dot)
-        grad_w = None if weight is None else g_dot.flatten()
-        grad_b = None if weight is None else g_sum.flatten()
-        return grad_x.to(grad_y.dtype), grad_w, grad_b, None, None
+        levels, scale, inv, weight = ctx.saved_tensors
+        x_hat, g, dims = restore(levels, scale), grad_y.to(torch.float32), ctx.dims
+        gamma = None if weight is None else weight.view(ctx.gamma_shape)
+        g_gamma = g if gamma is None else g * gamma
+        count = math.prod(g.shape[d] for d in dims)
+        grad_x = inv / count * (count * g_gamma - g_gamma.sum(dims, keepdim=True)
+                                - x_hat * (g_gamma * x_hat).sum(dims, keepdim=True))
+        grad_w = grad_b = None
+        if gamma is not None:
+            grad_w = (g * x_hat).sum_to_size(gamma.shape).view_as(weight)
+            grad_b = g.sum_to_size(gamma.shape).view_as(weight)
+        return grad_x.to(grad_y.dtype), grad_w, grad_b, None, None, None, None
 
 
 class CompactBatchNorm2d(nn.BatchNorm2d):
@@ -170,36 +176,8 @@ class CompactBatchNorm2d(nn.BatchNorm2d):
         wants_grad = x.requires_grad or self.weight is not None and self.weight.requires_grad
         if not (batch_stats and torch.is_grad_enabled() and wants_grad):
             return super().forward(x)
-        return _StoredBatchNorm.apply(x, self.weight, self.bias, self, resolve_ops(self.backend, x.device))
-
-
-class _StoredLayerNorm(torch.autograd.Function):
-    """y = torch's LayerNorm; the backward is its formula with x̂ read back from `bits`, per row of D values:
-        g_x = rstd/D · (D·gγ − Σ gγ − x̂·Σ(gγ·x̂)) with gγ = g·γ,  g_γ = Σ_rows(g·x̂),  g_β = Σ_rows g."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, module, ops):
-        y = nn.LayerNorm.forward(module, x)
-        dims = tuple(range(x.dim() - len(module.normalized_shape), x.dim()))
-        var, mean = torch.var_mean(x, dim=dims, unbiased=False, keepdim=True)
-        rstd = torch.rsqrt(var + module.eps)
-        levels, scale = store((x - mean) * rstd, module.bits, ops)
-        ctx.dims = dims
-        ctx.save_for_backward(levels, scale, rstd, weight)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        levels, scale, rstd, weight = ctx.saved_tensors
-        x_hat, g, dims = restore(levels, scale), grad_y.to(torch.float32), ctx.dims
-        rows = tuple(range(g.dim() - len(dims)))
-        g_gamma = g if weight is None else g * weight
-        count = x_hat[(0,) * len(rows)].numel()
-        grad_x = rstd / count * (count * g_gamma - g_gamma.sum(dims, keepdim=True)
-                                 - x_hat * (g_gamma * x_hat).sum(dims, keepdim=True))
-        grad_w = None if weight is None else (g * x_hat).sum(rows)
-        grad_b = None if weight is None else g.sum(rows)
-        return grad_x.to(grad_y.dtype), grad_w, grad_b, None, None
+        return _StoredNorm.apply(x, self.weight, self.bias, self, resolve_ops(self.backend, x.device), (0, 2, 3),
+                                 (-1, 1, 1))
 
 
 class CompactLayerNorm(nn.LayerNorm):
@@ -211,7 +189,9 @@ class CompactLayerNorm(nn.LayerNorm):
         wants_grad = x.requires_grad or self.weight is not None and self.weight.requires_grad
         if not (torch.is_grad_enabled() and wants_grad and x.dim() > len(self.normalized_shape)):
             return super().forward(x)
-        return _StoredLayerNorm.apply(x, self.weight, self.bias, self, resolve_ops(self.backend, x.device))
+        dims = tuple(range(x.dim() - len(self.normalized_shape), x.dim()))
+        return _StoredNorm.apply(x, self.weight, self.bias, self, resolve_ops(self.backend, x.device), dims,
+                                 tuple(self.normalized_shape))
 
 
 class _StoredGELU(torch.autograd.Function):

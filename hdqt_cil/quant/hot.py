@@ -134,19 +134,18 @@ class _HotProduct(torch.autograd.Function):
         ctx.per_token = layer.lqs_per_token
         needs_x, needs_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         saved_w = weight if needs_x else None
-        kept = layer._keeps() if needs_w else None
-        ctx.kept = kept
+        ctx.kept = kept = layer._keeps() if needs_w else None
+        ops = resolve_ops(layer.scheme.backend, x.device)
         if kept is None:
             ctx.save_for_backward(saved_w, None, None)
         elif kept == "compressed":
             checks = []
-            ops = resolve_ops(layer.scheme.backend, x.device)
             values, scale, block, rank = compressed_input(layer, x, step, training, ops, checks)
             layer._check_finite(checks, backward=False)
             ctx.save_for_backward(saved_w, values, scale)
             ctx.abc = (block, rank)
         elif kept == "stored":
-            ctx.save_for_backward(saved_w, *store(x, layer.scheme.abc_bits, resolve_ops(layer.scheme.backend, x.device)))
+            ctx.save_for_backward(saved_w, *store(x, layer.scheme.abc_bits, ops))
         else:
             ctx.save_for_backward(saved_w, x, None)
         return y

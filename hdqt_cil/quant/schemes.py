@@ -108,10 +108,11 @@ class HotScheme:
     (block min(hadamard_cap, largest power of two dividing O)). gw_bits: g_W = Gᵀ·x with G (stochastic) and x
     HLA-compressed along the tokens (rank: `hla_rank` rows a block, or `hla_rank_ratio` of the block, or LP_L1's
     triangle when both are None). abc_bits: the compressed x (SAWB, nearest). `abc`, what the forward keeps for
-    the backward: True: Linears and 1×1 convs the compressed x, k×k convs x in 8 bits, ReLU a bit mask, BatchNorm
-    its normalized input in 8 bits (quant/compact.py); 'columns': every layer the compressed x (a k×k conv's
-    im2col matrix), the neighbours in float; 'pointwise': Linears and 1×1 convs the compressed x, the rest in
-    float; False: all in float. Only True's 8-bit copies of k×k conv inputs and BatchNorm change gradients. Bits None: that operand stays float (its transform still applies).
+    the backward: True: Linears and 1×1 convs the compressed x, k×k convs x in abc_bits, ReLU and max pooling
+    their exact compact forms, the norms and GELU their inputs in abc_bits (quant/compact.py); 'columns': every
+    layer the compressed x (a k×k conv's im2col matrix), the neighbours in float; 'pointwise': Linears and 1×1
+    convs the compressed x, the rest in float; False: all in float. Only True's low-precision copies change
+    gradients. Bits None: that operand stays float (its transform still applies).
     lqs: choose per layer, on a calibration batch, per-token scales for G in g_x when e_token < lqs_threshold ·
     e_tensor (quant/lqs.py).
     """

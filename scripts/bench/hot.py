@@ -123,11 +123,6 @@ def _hot(backend: str, abc=True):
     return dataclasses.replace(preset("hot"), backend=backend, abc=abc)
 
 
-def _calibrate(model, x, target, loss):
-    choices = calibrate_lqs(model, x, target, loss)
-    return sum(c["per_token"] for c in choices.values()), len(choices)
-
-
 def vit_linear(args, device):
     case = "vit-linear"
     torch.manual_seed(0)
@@ -147,9 +142,9 @@ def vit_linear(args, device):
         model.load_state_dict(base.state_dict())
         if backend is not None:
             quantize_model(model, _hot(backend))
-            per_token, layers = _calibrate(model, x, target, loss_fn)
-            ops = resolve_ops(backend, device).name
-            row(case, label, "LQS per-token layers", per_token, f"of {layers} (ops: {ops})")
+            calibrate_lqs(model, x, target, loss_fn)
+            per_token, layers = _lqs_row(model)
+            row(case, label, "LQS per-token layers", per_token, f"{layers} (ops: {resolve_ops(backend, device).name})")
         autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
         def forward():
@@ -334,7 +329,8 @@ def main():
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     header = (f"device {name}, torch {torch.__version__}, TF32 off, ViT stack {args.blocks} blocks × "
               f"(tokens {args.tokens}, width {args.width}, MLP {args.hidden}) batch {args.batch}, ResNet-32 batch "
-              f"{args.resnet_batch}, ResNet-18 (224×224) batch {args.resnet18_batch}, median of {args.reps} after {args.warmup} warm-up"
+              f"{args.resnet_batch}, ResNet-18 (224×224) batch {args.resnet18_batch}, median of {args.reps} after "
+              f"{args.warmup} warm-up"
               + (" (--quick: sizes reduced)" if args.quick else ""))
     print(header, flush=True)
     started = time.time()
