@@ -22,16 +22,10 @@ import numpy as np
 import pandas as pd
 
 from hdqt_cil.files import read_json, write_atomic
-from hdqt_cil.results.tables import collect_runs, to_markdown
+from hdqt_cil.results.tables import collect_runs, mean_std, to_markdown
 
 QUANT = "hdqt"
 STATS = ("forward_saturated", "grad_input_saturated", "grad_weight_saturated", "input_clipped", "weight_clipped")
-
-
-def cell(values, form=".1f") -> str:
-    """'mean ± std' (std over seeds, ddof 1; 0 for one value)."""
-    v = np.asarray(values, dtype=float)
-    return f"{v.mean():{form}} ± {(v.std(ddof=1) if len(v) > 1 else 0.0):{form.lstrip('+')}}"
 
 
 def split_accuracy(acc_matrix) -> pd.DataFrame:
@@ -90,10 +84,10 @@ def accuracy_split_table(pairs: pd.DataFrame) -> pd.DataFrame:
     for (strategy, k), g in pairs.groupby(["strategy", "exp"]):
         row = {"strategy": strategy, "after exp": k, "seeds": " ".join(map(str, sorted(g.seed)))}
         for c in ("new", "old"):
-            row[f"{c} fp32"], row[f"{c} hdqt"], row[f"Δ{c}"] = (cell(g[f"{c}_fp32"]), cell(g[f"{c}_q"]),
-                                                              cell(g[f"d_{c}"], "+.1f"))
-        row["Δlearned"], row["Δforgotten"] = cell(g.d_learned, "+.1f"), cell(g.d_forgotten, "+.1f")
-        row["Δ(new − old)"] = cell(g.d_new - g.d_old, "+.1f")
+            row[f"{c} fp32"], row[f"{c} hdqt"], row[f"Δ{c}"] = (mean_std(g[f"{c}_fp32"]), mean_std(g[f"{c}_q"]),
+                                                              mean_std(g[f"d_{c}"], "+.1f"))
+        row["Δlearned"], row["Δforgotten"] = mean_std(g.d_learned, "+.1f"), mean_std(g.d_forgotten, "+.1f")
+        row["Δ(new − old)"] = mean_std(g.d_new - g.d_old, "+.1f")
         if k == 0:
             for c in ("old fp32", "old hdqt", "Δold", "Δlearned", "Δforgotten", "Δ(new − old)"):
                 row[c] = "–"
@@ -121,24 +115,24 @@ def decomposition(pairs: pd.DataFrame) -> pd.DataFrame:
     per_seed = pd.DataFrame(rows)
     numbers = [c for c in per_seed if c not in ("strategy", "seed")]
     table = per_seed.assign(**{c: per_seed[c].map(lambda v: f"{v:+.1f}") for c in numbers}).astype({"seed": str})
-    means = [{"strategy": s, "seed": "mean ± std", **{c: cell(g[c], "+.1f") for c in numbers}}
+    means = [{"strategy": s, "seed": "mean ± std", **{c: mean_std(g[c], "+.1f") for c in numbers}}
              for s, g in per_seed.groupby("strategy")]
     return pd.concat([table, pd.DataFrame(means)]).sort_values(["strategy", "seed"], kind="stable")
 
 
 def age_table(pairs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame([{"strategy": s, "age (experiences since the task's own)": d,
-                          "seeds": " ".join(map(str, sorted(g.seed))), "fp32": cell(g.forgetting_fp32),
-                          "hdqt": cell(g.forgetting_q), "Δ (paired)": cell(g.d_forgetting, "+.1f"),
+                          "seeds": " ".join(map(str, sorted(g.seed))), "fp32": mean_std(g.forgetting_fp32),
+                          "hdqt": mean_std(g.forgetting_q), "Δ (paired)": mean_std(g.d_forgetting, "+.1f"),
                           "Δ per seed": " / ".join(f"{v:+.1f}" for v in g.sort_values("seed").d_forgetting),
                           "seeds hdqt > fp32": f"{int((g.d_forgetting > 0).sum())}/{len(g)}"}
                          for (s, d), g in pairs.groupby(["strategy", "age"])])
 
 
 def loss_table(pairs: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame([{"strategy": s, "exp": k, "seeds": len(g), "fp32": cell(g.loss_fp32, ".3f"),
-                          "hdqt": cell(g.loss_q, ".3f"), "Δ (paired)": cell(g.d_loss, "+.3f"),
-                          "hdqt / fp32": cell(g.loss_q / g.loss_fp32, ".2f")}
+    return pd.DataFrame([{"strategy": s, "exp": k, "seeds": len(g), "fp32": mean_std(g.loss_fp32, ".3f"),
+                          "hdqt": mean_std(g.loss_q, ".3f"), "Δ (paired)": mean_std(g.d_loss, "+.3f"),
+                          "hdqt / fp32": mean_std(g.loss_q / g.loss_fp32, ".2f")}
                          for (s, k), g in pairs.groupby(["strategy", "exp"])])
 
 
@@ -180,8 +174,8 @@ def quant_table(stats: pd.DataFrame, stat: str, a: str, b: str) -> pd.DataFrame:
     for (group, k), g in sorted(wide.groupby(["group", "exp"]), key=lambda kg: (group_order(kg[0][0]), kg[0][1])):
         both = g.dropna(subset=[a, b])
         rows.append({"group": group, "exp": k,
-                     f"{a} %": cell(g[a].dropna(), ".3g"), f"{b} %": cell(g[b].dropna(), ".3g"),
-                     f"{a} − {b} (paired)": cell(both[a] - both[b], "+.3g"),
+                     f"{a} %": mean_std(g[a].dropna(), ".3g"), f"{b} %": mean_std(g[b].dropna(), ".3g"),
+                     f"{a} − {b} (paired)": mean_std(both[a] - both[b], "+.3g"),
                      f"seeds {a} > {b}": f"{int((both[a] > both[b]).sum())}/{len(both)}"})
     return pd.DataFrame(rows)
 

@@ -104,14 +104,19 @@ def collect_runs(*roots) -> pd.DataFrame:
     return df
 
 
+def mean_std(values, form: str = ".1f") -> str:
+    """'mean ± std' over seeds (std with ddof 1; 0 for one value); a '+' in `form` signs the mean only."""
+    values = np.asarray(values, dtype=float)
+    std = values.std(ddof=1) if len(values) > 1 else 0.0
+    return f"{values.mean():{form}} ± {std:{form.lstrip('+')}}"
+
+
 def _cell(values, status, form: str = ".1f") -> str:
     done = [v for v, s in zip(values, status) if s == "complete" and not math.isnan(v)]
     diverged = sum(s == "diverged" for s in status)
     if not done:
         return "diverged" if diverged else "–"
-    mean, std = np.mean(done), np.std(done, ddof=1) if len(done) > 1 else 0.0
-    text = f"{mean:{form}} ± {std:{form}}"
-    return text + (f" ({diverged} diverged)" if diverged else "")
+    return mean_std(done, form) + (f" ({diverged} diverged)" if diverged else "")
 
 
 def aggregate(df: pd.DataFrame, keys=ROW_KEYS) -> pd.DataFrame:
