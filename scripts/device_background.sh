@@ -6,9 +6,13 @@
 #   [ENV=value ...] bash scripts/device_background.sh start NAME <device_sweep.sh overrides...>
 #       starts sweep NAME (its log, tables and run archive in /tmp/sweeps/NAME; results under /tmp/runs, shared by
 #       every sweep) and returns; environment variables reach the sweep (CUDA_VISIBLE_DEVICES: its GPUs).
-#   bash scripts/device_background.sh wait SECONDS
-#       waits until every sweep has ended or SECONDS have passed, prints each one's progress, and copies to $OUT
-#       each sweep's files and runs_now.tgz: every run folder so far, checkpoints left out.
+#   [CHECKPOINTS=n] bash scripts/device_background.sh wait SECONDS
+#       waits until every sweep has ended or SECONDS have passed, prints each one's progress, and leaves in $OUT
+#       (a call returns at most 8 files) logs.tgz (every sweep's logs), runs_now.tgz (every run folder so far,
+#       checkpoints left out) and, with CHECKPOINTS=n, up to n ckpt_<k>.tgz files of the unfinished runs'
+#       checkpoints (scripts/pack_checkpoints.py) for the next machine.
+# Sweeps started together share one CUDA MPS control daemon at the default pipe folder, started by the first
+# `start` and left running for the machine's life (a sweep's own daemon would stop with it, under the others).
 set -euo pipefail
 root=/tmp/sweeps
 case ${1:-} in
@@ -16,6 +20,10 @@ case ${1:-} in
     name=${2:?a sweep name}; shift 2
     [ -d /tmp/site ] ||  # once, before sweeps that start together
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+    if command -v nvidia-cuda-mps-control >/dev/null && [ ! -e /tmp/nvidia-mps/control ]; then
+      mkdir -p /tmp/nvidia-mps /tmp/nvidia-mps-log
+      CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps CUDA_MPS_LOG_DIRECTORY=/tmp/nvidia-mps-log nvidia-cuda-mps-control -d
+    fi
     mkdir -p "$root/$name"
     OUT=$root/$name setsid nohup bash scripts/device_sweep.sh "$@" >"$root/$name/outer.log" 2>&1 </dev/null &
     echo $! >"$root/$name/pid"
@@ -25,16 +33,16 @@ case ${1:-} in
     alive() { for pid in "$root"/*/pid; do kill -0 "$(cat "$pid")" 2>/dev/null && return 0; done; return 1; }
     while alive && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
     out=${OUT:-device_out}
+    mkdir -p "$out"
     for folder in "$root"/*/; do
-      name=$(basename "$folder")
       state=$(kill -0 "$(cat "$folder/pid")" 2>/dev/null && echo running || echo ended)
-      echo "== $name: $state"
+      echo "== $(basename "$folder"): $state"
       grep -E "after experience" "$folder/sweep.log" 2>/dev/null | tail -n 2 || true
-      mkdir -p "$out/$name" && cp "$folder"/*.txt "$folder"/*.tgz "$out/$name/" 2>/dev/null || true
-      [ "$state" = ended ] && cp "$folder/sweep.log" "$out/$name/" || true
     done
-    echo "finished runs: $(find /tmp/runs -name summary.json 2>/dev/null | wc -l)"
+    tar czf "$out/logs.tgz" --exclude='*.tgz' -C /tmp sweeps
+    echo "finished runs: $(find /tmp/runs -name summary.json -exec grep -l '"complete"' {} + 2>/dev/null | wc -l)"
     [ -d /tmp/runs ] && tar czf "$out/runs_now.tgz" --exclude=checkpoints -C /tmp runs
+    [ "${CHECKPOINTS:-0}" -gt 0 ] && python3 scripts/pack_checkpoints.py "$out" "$CHECKPOINTS"
     nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader ;;
   *) echo "usage: $0 start NAME <overrides...> | wait SECONDS" >&2; exit 2 ;;
 esac

@@ -33,25 +33,5 @@ echo "sweep exit $status after $(( $(date +%s) - start )) s" | tee -a "$out/devi
 grep -E "after experience|sweep|CUDA MPS|GPU\(s\)" "$out/sweep.log" | tail -8 || true
 python3 scripts/make_tables.py /tmp/runs --out /tmp/tables >/dev/null && tar czf "$out/tables.tgz" -C /tmp tables || true
 tar czf "$out/runs.tgz" --exclude=checkpoints -C /tmp runs
-# Unfinished runs' checkpoints, a few MB a ResNet-32 run, packed greedily into files of at most 15 MiB.
-python3 - "$out" "${CKPT_FILES:-5}" "${CKPT_SKIP:-0}" <<'PY'
-import sys, tarfile
-from pathlib import Path
-out, files, skip = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-folders = sorted(Path("/tmp/runs").rglob("checkpoints"))
-chunks, size = [[]], 0
-for folder in folders:
-    bytes_ = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-    if chunks[-1] and size + bytes_ > 15 * 2**20:
-        chunks.append([])
-        size = 0
-    chunks[-1].append(folder)
-    size += bytes_
-chunks = [c for c in chunks if c]
-for k, chunk in enumerate(chunks[skip:skip + files], start=skip):
-    with tarfile.open(out / f"ckpt_{k}.tgz", "w:gz") as tar:
-        for folder in chunk:
-            tar.add(folder, arcname=str(folder.relative_to("/tmp")))
-print(f"{len(folders)} unfinished runs in {len(chunks)} checkpoint files; returned {skip}..{min(len(chunks), skip + files) - 1}")
-PY
+python3 scripts/pack_checkpoints.py "$out" "${CKPT_FILES:-5}" "${CKPT_SKIP:-0}"
 exit $status
