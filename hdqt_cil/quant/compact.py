@@ -52,18 +52,20 @@ def restore(levels: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return dequantize(levels.to(torch.float32), scale)
 
 
-_BIT_WEIGHTS = 2 ** torch.arange(8, dtype=torch.uint8)
+def _bit_weights(device) -> torch.Tensor:
+    """1, 2, 4, ..., 128 made on `device` (a copy from the CPU would break CUDA-graph capture)."""
+    return 2 ** torch.arange(8, dtype=torch.uint8, device=device)
 
 
 def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     """A bool tensor as uint8, 8 entries a byte (the last byte padded with zeros)."""
     flat = mask.reshape(-1)
     flat = torch.cat([flat, flat.new_zeros(-flat.numel() % 8)]).view(-1, 8)
-    return (flat.to(torch.uint8) * _BIT_WEIGHTS.to(mask.device)).sum(dim=1, dtype=torch.uint8)
+    return (flat.to(torch.uint8) * _bit_weights(mask.device)).sum(dim=1, dtype=torch.uint8)
 
 
 def unpack_mask(packed: torch.Tensor, shape) -> torch.Tensor:
-    bits = packed.unsqueeze(1).bitwise_and(_BIT_WEIGHTS.to(packed.device)).ne(0)
+    bits = packed.unsqueeze(1).bitwise_and(_bit_weights(packed.device)).ne(0)
     return bits.reshape(-1)[:shape.numel()].view(shape)
 
 
