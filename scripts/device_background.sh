@@ -22,7 +22,9 @@ case ${1:-} in
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
     if command -v nvidia-cuda-mps-control >/dev/null && [ ! -e /tmp/nvidia-mps/control ]; then
       mkdir -p /tmp/nvidia-mps /tmp/nvidia-mps-log
-      CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps CUDA_MPS_LOG_DIRECTORY=/tmp/nvidia-mps-log nvidia-cuda-mps-control -d
+      # the daemon sees every GPU: a sweep's CUDA_VISIBLE_DEVICES picks among them for its own jobs only
+      env -u CUDA_VISIBLE_DEVICES CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps CUDA_MPS_LOG_DIRECTORY=/tmp/nvidia-mps-log \
+        nvidia-cuda-mps-control -d
     fi
     mkdir -p "$root/$name"
     OUT=$root/$name setsid nohup bash scripts/device_sweep.sh "$@" >"$root/$name/outer.log" 2>&1 </dev/null &
