@@ -84,6 +84,16 @@ def test_main_table_puts_schemes_side_by_side_and_ablation_rows_by_setting(tmp_p
     assert (tmp_path / "out" / "ablation.png").stat().st_size > 1000
 
 
+def test_an_ablation_without_preset_runs_is_tabled_and_plotted_without_a_reference(tmp_path):
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        _run_with_config(runs, f"acc4_{seed}", _summary("bic", "hdqt", seed, 2.0 + seed, tag="acc4"), acc_bits=4)
+        _run_with_config(runs, f"acc12_{seed}", _summary("bic", "hdqt", seed, 89.0, tag="acc12"), acc_bits=12)
+    make_tables([runs], tmp_path / "out")
+    assert "| hapt | bic | hdqt | acc_bits=12 | 99.0 ± 0.0 | 89.0 ± 0.0 |" in (tmp_path / "out" / "ablation.md").read_text()
+    assert (tmp_path / "out" / "ablation.png").stat().st_size > 1000
+
+
 def test_runs_differing_in_settings_are_split_and_named_never_averaged(tmp_path):
     runs = tmp_path / "runs"
     for seed in (0, 1):

@@ -371,8 +371,10 @@ def make_tables(roots, out_dir, plot: bool = True, published=None) -> pd.DataFra
         ablation_agg = aggregate(ablation, keys=ABLATION_KEYS)
         write_atomic(out / "ablation.md", to_markdown(display_table(ablation_agg, keys=ABLATION_KEYS)))
         if plot:
-            preset = aggregate(_preset_runs(df), keys=["benchmark", "strategy", "scheme"])
-            plot_ablation(ablation_agg, out / "ablation.png", preset[preset.scheme == "fp32"])
+            presets = _preset_runs(df)  # none: the ablation is drawn without FP32's level
+            preset = aggregate(presets, keys=["benchmark", "strategy", "scheme"]) if len(presets) else None
+            fp32 = None if preset is None else preset[preset.scheme == "fp32"]
+            plot_ablation(ablation_agg, out / "ablation.png", fp32)
     if plot:
         plot_accuracy_curves(df, out / "accuracy.png")
         if agg.energy_j_mean.notna().any():
