@@ -92,6 +92,7 @@ def run_path(benchmark, scenario, model, strategy, quant, tag, seed) -> str:
 # Keys that may differ between two runs of the same experiment: they change how, not what, is computed.
 RUN_INDEPENDENT = ("overwrite", "resume", "on_divergence", "logging", "results_root", "data_root", "cost")
 RUN_INDEPENDENT_TRAINER = ("device", "num_workers", "checkpoint_every", "cuda_graph", "deterministic")
+RUN_INDEPENDENT_QUANT = ("sliced_unfold",)  # memory against speed, the same numbers
 
 
 def _without_nulls(value):
@@ -111,6 +112,7 @@ def comparable_config(cfg_dict: dict) -> dict:
     a setting existed matches a run that leaves it at null."""
     out = {k: v for k, v in _without_nulls(cfg_dict).items() if k not in RUN_INDEPENDENT}
     out["trainer"] = {k: v for k, v in out.get("trainer", {}).items() if k not in RUN_INDEPENDENT_TRAINER}
+    out["quant"] = {k: v for k, v in out.get("quant", {}).items() if k not in RUN_INDEPENDENT_QUANT}
     benchmark = {k: v for k, v in out.get("benchmark", {}).items() if k not in DATA_LOCATION}
     if benchmark.get("loader") == benchmark.get("name"):  # a loader named as its data says nothing more
         benchmark.pop("loader", None)

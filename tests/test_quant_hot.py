@@ -1,6 +1,7 @@
 """quant=hot: LP_L1 rows, HLA, the HOT layers' gradients and saved bytes, LQS, config, training, GPU bit-identity."""
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -174,6 +175,79 @@ def test_quantized_gradients_are_close_and_what_abc_keeps_changes_only_a_kxk_con
     assert torch.equal(y, exact[0])
     assert (gx - exact[1]).norm() < 0.5 * exact[1].norm()
     assert (gw - exact[2]).norm() < 0.9 * exact[2].norm()
+
+
+SLICED_CONVS = {  # (conv, input shape): a 3×3 unfolds 9× its input, a strided 7×7 stem ~12×, a 1×1 not at all
+    "3x3": (lambda: nn.Conv2d(4, 8, 3, padding=1), (10, 4, 8, 8)),
+    "3x3 stride 2": (lambda: nn.Conv2d(4, 8, 3, stride=2, padding=1, bias=False), (10, 4, 9, 9)),
+    "7x7 stride 2": (lambda: nn.Conv2d(3, 8, 7, stride=2, padding=3), (16, 3, 16, 16)),
+    "1x1": (lambda: nn.Conv2d(4, 8, 1), (10, 4, 8, 8)),
+}
+
+
+@pytest.mark.parametrize("case", SLICED_CONVS)
+@pytest.mark.parametrize("abc", [True, "columns", False])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_unfolding_a_slice_of_samples_at_a_time_gives_the_same_gradients(case, abc, per_token):
+    make, shape = SLICED_CONVS[case]
+    x = torch.randn(shape)
+    results = []
+    for sliced in (True, False):
+        _, layer = _pair(make, dataclasses.replace(preset("hot"), abc=abc, sliced_unfold=sliced))
+        layer.set_lqs(per_token)
+        results.append(_gradients(layer, x))
+        if sliced:
+            assert (len(layer._sample_slices(shape)) > 1) == (case != "1x1")
+    for a, b in zip(*results):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+def _largest_unfolded(layer, x) -> int:
+    """The most elements any unfolded input (im2col) or g_x column tensor held during one training step."""
+    largest = [0]
+    unfold, fold = layer._input_columns, layer._grad_input
+
+    def columns(t, ops):
+        out = unfold(t, ops)
+        largest[0] = max(largest[0], out.numel())
+        return out
+
+    def folded(rows, x_shape, ops):
+        largest[0] = max(largest[0], rows.numel())
+        return fold(rows, x_shape, ops)
+    layer._input_columns, layer._grad_input = columns, folded
+    _gradients(layer, x)
+    return largest[0]
+
+
+@pytest.mark.parametrize("case", ["3x3", "3x3 stride 2", "7x7 stride 2"])
+def test_a_sliced_unfolding_never_holds_more_than_the_layers_input(case):
+    make, shape = SLICED_CONVS[case]
+    x = torch.randn(shape)
+    for abc in (True, "columns"):
+        sizes = {}
+        for sliced in (True, False):
+            _, layer = _pair(make, dataclasses.replace(preset("hot"), abc=abc, sliced_unfold=sliced))
+            sizes[sliced] = _largest_unfolded(layer, x)
+        assert sizes[True] <= x.numel() < sizes[False]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sample_slices_cover_the_batch_in_order_each_within_the_input_size(seed):
+    g = torch.Generator().manual_seed(seed)
+    draw = lambda low, high: int(torch.randint(low, high, (), generator=g))  # noqa: E731
+    kernel, stride = draw(1, 6), draw(1, 3)
+    conv = nn.Conv2d(draw(1, 5), 4, kernel, stride=stride, padding=kernel // 2)
+    layer = quantize_model(conv, preset("hot"))
+    shape = (draw(1, 40), conv.in_channels, draw(kernel, 20), draw(kernel, 20))
+    slices = layer._sample_slices(shape)
+    assert [i for s in slices for i in range(s.start, s.stop)] == list(range(shape[0]))
+    per_sample = conv.weight[0].numel() * math.prod(layer._output_size(shape))
+    input_size = math.prod(shape)
+    assert all(s.stop - s.start == 1 or (s.stop - s.start) * per_sample <= input_size for s in slices)
+    assert len(slices) == 1 or len(slices) == -(-shape[0] // max(1, input_size // per_sample))
+    unsliced = quantize_model(conv, dataclasses.replace(preset("hot"), sliced_unfold=False))
+    assert unsliced._sample_slices(shape) == [slice(0, shape[0])]
 
 
 @pytest.mark.parametrize("per_token", [False, True])

@@ -15,13 +15,16 @@ Linear on (B, ..., C) has B entries with L the tokens of a sample; a convolution
 and K = C·kh·kw (the im2col rows; the input gradient goes back through col2im). The weight gradient's operands
 are compressed and quantized where they lie: token-major (B, L, C) for a Linear, token-last (B, C, L) for a
 convolution (`_token_dim`); ABC keeps its levels token-last, rows padded to 16 bytes where that costs at most
-1/8 more memory (the GEMM then reads them in place).
+1/8 more memory (the GEMM then reads them in place). With `sliced_unfold` a k×k conv unfolds a slice of samples at a
+time (`_sample_slices`), so that no buffer k² times its input exists; the numbers are the same.
 Scales: ABC and G in g_W per entry (per sample with a token dimension, per tensor for 2-D inputs); G in g_x
 per tensor or per (b, l) row.
 All numeric rules are the package's own (block_hadamard, quantize with the max or SAWB scale, counter-based
 stochastic rounding, the exact integer product with its float epilogue), run through `resolve_ops` so that the
 CuPy kernels take them where they apply.
 """
+import math
+
 import torch
 from torch import nn
 
@@ -68,25 +71,54 @@ def _abc_layout(t: torch.Tensor, token_dim: int) -> torch.Tensor:
 
 
 def compressed_input(layer, x: torch.Tensor, step, count: bool, ops, checks: list):
-    """ABC: (values (B, K, R), scale or None, block, rank) of x as the weight gradient reads it.
+    """ABC: (values (B, K, R), scale or None, block, rank) of x as the weight gradient reads it, made a slice of
+    samples at a time where the layer unfolds its input in slices (`_sample_slices`; x̃'s scales are per sample).
 
     values are int8 levels (abc_bits <= 8) with a per-entry float32 scale, or float32 when abc_bits is None."""
+    parts = [_compressed_slice(layer, x[s], step, count, ops, checks) for s in layer._sample_slices(x.shape)]
+    values, scale, block, rank = parts[0]
+    if len(parts) > 1:
+        values = torch.cat([part[0] for part in parts])
+        scale = None if scale is None else torch.cat([part[1] for part in parts])
+    if scale is None:  # float32, read by torch's matmul in any layout
+        return _tokens_last(values, layer._token_dim), None, block, rank
+    return _abc_layout(values, layer._token_dim), scale, block, rank
+
+
+def _compressed_slice(layer, x: torch.Tensor, step, count: bool, ops, checks: list):
+    """(values in the layer's token layout, scale or None, block, rank) of compressed_input for the samples x."""
     spec = layer.scheme.input_spec
     columns, dim = layer._hot_columns(x, ops), layer._token_dim
     block, rank = _hla_shape(layer, columns.shape[dim])
     compressed = hla_compress(columns, block, rank, ops.block_hadamard, dim)
-    if spec is None:  # float32, read by torch's matmul in any layout
-        return _tokens_last(compressed, dim), None, block, rank
+    if spec is None:
+        return compressed, None, block, rank
     levels, scale = ops.quantize(compressed, spec, layer._counter("grad_weight.input", step))
-    checks.append(("input", compressed, scale))
+    checks.append(("input", x, scale))
     if count:
         layer._count("input_clipped", (~within_levels(compressed, scale, spec)).sum(), compressed.numel())
-    return _abc_layout(storage(levels, spec), dim), scale, block, rank
+    return storage(levels, spec), scale, block, rank
 
 
-def grad_input_rows(layer, g_rows: torch.Tensor, weight: torch.Tensor, per_token: bool, step, count: bool,
-                    ops, checks: list) -> torch.Tensor:
-    """g_x as (B, L, K): G (B, L, O) and W (O, K) Hadamard-transformed along O, quantized, multiplied, / n."""
+def grad_input(layer, g_rows: torch.Tensor, weight: torch.Tensor, per_token: bool, step, count: bool, ops,
+               checks: list, x_shape) -> torch.Tensor:
+    """g_x of shape x_shape: the product of G (B, L, O) and W (O, K), Hadamard-transformed along O and quantized,
+    / n, folded back (col2im for a conv) a slice of samples at a time where the layer unfolds in slices (each
+    element of the product stands alone)."""
+    product = _grad_input_product(layer, g_rows, weight, per_token, step, count, ops, checks)
+    slices = layer._sample_slices(x_shape)
+    if len(slices) == 1:
+        return layer._grad_input(product(slice(None)), x_shape, ops)
+    grad_x = g_rows.new_empty(x_shape)
+    for samples in slices:
+        part = grad_x[samples]
+        part.copy_(layer._grad_input(product(samples), part.shape, ops))
+    return grad_x
+
+
+def _grad_input_product(layer, g_rows: torch.Tensor, weight: torch.Tensor, per_token: bool, step, count: bool,
+                        ops, checks: list):
+    """product(samples) → those samples' g_x rows (b, L, K), G and W quantized once for the whole batch."""
     scheme = layer.scheme
     out = weight.shape[0]
     block = hadamard_block_size(out, scheme.hadamard_cap)
@@ -95,14 +127,18 @@ def grad_input_rows(layer, g_rows: torch.Tensor, weight: torch.Tensor, per_token
     w_had = ops.block_hadamard(w_cols, -1, block)
     if g_spec is None:
         g_had = ops.block_hadamard(g_rows, -1, block)
-        return torch.matmul(g_had, w_had.t()) / block
+        return lambda samples: torch.matmul(g_had[samples], w_had.t()) / block
     g_levels, g_scale = ops.hadamard_quantize(g_rows, g_spec, layer._counter("grad_input.grad_output", step), block)
     w_levels, w_scale = ops.quantize(w_had, w_spec, layer._counter("grad_input.weight", step))
     checks += [("output gradient", g_rows, g_scale), ("weight", w_had, w_scale)]
     if count:
         layer._count("weight_clipped", (~within_levels(w_had, w_scale, w_spec)).sum(), w_had.numel())
-    return ops.scaled_int_matmul(g_levels, w_levels.t(), g_scale, w_scale, block, None, None,
-                                 bounds=(g_spec.level_bound, w_spec.level_bound))
+    per_sample = g_scale.dim() > 0 and g_scale.shape[0] == g_levels.shape[0]  # per token: (B, L, 1)
+
+    def product(samples):
+        return ops.scaled_int_matmul(g_levels[samples], w_levels.t(), g_scale[samples] if per_sample else g_scale,
+                                     w_scale, block, None, None, bounds=(g_spec.level_bound, w_spec.level_bound))
+    return product
 
 
 def grad_weight_sum(layer, g: torch.Tensor, abc, step, ops, checks: list) -> torch.Tensor:
@@ -158,8 +194,7 @@ class _HotProduct(torch.autograd.Function):
         g_rows, g_tokens = layer._hot_grad_layouts(grad_y.to(torch.float32))
         checks, grad_x, grad_w, grad_b = [], None, None, None
         if ctx.needs_input_grad[0]:
-            rows = grad_input_rows(layer, g_rows, weight, ctx.per_token, step, count, ops, checks)
-            grad_x = layer._grad_input(rows, ctx.x_shape, ops)
+            grad_x = grad_input(layer, g_rows, weight, ctx.per_token, step, count, ops, checks, ctx.x_shape)
         if ctx.needs_input_grad[1]:
             if ctx.kept == "compressed":
                 abc = (x_saved, x_scale, *ctx.abc)
@@ -198,6 +233,10 @@ class _HotLayer:
         """Record the LQS choice (None: back to not calibrated, per tensor)."""
         self._lqs = LQS_UNSET if per_token is None else LQS_TOKEN if per_token else LQS_TENSOR
         self.lqs_choice.fill_(self._lqs)
+
+    def _sample_slices(self, x_shape) -> list[slice]:
+        """The slices of the batch the backward unfolds one at a time: all of it (a Linear does not unfold)."""
+        return [slice(None)]
 
     def _load_from_state_dict(self, *args, **kwargs):
         super()._load_from_state_dict(*args, **kwargs)
@@ -250,6 +289,14 @@ class HotConv2d(_HotLayer, QuantConv2d):
 
     def _hot_columns(self, x, ops):
         return self._input_columns(x.to(torch.float32), ops)
+
+    def _sample_slices(self, x_shape) -> list[slice]:
+        """Consecutive slices of the batch whose unfolded input (K·L elements a sample) is at most the layer's
+        input in size: one slice without `sliced_unfold` or where unfolding does not grow the input (1×1 convs)."""
+        batch = x_shape[0]
+        unfolded = self.weight[0].numel() * math.prod(self._output_size(x_shape))
+        size = max(1, batch * math.prod(x_shape[1:]) // unfolded) if self.scheme.sliced_unfold else batch
+        return [slice(start, min(start + size, batch)) for start in range(0, batch, size)]
 
     def _hot_grad_layouts(self, g):
         return self._grad_output_layouts(g)

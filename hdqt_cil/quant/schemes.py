@@ -113,6 +113,9 @@ class HotScheme:
     layer the compressed x (a k×k conv's im2col matrix), the neighbours in float; 'pointwise': Linears and 1×1
     convs the compressed x, the rest in float; False: all in float. Only True's low-precision copies change
     gradients. Bits None: that operand stays float (its transform still applies).
+    sliced_unfold: a k×k conv unfolds (im2col) a slice of samples at a time for x̃ and for g_x's columns, each
+    slice at most the layer's input in size, so that no k²-times-the-input float buffer exists (the scales of x̃
+    are per sample and g_x's product is per element: the same numbers bit for bit).
     lqs: choose per layer, on a calibration batch, per-token scales for G in g_x when e_token < lqs_threshold ·
     e_tensor (quant/lqs.py).
     """
@@ -126,6 +129,7 @@ class HotScheme:
     lqs: bool = True
     lqs_threshold: float = 0.5
     abc: bool | str = True
+    sliced_unfold: bool = True
     seed: int = 0
     backend: str = "auto"
 
@@ -275,6 +279,8 @@ class HotConfig(QuantConfig):
     # (ABC in every layer, k×k convs' im2col matrices included) | pointwise (ABC in Linears and 1x1 convs) | false.
     abc: Any = setting(True, Rule(lambda v: isinstance(v, bool) or v in ABC_MODES,
                                   f"true, false, {' or '.join(ABC_MODES)}"))
+    # k×k convs unfold a slice of samples at a time (at most the layer's input in size): the same numbers, less memory
+    sliced_unfold: bool = setting(True, BOOL)
 
     def check(self, path: str) -> None:
         if self.hla_rank is not None and self.hla_rank_ratio is not None:

@@ -13,8 +13,9 @@ Cases (one table at the end, every number in OUT/hot_<device>.json):
   backward replayed from CUDA graphs.
 - resnet32 (CIFAR shape, batch 128) and resnet18 (torchvision's, 224×224, 100 classes, batch 64): one training step
   (forward, backward, SGD) under fp32 (TF32 off), bf16 autocast, HOT (quant.abc=true: the ReLUs, max pools and
-  BatchNorms keep compact copies, quant/compact.py) and HOT with quant.abc=columns (every conv keeps its compressed
-  im2col matrix, the neighbours their floats); for ResNet-18 on the GPU also the largest batch whose step fits
+  BatchNorms keep compact copies, quant/compact.py; k×k convs unfold a slice of samples at a time), HOT with
+  quant.sliced_unfold=false (the whole batch unfolded at once) and HOT with quant.abc=columns (every conv keeps its
+  compressed im2col matrix, the neighbours their floats); for ResNet-18 on the GPU also the largest batch whose step fits
   --budget-gib (8). fp32 and HOT also with the forward and backward
   replayed from CUDA graphs (hdqt_cil.graph_replay, trainer.cuda_graph).
 - memory: per case, peak torch.cuda.max_memory_allocated during a step minus what was allocated before it (model,
@@ -118,9 +119,9 @@ def row(case, variant, metric, value, unit, ratio=None, vs=""):
           + (f"  ({ratio:.2f}x {vs})" if ratio is not None else ""), flush=True)
 
 
-def _hot(backend: str, abc=True):
+def _hot(backend: str, **settings):
     import dataclasses
-    return dataclasses.replace(preset("hot"), backend=backend, abc=abc)
+    return dataclasses.replace(preset("hot"), backend=backend, **settings)
 
 
 def vit_linear(args, device):
@@ -206,16 +207,18 @@ CNNS = {  # case: (model builder, input shape, classes, batch argument)
 
 def cnn(case, args, device):
     """One training step (forward, backward, SGD) of a convnet under fp32 (TF32 off), bf16 autocast, HOT
-    (abc=true: compact neighbours) and HOT with abc=columns (every conv keeps its compressed im2col matrix); eager
-    and, on the GPU, replayed from CUDA graphs (hdqt_cil.graph_replay, trainer.cuda_graph)."""
+    (abc=true: compact neighbours, sliced unfolding), HOT unfolding the whole batch at once and HOT with
+    abc=columns (every conv keeps its compressed im2col matrix); eager and, on the GPU, replayed from CUDA graphs
+    (hdqt_cil.graph_replay, trainer.cuda_graph)."""
     build, shape, classes, batch_arg = CNNS[case]
     batch = getattr(args, batch_arg)
     reference, fp32_saved = None, None
-    variants = [("fp32", None, None, False), ("bf16 autocast", None, None, True)]
-    variants += [(f"hot[{b}]", b, True, False) for b in args.backends]
-    variants += [(f"hot[{args.backends[0]}] abc=columns", args.backends[0], "columns", False)]
-    for label, backend, abc, bf16 in variants:
-        make_step, model = _cnn_step(build, shape, classes, backend, abc, bf16, device)
+    variants = [("fp32", None, {}, False), ("bf16 autocast", None, {}, True)]
+    variants += [(f"hot[{b}]", b, {}, False) for b in args.backends]
+    variants += [(f"hot[{args.backends[0]}] {key}={value}", args.backends[0], {key: value}, False)
+                 for key, value in (("sliced_unfold", False), ("abc", "columns"))]
+    for label, backend, settings, bf16 in variants:
+        make_step, model = _cnn_step(build, shape, classes, backend, settings, bf16, device)
         step = make_step(batch)
         captured = CapturedTraining(model) if device.type == "cuda" and not bf16 else None
         if backend is not None:
@@ -239,19 +242,19 @@ def cnn(case, args, device):
             row(case, label, f"saved by {kind} layers", value / 2**20, "MiB", value / fp32_saved[kind], "of fp32")
         row(case, label, "saved in all (distinct)", saved["distinct"] / 2**20, "MiB",
             saved["distinct"] / fp32_saved["distinct"], "of fp32")
-        if case == "resnet18" and device.type == "cuda" and abc != "columns":
+        if case == "resnet18" and device.type == "cuda" and "abc" not in settings:
             fits = largest_batch(make_step, args.budget_gib * 2**30, device)
             row(case, label, f"largest batch in {args.budget_gib:g} GiB", fits, "samples")
         del model, step
 
 
-def _cnn_step(build, shape, classes, backend, abc, bf16, device):
+def _cnn_step(build, shape, classes, backend, settings, bf16, device):
     """(make_step(batch) → step(call=model), model) for one variant: the model and its optimizer made once, a
     batch per make_step; step.forward is its loss alone."""
     torch.manual_seed(0)
     model = build(shape, classes).to(device)
     if backend is not None:
-        quantize_model(model, _hot(backend, abc))
+        quantize_model(model, _hot(backend, **settings))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
