@@ -78,7 +78,7 @@ def _evaluator(cfg, run_dir: Path) -> EvaluationPlugin:
     return EvaluationPlugin(*metrics, loggers=loggers)
 
 
-def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s, cost, error=None) -> dict:
+def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s, cost, peak_mib, error=None) -> dict:
     return {
         "status": status,
         "error": error,
@@ -102,6 +102,7 @@ def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s
         "kernel_compile_s": compile_s,  # compiling GPU kernels not shipped prebuilt (kernels/compile.py)
         "cost": cost,  # operation counts and energy estimate on integer hardware (trainer/cost.py, docs/cost.md)
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "peak_memory_mib": peak_mib,  # the most GPU memory the run's tensors held at once (None on the CPU)
         "command": " ".join(sys.argv),
     }
 
@@ -231,13 +232,16 @@ def _train(cfg, bench, strategy, plugins: RunPlugins, folder: RunFolder, start: 
     history, scenario = start.history, bench.scenario
     loader_args = {"num_workers": cfg.trainer.num_workers}
     started, compiled_before = time.time(), compile_seconds()
+    if device.type == "cuda":  # a sweep's worker process may have run other jobs before this one
+        torch.cuda.reset_peak_memory_stats(device)
     log.info("%s: %d classes in %d experiences on %s → %s", cfg.benchmark.name, bench.num_classes,
              bench.n_experiences, device, folder.path)
 
     def write(status, error=None):
         elapsed = start.elapsed_before + time.time() - started
         summary = _summary(cfg, bench, history, status, elapsed, device, plugins.monitor.losses,
-                           compile_seconds() - compiled_before, plugins.cost.summary(), error)
+                           compile_seconds() - compiled_before, plugins.cost.summary(),
+                           peak_memory_mib(device, start.peak_mib_before), error)
         # quant_stats: the layers' saturation and clipping per epoch; lqs: HOT's per-layer choice (made once)
         folder.write(summary, {"quant_stats.json": plugins.quantization.epochs,
                                "lqs.json": plugins.quantization.calibration})
@@ -263,6 +267,14 @@ def _train(cfg, bench, strategy, plugins: RunPlugins, folder: RunFolder, start: 
         raise
     folder.clear_checkpoints()
     return read_json(folder.summary_file)
+
+
+def peak_memory_mib(device, before: float | None) -> float | None:
+    """The most memory torch's allocator held at once on `device` (CUDA) since training (re)started, or before it
+    in the processes a resumed run ran in, in MiB; None on the CPU, which has no such count."""
+    if device.type != "cuda":
+        return before
+    return max(torch.cuda.max_memory_allocated(device) / 2**20, before or 0.0)
 
 
 def _template_arguments(cfg, model, device, plugins: list, run_dir: Path) -> dict:

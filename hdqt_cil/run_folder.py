@@ -37,11 +37,12 @@ def discard_unclaimed(path, root) -> bool:
 @dataclass
 class Start:
     """Where training starts: the first experience to train, the history before it, the epochs already done inside
-    it (an epoch checkpoint) and the wall time spent before."""
+    it (an epoch checkpoint), the wall time spent before and the peak GPU memory reached before (MiB)."""
     first: int = 0
     history: AccuracyHistory | None = None
     within: int = 0
     elapsed_before: float = 0.0
+    peak_mib_before: float | None = None
     resumed: bool = field(init=False, default=False)
 
     def __post_init__(self):
@@ -96,7 +97,8 @@ class RunFolder:
         epochs.every = checkpoint_every
         start = Start(first, history, epochs.arm(first, device))
         if start.resumed and self.summary_file.exists():
-            start.elapsed_before = read_json(self.summary_file)["wall_time_s"]
+            before = read_json(self.summary_file)
+            start.elapsed_before, start.peak_mib_before = before["wall_time_s"], before.get("peak_memory_mib")
         return strategy, start
 
     def clear_checkpoints(self) -> None:

@@ -189,6 +189,7 @@ def test_experiment_with_cuda_graphs_gives_the_same_results(make_cfg, tmp_path, 
     eager = run(make_cfg(*overrides, "trainer.cuda_graph=false"), tmp_path / "eager")
     graphed = run(make_cfg(*overrides, "trainer.cuda_graph=true"), tmp_path / "graphed")
     assert graphed["status"] == eager["status"] == "complete"
+    assert eager["peak_memory_mib"] > 0 and graphed["peak_memory_mib"] > 0
     np.testing.assert_array_equal(np.array(graphed["acc_matrix"], dtype=float),
                                   np.array(eager["acc_matrix"], dtype=float))
     assert graphed["train_loss"] == eager["train_loss"]

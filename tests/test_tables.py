@@ -94,6 +94,17 @@ def test_an_ablation_without_preset_runs_is_tabled_and_plotted_without_a_referen
     assert (tmp_path / "out" / "ablation.png").stat().st_size > 1000
 
 
+def test_the_peak_gpu_memory_column_appears_where_runs_recorded_it(tmp_path):
+    runs = tmp_path / "runs"
+    for seed, peak in ((0, 300.0), (1, 340.0)):
+        _run_with_config(runs, f"gpu{seed}", {**_summary("bic", "hot", seed, 80.0), "peak_memory_mib": peak})
+        _run_with_config(runs, f"cpu{seed}", {**_summary("bic", "fp32", seed, 85.0), "peak_memory_mib": None})
+    table = make_tables([runs], tmp_path / "out")
+    assert table.set_index("quant")["peak GPU MiB"].to_dict() == {"fp32": "–", "hot": "320 ± 28"}
+    _run_with_config(tmp_path / "cpu_only", "cpu", _summary("bic", "fp32", 0, 85.0))
+    assert "peak GPU MiB" not in make_tables([tmp_path / "cpu_only"], tmp_path / "out_cpu")
+
+
 def test_runs_differing_in_settings_are_split_and_named_never_averaged(tmp_path):
     runs = tmp_path / "runs"
     for seed in (0, 1):

@@ -26,8 +26,8 @@ from ..files import read_json, write_atomic
 KEYS = ["benchmark", "scenario", "model", "strategy", "quant"]
 ROW_KEYS = [*KEYS, "variant", "quant_variant"]
 METRICS = {"avg_acc": "avg acc", "last_acc": "last acc", "forgetting": "forgetting", "wall_time_s": "wall s",
-           "int_gmacs": "int GMACs", "energy_j": "energy J"}
-FORMATS = {"int_gmacs": ".4g", "energy_j": ".3g"}  # the cost columns span orders of magnitude
+           "peak_memory_mib": "peak GPU MiB", "int_gmacs": "int GMACs", "energy_j": "energy J"}
+FORMATS = {"int_gmacs": ".4g", "energy_j": ".3g", "peak_memory_mib": ".0f"}  # cost columns span orders of magnitude
 SCHEME_ORDER = ["fp32", "hdqt", "hot", "int4", "luq"]
 # Settings that do not change a scheme's numerics, left out when a run's settings are compared with its preset.
 _NEUTRAL_SETTINGS = ("name", "seed", "backend")
@@ -90,6 +90,7 @@ def collect_runs(*roots) -> pd.DataFrame:
                          "seen_acc": summary["seen_acc"], "classes_per_exp": summary["classes_per_exp"],
                          "n_experiences": summary["n_experiences"],
                          "wall_time_s": summary.get("wall_time_s", math.nan), "path": str(path.parent),
+                         "peak_memory_mib": summary.get("peak_memory_mib") or math.nan,
                          "setting": quant_setting(config), "int_gmacs": cost.get("training int GMACs", math.nan),
                          "energy_j": cost.get("training energy J", {}).get("total", math.nan)})
     if not rows:
@@ -147,12 +148,13 @@ def energy_vs_fp32(agg: pd.DataFrame) -> list[str]:
 
 
 def display_table(agg: pd.DataFrame, keys=ROW_KEYS) -> pd.DataFrame:
-    """The human table: text cells 'mean ± std'; variant columns, and the cost columns, only where some row has
-    one."""
+    """The human table: text cells 'mean ± std'; variant columns, the peak GPU memory and the cost columns only
+    where some row has one."""
     table = agg[[k for k in keys if not k.endswith("variant") or (agg[k] != "").any()]].copy()
     costed = agg["energy_j_mean"].notna().any()
+    shown = {"int_gmacs": costed, "energy_j": costed, "peak_memory_mib": agg["peak_memory_mib_mean"].notna().any()}
     for m, title in METRICS.items():
-        if costed or m not in ("int_gmacs", "energy_j"):
+        if shown.get(m, True):
             table[title] = agg[f"{m}_text"]
     if costed and "quant" in agg and "variant" in agg:
         table["energy vs fp32"] = energy_vs_fp32(agg)
