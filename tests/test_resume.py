@@ -71,7 +71,9 @@ def test_sigkill_mid_experience_then_resume_matches_uninterrupted(tmp_path, stra
                      "after experience 2")
 
 
-@pytest.mark.parametrize("strategy,quant,experience", [("icarl", "fp32", 2), ("lwf", "hot", 1), ("si", "hdqt", 1),
+# SI in FP32: on digits at lr 0.05 HDQT fine-tuning's loss already climbs to the hundreds in its second experience,
+# and SI's penalty (strategies/si.py) tips it past the divergence check.
+@pytest.mark.parametrize("strategy,quant,experience", [("icarl", "fp32", 2), ("lwf", "hot", 1), ("si", "fp32", 1),
                                                      ("der", "fp32", 2), ("er_ace", "fp32", 2), ("agem", "fp32", 2),
                                                      ("dyn_der", "hdqt", 2)])
 def test_sigkill_after_an_epoch_checkpoint_resumes_from_that_epoch(tmp_path, strategy, quant, experience):

@@ -1,6 +1,8 @@
-"""A-GEM (Chaudhry et al., ICLR 2019): a step whose gradient would raise the loss on stored samples is projected
-so that it does not; the reference gradient comes from `sample_size` stored samples (256 in the paper), the memory
-holding trainer.memory_size / #experiences samples of each experience (avalanche's AGEMPlugin).
+"""A-GEM (Chaudhry et al., ICLR 2019): a step whose gradient g would raise the loss on stored samples is projected
+so that it does not: g − (gᵀg_ref / g_refᵀg_ref)·g_ref when gᵀg_ref < 0, else g as it is. The reference gradient
+g_ref comes from `sample_size` stored samples (256 in the paper; the whole memory when it holds fewer), drawn
+evenly from the past experiences, the memory holding trainer.memory_size / #experiences random samples of each
+(avalanche's AGEMPlugin, as in the paper).
 
 avalanche's plugin holds a live iterator over its memory, which a checkpoint can neither pickle nor resume: here it
 is a ResumableCycle over the same loader (strategies/resumable_replay.py), dropped from boundary checkpoints and

@@ -1,6 +1,7 @@
-"""Experience replay: each training batch is joined by an equal share of stored samples, the memory
-(trainer.memory_size samples) split evenly over the experiences seen (avalanche's Replay and its
-experience-balanced buffer, as they are)."""
+"""Experience replay: each training batch is joined by as many stored samples, the memory (trainer.memory_size
+samples) split evenly over the experiences seen, a random subset of each that only shrinks as experiences come
+(avalanche's Replay and its experience-balanced buffer, as they are). The stored samples are drawn in passes
+over the memory, so the last batch of a pass holds what is left of it (a memory of 10, batches of 4: 4, 4, 2)."""
 from dataclasses import dataclass
 
 from avalanche.training import Replay
