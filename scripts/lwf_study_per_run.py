@@ -1,6 +1,6 @@
 """Per-run LwF results of this study and how many runs reach the authors' HAPT numbers.
 
-    python scripts/lwf_study_per_run.py outputs/lwf_study > results/hapt_lwf_study/per_run.md
+    python scripts/lwf_study_per_run.py outputs/lwf_study > results/hapt/lwf_class_order/per_run.md
 """
 import glob
 import json
