@@ -90,7 +90,8 @@ def test_an_ablation_without_preset_runs_is_tabled_and_plotted_without_a_referen
         _run_with_config(runs, f"acc4_{seed}", _summary("bic", "hdqt", seed, 2.0 + seed, tag="acc4"), acc_bits=4)
         _run_with_config(runs, f"acc12_{seed}", _summary("bic", "hdqt", seed, 89.0, tag="acc12"), acc_bits=12)
     make_tables([runs], tmp_path / "out")
-    assert "| hapt | bic | hdqt | acc_bits=12 | 99.0 ± 0.0 | 89.0 ± 0.0 |" in (tmp_path / "out" / "ablation.md").read_text()
+    ablation = (tmp_path / "out" / "ablation.md").read_text()
+    assert "| hapt | bic | hdqt | acc_bits=12 | 99.0 ± 0.0 | 89.0 ± 0.0 |" in ablation
     assert (tmp_path / "out" / "ablation.png").stat().st_size > 1000
 
 

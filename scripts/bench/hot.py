@@ -15,9 +15,9 @@ Cases (one table at the end, every number in OUT/hot_<device>.json):
   (forward, backward, SGD) under fp32 (TF32 off), bf16 autocast, HOT (quant.abc=true: the ReLUs, max pools and
   BatchNorms keep compact copies, quant/compact.py; k×k convs unfold a slice of samples at a time), HOT with
   quant.sliced_unfold=false (the whole batch unfolded at once) and HOT with quant.abc=columns (every conv keeps its
-  compressed im2col matrix, the neighbours their floats); for ResNet-18 on the GPU also the largest batch whose step fits
-  --budget-gib (8). fp32 and HOT also with the forward and backward
-  replayed from CUDA graphs (hdqt_cil.graph_replay, trainer.cuda_graph).
+  compressed im2col matrix, the neighbours their floats); for ResNet-18 on the GPU also the largest batch whose
+  step fits --budget-gib (8). fp32 and HOT also with the forward and backward replayed from CUDA graphs
+  (hdqt_cil.graph_replay, trainer.cuda_graph).
 - memory: per case, peak torch.cuda.max_memory_allocated during a step minus what was allocated before it (model,
   optimizer state, the batch); and bytes saved for the backward per quantized layer kind (saved_tensors_hooks,
   parameters left out), summed over the model, and all that the forward saves with each storage counted once
