@@ -109,3 +109,24 @@ def test_a_cpu_checkpoint_leaves_the_gpu_generators_alone(monkeypatch):
     reader.install(monkeypatch)
     checkpoint._restore_rng_states(saved)
     assert [s.tolist() for s in reader.states.values()] == [[0], [1]]
+
+
+def test_a_checkpoint_naming_a_class_the_code_no_longer_has_is_refused_with_the_way_out(tmp_path):
+    """A mended strategy may rename its plugin (SI's CheckpointableSIPlugin became SIPlugin): resuming a checkpoint
+    written before says so and how to start over, instead of unpickling's bare AttributeError."""
+    import dill
+
+    from hdqt_cil.strategies import si
+    from hdqt_cil.trainer.checkpoint import ExperienceCheckpoints
+
+    gone = type("CheckpointableSIPlugin", (), {"__module__": si.__name__})
+    si.CheckpointableSIPlugin = gone
+    try:
+        folder = tmp_path / "checkpoints" / "exp001"
+        folder.mkdir(parents=True)
+        torch.save({"strategy": gone(), "exp_counter": 1}, folder / "strategy.pkl", pickle_module=dill)
+    finally:
+        del si.CheckpointableSIPlugin
+    (tmp_path / "checkpoints" / "latest").write_text("exp001\n")
+    with pytest.raises(RuntimeError, match="CheckpointableSIPlugin.*resume=false starts the run over"):
+        ExperienceCheckpoints(tmp_path).load(object(), torch.device("cpu"))

@@ -55,7 +55,12 @@ class ExperienceCheckpoints:
     def load(self, strategy, device) -> tuple[object, int, AccuracyHistory]:
         """Restore `strategy` in place; return it, the next experience to train and the history so far."""
         latest = self._latest()
-        strategy, _ = maybe_load_checkpoint(strategy, str(latest / "strategy.pkl"), map_location=device)
+        try:
+            strategy, _ = maybe_load_checkpoint(strategy, str(latest / "strategy.pkl"), map_location=device)
+        except (AttributeError, ModuleNotFoundError) as err:  # pickles name classes; a mended one may be renamed
+            raise RuntimeError(f"{latest}: this checkpoint names a class the code no longer has ({err}); it was "
+                               "written by an earlier version of a strategy or plugin, whose training this code "
+                               "would not continue. resume=false starts the run over") from err
         progress = torch.load(latest / "progress.pt", weights_only=False, map_location=onto(device))
         _restore_rng_states(progress["rng"])
         return strategy, progress["next_exp"], AccuracyHistory(**progress["history"])
