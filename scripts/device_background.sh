@@ -10,7 +10,8 @@
 #       waits until every sweep has ended or SECONDS have passed, prints each one's progress, and leaves in $OUT
 #       (a call returns at most 8 files) logs.tgz (every sweep's logs), runs_now.tgz (every run folder so far,
 #       checkpoints left out) and, with CHECKPOINTS=n, up to n ckpt_<k>.tgz files of the unfinished runs'
-#       checkpoints (scripts/pack_checkpoints.py) for the next machine.
+#       checkpoints (scripts/pack_checkpoints.py) for the next machine: packed once here for every sweep, so a
+#       sweep started here packs none of its own (CKPT_FILES=0 unless set).
 # Sweeps started together share one CUDA MPS control daemon at the default pipe folder, started by the first
 # `start` and left running for the machine's life (a sweep's own daemon would stop with it, under the others).
 set -euo pipefail
@@ -27,7 +28,8 @@ case ${1:-} in
         nvidia-cuda-mps-control -d
     fi
     mkdir -p "$root/$name"
-    OUT=$root/$name setsid nohup bash scripts/device_sweep.sh "$@" >"$root/$name/outer.log" 2>&1 </dev/null &
+    OUT=$root/$name CKPT_FILES=${CKPT_FILES:-0} setsid nohup bash scripts/device_sweep.sh "$@" \
+      >"$root/$name/outer.log" 2>&1 </dev/null &
     echo $! >"$root/$name/pid"
     echo "started sweep $name (pid $!)" ;;
   wait)

@@ -43,8 +43,8 @@ def quantize_model(model: nn.Module, scheme: Scheme | HotScheme) -> nn.Module:
     may have appeared (avalanche's IncrementalClassifier replaces its Linear as classes arrive) or to switch
     schemes. Layer indices (for the random bits) follow module order; a new layer starts at the model's step.
     A HotScheme gives the layers HOT's classes (quant/hot.py), and with `abc=true` their neighbours (ReLU, max
-    pooling, the norms, GELU) compact classes (quant/compact.py); switching between HOT and another scheme changes the classes again,
-    keeping the parameters and the step.
+    pooling, the norms, GELU) compact classes (quant/compact.py); switching between HOT and another scheme changes
+    the classes again, keeping the parameters and the step.
     """
     step = max((m.step for m in model.modules() if isinstance(m, QuantLayer)), default=0)
     classes = _layer_classes(scheme)
