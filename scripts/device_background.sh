@@ -11,7 +11,8 @@
 #       (a call returns at most 8 files) logs.tgz (every sweep's logs), runs_now.tgz (every run folder so far,
 #       checkpoints left out) and, with CHECKPOINTS=n, up to n ckpt_<k>.tgz files of the unfinished runs'
 #       checkpoints (scripts/pack_checkpoints.py) for the next machine: packed once here for every sweep, so a
-#       sweep started here packs none of its own (CKPT_FILES=0 unless set).
+#       sweep started here packs none of its own (CKPT_FILES=0 unless set). Later calls fetch the rest from the
+#       same snapshot: python3 scripts/pack_checkpoints.py $OUT 8 SKIP.
 # Sweeps started together share one CUDA MPS control daemon at the default pipe folder, started by the first
 # `start` and left running for the machine's life (a sweep's own daemon would stop with it, under the others).
 set -euo pipefail

@@ -21,8 +21,13 @@ if [ -f .device_data/hapt_raw.tar.xz ] && [ ! -f data/hapt_features.npz ]; then
   python3 -m data_prep.hapt --archive .device_data/hapt_raw.tar.xz --out data/hapt_features.npz
 fi
 [ -f .device_data/dsads_features.npz ] && mkdir -p data && cp -u .device_data/dsads_features.npz data/
+# Each carried archive is unpacked once a machine: unpacked again for a later sweep, it would put back the
+# checkpoints of runs that have since finished (and cleared them) or moved on.
+mkdir -p /tmp/unpacked
 for earlier in .device_data/runs_*.tgz .device_data/ckpt_*.tgz; do
-  [ -f "$earlier" ] && tar xzf "$earlier" -C /tmp --skip-old-files
+  [ -f "$earlier" ] || continue
+  seen=/tmp/unpacked/$(basename "$earlier").$(stat -c %s "$earlier")
+  [ -e "$seen" ] || { tar xzf "$earlier" -C /tmp --skip-old-files && touch "$seen"; }
 done
 launcher=(-m hydra/launcher=gpus on_divergence=continue)
 [ -n "${JOBS_PER_GPU:-}" ] && launcher+=(hydra.launcher.jobs_per_gpu="$JOBS_PER_GPU")

@@ -2,14 +2,29 @@
 each (a device call returns at most 8 files of 16 MiB), so that a sweep cut by a call's end resumes on the next
 machine (scripts/device_sweep.sh unpacks .device_data/ckpt_*.tgz under the results root).
 
-    python3 scripts/pack_checkpoints.py OUT [FILES [SKIP]] [--root /tmp/runs]
-FILES (default 5) files at most, after leaving out the first SKIP (for a second call that fetches the rest).
+    python3 scripts/pack_checkpoints.py OUT [FILES [SKIP]] [--root /tmp/runs] [--stage /tmp/ckpt_stage]
+FILES (default 5) files at most, after leaving out the first SKIP (for a later call that fetches the rest).
+SKIP=0 packs every unfinished run into the stage folder at once and a later call with SKIP>0 copies from that
+same snapshot: runs that finish or start between the calls cannot shift the numbering, which would leave some
+runs out and return others twice. A run whose summary says it ended (complete or diverged) is left out, even if
+checkpoints were unpacked into its folder again.
 """
 import argparse
+import json
+import shutil
 import tarfile
 from pathlib import Path
 
 LIMIT = 15 * 2**20
+ENDED = ("complete", "diverged")
+
+
+def unfinished(root: Path) -> list[Path]:
+    """The checkpoint folders of the runs under `root` that have not ended, in path order."""
+    def ended(run: Path) -> bool:
+        summary = run / "summary.json"
+        return summary.exists() and json.loads(summary.read_text()).get("status") in ENDED
+    return [folder for folder in sorted(root.rglob("checkpoints")) if not ended(folder.parent)]
 
 
 def chunks(folders: list[Path]) -> list[list[Path]]:
@@ -25,22 +40,38 @@ def chunks(folders: list[Path]) -> list[list[Path]]:
     return [g for g in groups if g]
 
 
+def stage(root: Path, stage_dir: Path) -> None:
+    """Pack every unfinished run's checkpoints into stage_dir/ckpt_<k>.tgz and list each file's runs in
+    stage_dir/contents.txt."""
+    shutil.rmtree(stage_dir, ignore_errors=True)
+    stage_dir.mkdir(parents=True)
+    lines = []
+    for k, group in enumerate(chunks(unfinished(root))):
+        with tarfile.open(stage_dir / f"ckpt_{k}.tgz", "w:gz") as tar:
+            for folder in group:
+                tar.add(folder, arcname=str(folder.relative_to(root.parent)))
+        lines.append(f"ckpt_{k}.tgz: " + " ".join(str(f.parent.relative_to(root)) for f in group))
+    (stage_dir / "contents.txt").write_text("".join(line + "\n" for line in lines))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
     parser.add_argument("files", type=int, nargs="?", default=5)
     parser.add_argument("skip", type=int, nargs="?", default=0)
     parser.add_argument("--root", type=Path, default=Path("/tmp/runs"))
+    parser.add_argument("--stage", type=Path, default=Path("/tmp/ckpt_stage"))
     args = parser.parse_args()
-    folders = sorted(args.root.rglob("checkpoints"))
-    groups = chunks(folders)
+    if args.skip == 0 or not (args.stage / "contents.txt").exists():
+        stage(args.root, args.stage)
+    contents = (args.stage / "contents.txt").read_text().splitlines()
     args.out.mkdir(parents=True, exist_ok=True)
-    for k, group in enumerate(groups[args.skip:args.skip + args.files], start=args.skip):
-        with tarfile.open(args.out / f"ckpt_{k}.tgz", "w:gz") as tar:
-            for folder in group:
-                tar.add(folder, arcname=str(folder.relative_to(args.root.parent)))
-    print(f"{len(folders)} unfinished runs in {len(groups)} checkpoint files; returned "
-          f"{args.skip}..{min(len(groups), args.skip + args.files) - 1}")
+    for line in contents[args.skip:args.skip + args.files]:
+        shutil.copy(args.stage / line.split(":")[0], args.out)
+    runs = sum(len(line.split()) - 1 for line in contents)
+    print(f"{runs} unfinished runs in {len(contents)} checkpoint files; returned "
+          f"{args.skip}..{min(len(contents), args.skip + args.files) - 1}")
+    print("\n".join(contents[args.skip:args.skip + args.files]))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ def _run_with_checkpoint(root: Path, name: str, mib: float) -> None:
 
 def _pack(root: Path, out: Path, *counts: int) -> str:
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "pack_checkpoints.py"), str(out),
-                             *map(str, counts), "--root", str(root / "runs")], capture_output=True, text=True,
+                             *map(str, counts), "--root", str(root / "runs"), "--stage", str(root / "stage")],
+                            capture_output=True, text=True,
                             check=True)
     return result.stdout
 
@@ -40,3 +41,34 @@ def test_checkpoints_are_grouped_within_the_limit_and_fetched_in_parts(tmp_path)
         assert len(runs) == 1 or sum(m.size for m in files) <= 15 * MIB
         packed += sorted(runs)
     assert sorted(packed) == [f"runs/{name}" for name in sorted(sizes)]  # each run once, as the next machine unpacks
+
+
+def _packed_runs(out: Path) -> list[str]:
+    runs = []
+    for archive in sorted(out.glob("ckpt_*.tgz")):
+        with tarfile.open(archive) as tar:
+            runs += sorted({m.name.split("/checkpoints")[0] for m in tar.getmembers() if m.isfile()})
+    return runs
+
+
+def test_a_later_part_comes_from_the_first_call_s_snapshot(tmp_path):
+    """A run that finishes between the calls (its checkpoints removed) must not shift the numbering: the second
+    call returns the runs the first call's numbering promised, none twice, none left out."""
+    for name in ("a/seed0", "b/seed0", "c/seed0", "d/seed0"):
+        _run_with_checkpoint(tmp_path, name, 9)  # one run a file
+    _pack(tmp_path, tmp_path / "out", 2, 0)
+    for path in sorted((tmp_path / "runs" / "a").rglob("*"), reverse=True):  # a finishes, e starts
+        path.unlink() if path.is_file() else path.rmdir()
+    _run_with_checkpoint(tmp_path, "e/seed0", 9)
+    second = _pack(tmp_path, tmp_path / "out", 5, 2)
+    assert "ckpt_2.tgz: c/seed0" in second and "ckpt_3.tgz: d/seed0" in second
+    assert _packed_runs(tmp_path / "out") == [f"runs/{n}/seed0" for n in "abcd"]
+
+
+def test_a_run_that_ended_is_not_packed_even_with_checkpoints_unpacked_into_it(tmp_path):
+    for name in ("a/seed0", "b/seed0", "c/seed0"):
+        _run_with_checkpoint(tmp_path, name, 1)
+    (tmp_path / "runs" / "a" / "seed0" / "summary.json").write_text('{"status": "complete"}')
+    (tmp_path / "runs" / "b" / "seed0" / "summary.json").write_text('{"status": "running"}')
+    assert "2 unfinished runs in 1 checkpoint files" in _pack(tmp_path, tmp_path / "out", 5, 0)
+    assert _packed_runs(tmp_path / "out") == ["runs/b/seed0", "runs/c/seed0"]
