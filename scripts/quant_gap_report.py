@@ -1,7 +1,7 @@
 """Where a strategy's HDQT gap comes from: accuracy on the newest and the old tasks, FP32 against HDQT paired by
 seed, and the HDQT runs' quantization statistics (quant_stats.json) by layer group and experience.
 
-    python scripts/quant_gap_report.py RUNS --out DIR [--compare lwf icarl]
+    python scripts/quant_gap_report.py RUNS --out DIR [--compare lwf bic icarl]
 
 Writes into DIR, from the complete run folders under RUNS (a[k,j]: accuracy on task j after experience k):
 - accuracy_split.md: 'new' a[k,k] and 'old' mean_{j<k} a[k,j]; old = 'learned' (mean a[j,j]) − 'forgotten';
@@ -10,7 +10,8 @@ Writes into DIR, from the complete run folders under RUNS (a[k,j]: accuracy on t
 - forgetting_by_age.md: a[j,j] − a[k,j] by the task's age k − j: whether extra forgetting accumulates;
 - train_loss.md: each experience's last-epoch training loss;
 - quant_stats.md, saturation.png: each statistic per layer group (mean over its layers) and experience (mean over
-  its epochs), the two compared strategies' HDQT runs and their difference paired by seed.
+  its epochs), the compared strategies' HDQT runs and each one's difference from the last named (the
+  reference), paired by seed.
 Accuracies are class-incremental (predictions over all seen classes): a low a[k,j] mixes a task not learned with
 its images given to other tasks' classes.
 """
@@ -164,19 +165,21 @@ def load_quant_stats(runs: pd.DataFrame) -> pd.DataFrame:
     return long.groupby(["strategy", "quant", "seed", "exp", "epoch", "group"], as_index=False)[list(STATS)].mean()
 
 
-def quant_table(stats: pd.DataFrame, stat: str, a: str, b: str) -> pd.DataFrame:
-    """Rows group × experience: `stat` in percent for strategies a and b (mean over epochs, then ± over seeds) and
-    a − b paired by seed."""
+def quant_table(stats: pd.DataFrame, stat: str, strategies) -> pd.DataFrame:
+    """Rows group × experience: `stat` in percent for each strategy (mean over epochs, then ± over seeds) and each
+    one's difference from the last, the reference, paired by seed."""
+    *others, ref = strategies
     per_exp = stats.groupby(["strategy", "seed", "group", "exp"], as_index=False)[stat].mean()
     per_exp[stat] *= 100
     wide = per_exp.pivot_table(index=["group", "exp", "seed"], columns="strategy", values=stat).reset_index()
     rows = []
     for (group, k), g in sorted(wide.groupby(["group", "exp"]), key=lambda kg: (group_order(kg[0][0]), kg[0][1])):
-        both = g.dropna(subset=[a, b])
-        rows.append({"group": group, "exp": k,
-                     f"{a} %": mean_std(g[a].dropna(), ".3g"), f"{b} %": mean_std(g[b].dropna(), ".3g"),
-                     f"{a} − {b} (paired)": mean_std(both[a] - both[b], "+.3g"),
-                     f"seeds {a} > {b}": f"{int((both[a] > both[b]).sum())}/{len(both)}"})
+        row = {"group": group, "exp": k, **{f"{s} %": mean_std(g[s].dropna(), ".3g") for s in strategies}}
+        for s in others:
+            both = g.dropna(subset=[s, ref])
+            row[f"{s} − {ref} (paired)"] = mean_std(both[s] - both[ref], "+.3g")
+            row[f"seeds {s} > {ref}"] = f"{int((both[s] > both[ref]).sum())}/{len(both)}"
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -213,8 +216,7 @@ def report(root, out, compare=("lwf", "icarl"), plot=True) -> dict:
               "forgetting_by_age.md": age_table(paired(ages, ("strategy", "seed", "age"), ("forgetting",))),
               "train_loss.md": loss_table(pairs)}
     stats = load_quant_stats(steps[(steps.quant == QUANT) & steps.strategy.isin(compare)])
-    a, b = compare
-    sections = [f"## {stat}\n\n" + to_markdown(quant_table(stats, stat, a, b)) for stat in STATS]
+    sections = [f"## {stat}\n\n" + to_markdown(quant_table(stats, stat, compare)) for stat in STATS]
     for name, table in tables.items():
         write_atomic(out / name, to_markdown(table))
     write_atomic(out / "quant_stats.md", "\n".join(sections))
@@ -227,10 +229,13 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", help="folder searched recursively for run folders (summary.json)")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--compare", nargs=2, default=["lwf", "icarl"], metavar="STRATEGY",
-                        help="two strategies whose quantization statistics are set side by side")
+    parser.add_argument("--compare", nargs="+", default=["lwf", "icarl"], metavar="STRATEGY",
+                        help="strategies whose quantization statistics are set side by side, each against the "
+                             "last named")
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
+    if len(args.compare) < 2:
+        parser.error(f"--compare needs at least two strategies, got {args.compare}")
     report(args.runs, args.out, args.compare, plot=not args.no_plot)
 
 

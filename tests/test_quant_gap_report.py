@@ -96,3 +96,26 @@ def test_unequal_test_sets_are_refused(tmp_path):
 
 def test_layer_groups():
     assert [gap.layer_group(n) for n in LAYERS] == ["stem", "stage 1", "stage 1", "classifier"]
+
+
+def test_several_strategies_each_against_the_last(tmp_path):
+    runs = tmp_path / "runs"
+    write_run(runs, "lwf", "hdqt", HDQT, stats=lwf_saturation)
+    write_run(runs, "bic", "hdqt", HDQT, stats=lambda exp, epoch, layer: 0.02 if layer == "classifier" else 0.0)
+    write_run(runs, "icarl", "hdqt", FP32, stats=lambda exp, epoch, layer: 0.01 if layer == "classifier" else 0.0)
+    write_run(runs, "lwf", "fp32", FP32)
+    gap.main([str(runs), "--out", str(tmp_path / "out"), "--no-plot", "--compare", "lwf", "bic", "icarl"])
+    quant = (tmp_path / "out" / "quant_stats.md").read_text()
+    table = quant.split("## grad_input_saturated")[0].split("\n", 2)[2]
+    assert table.splitlines()[0].split("|")[3:-1] == [
+        " lwf % ", " bic % ", " icarl % ", " lwf − icarl (paired) ", " seeds lwf > icarl ", " bic − icarl (paired) ",
+        " seeds bic > icarl "]
+    forward = {(r[0], r[1]): r for r in rows(table)}
+    assert forward[("classifier", "2")][2:] == ["0 ± 0", "2 ± 0", "1 ± 0", "-1 ± 0", "0/1", "+1 ± 0", "1/1"]
+    assert forward[("stage 1", "1")][2:] == ["3 ± 0", "0 ± 0", "0 ± 0", "+3 ± 0", "1/1", "+0 ± 0", "0/1"]
+
+
+def test_one_strategy_to_compare_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        gap.main([str(tmp_path), "--out", str(tmp_path / "out"), "--compare", "lwf"])
+    assert "at least two strategies" in capsys.readouterr().err
