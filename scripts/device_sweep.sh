@@ -38,5 +38,9 @@ echo "sweep exit $status after $(( $(date +%s) - start )) s" | tee -a "$out/devi
 grep -E "after experience|sweep|CUDA MPS|GPU\(s\)" "$out/sweep.log" | tail -8 || true
 python3 scripts/make_tables.py /tmp/runs --out /tmp/tables >/dev/null && tar czf "$out/tables.tgz" -C /tmp tables || true
 tar czf "$out/runs.tgz" --exclude=checkpoints -C /tmp runs
-python3 scripts/pack_checkpoints.py "$out" "${CKPT_FILES:-5}" "${CKPT_SKIP:-0}"
+# CKPT_FILES=0 (a background sweep): wait packs them once for every sweep; packing here would also re-stage
+# the snapshot that wait's later calls copy from.
+if [ "${CKPT_FILES:-5}" -gt 0 ]; then
+  python3 scripts/pack_checkpoints.py "$out" "${CKPT_FILES:-5}" "${CKPT_SKIP:-0}"
+fi
 exit $status

@@ -27,7 +27,8 @@ KEYS = ["benchmark", "scenario", "model", "strategy", "quant"]
 ROW_KEYS = [*KEYS, "variant", "quant_variant"]
 METRICS = {"avg_acc": "avg acc", "last_acc": "last acc", "forgetting": "forgetting", "wall_time_s": "wall s",
            "peak_memory_mib": "peak GPU MiB", "int_gmacs": "int GMACs", "energy_j": "energy J"}
-FORMATS = {"int_gmacs": ".4g", "energy_j": ".3g", "peak_memory_mib": ".0f"}  # the cost columns span orders of magnitude
+# the cost columns span orders of magnitude; memory in whole MiB
+FORMATS = {"int_gmacs": ".4g", "energy_j": ".3g", "peak_memory_mib": ".0f"}
 SCHEME_ORDER = ["fp32", "hdqt", "hot", "int4", "luq"]
 # Settings that do not change a scheme's numerics, left out when a run's settings are compared with its preset.
 _NEUTRAL_SETTINGS = ("name", "seed", "backend")
