@@ -84,6 +84,29 @@ def test_main_table_puts_schemes_side_by_side_and_ablation_rows_by_setting(tmp_p
     assert (tmp_path / "out" / "ablation.png").stat().st_size > 1000
 
 
+def test_ablation_settings_are_paired_by_seed_against_default_and_fp32_and_same_runs_named(tmp_path):
+    runs = tmp_path / "runs"
+    for seed in (0, 1, 2):
+        _run_with_config(runs, f"fp{seed}", _summary("bic", "fp32", seed, 90.0 + seed))
+        if seed < 2:  # the default lacks seed 2: its differences are over two seeds, and say so
+            _run_with_config(runs, f"hdqt{seed}", _summary("bic", "hdqt", seed, 80.0 + 2 * seed))
+        _run_with_config(runs, f"acc4_{seed}", _summary("bic", "hdqt", seed, 10.0 + seed, tag="acc4"), acc_bits=4)
+        for bits in (12, 16):  # the same numbers at 12 and 16 bits: nothing saturated at either
+            _run_with_config(runs, f"acc{bits}_{seed}", _summary("bic", "hdqt", seed, 88.0 + 3 * seed,
+                                                                   tag=f"acc{bits}"), acc_bits=bits)
+    make_tables([runs], tmp_path / "out", plot=False)
+    paired = (tmp_path / "out" / "ablation_paired.md").read_text().splitlines()
+    assert paired[0] == ("| benchmark | strategy | scheme | setting | avg acc − default | last acc − default | "
+                         "avg acc − fp32 | last acc − fp32 | seeds | same runs as |")
+    # acc12 − default: 88 − 80, 91 − 82; − fp32: −2, 0, +2
+    assert paired[2] == ("| hapt | bic | hdqt | acc_bits=12 | +8.5 ± 0.7 (2) | +8.5 ± 0.7 (2) | +0.0 ± 2.0 | "
+                         "+0.0 ± 2.0 | 3 | acc_bits=16 |")
+    # acc4 − default: 10 − 80, 11 − 82; − fp32: 10 − 90, 11 − 91, 12 − 92
+    assert paired[4] == ("| hapt | bic | hdqt | acc_bits=4 | -70.5 ± 0.7 (2) | -70.5 ± 0.7 (2) | -80.0 ± 0.0 | "
+                         "-80.0 ± 0.0 | 3 | – |")
+    assert paired[3].endswith("| 3 | acc_bits=12 |") and len(paired) == 5
+
+
 def test_an_ablation_without_preset_runs_is_tabled_and_plotted_without_a_reference(tmp_path):
     runs = tmp_path / "runs"
     for seed in (0, 1):

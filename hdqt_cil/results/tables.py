@@ -4,7 +4,8 @@
   differ in anything but the seed are split, the differing settings named, never averaged together);
 - main.md: the paper's layout, one row per benchmark × strategy with the schemes side by side (untagged runs);
 - ablation.md / ablation.png: runs whose quant settings differ from their preset, one row per setting, and
-  accuracy against each numeric setting;
+  accuracy against each numeric setting; ablation_paired.md: each setting against its default and FP32, paired
+  by seed, and the settings whose runs came out the same;
 - energy.png: accuracy against the estimated training energy on integer hardware (runs that report their cost;
   table.* then adds the integer GMACs, the energy and its ratio to the FP32 row).
 A run counts in a mean only when its summary says `complete`. Diverged runs are shown as such; runs that
@@ -239,6 +240,46 @@ def ablation_runs(df: pd.DataFrame) -> pd.DataFrame:
     return runs.sort_values("tag").drop_duplicates([*ABLATION_KEYS, "seed"])
 
 
+PAIRED = {"avg_acc": "avg acc", "last_acc": "last acc"}
+
+
+def paired_ablation(ablation: pd.DataFrame, presets: pd.DataFrame) -> pd.DataFrame:
+    """Each ablation setting against its scheme's default and against FP32, paired by seed: mean ± std of the
+    per-seed differences (setting − reference) over the seeds both completed, the count of those seeds after each
+    cell when it is fewer than the setting's; and the other settings whose runs are the same seed for seed (the
+    same accuracy after every experience: the setting changed no number)."""
+    done = ablation[ablation.status == "complete"]
+    fp32 = presets[(presets.scheme == "fp32") & (presets.status == "complete")]
+    rows = []
+    for key, group in done.groupby(ABLATION_KEYS):
+        bench, strategy, scheme, setting = key
+        if setting == "default":
+            continue
+        siblings = done[(done.benchmark == bench) & (done.strategy == strategy) & (done.scheme == scheme)]
+        references = {"default": siblings[siblings.setting == "default"],
+                      "fp32": fp32[(fp32.benchmark == bench) & (fp32.strategy == strategy)]}
+        row = dict(zip(ABLATION_KEYS, key))
+        for name, reference in references.items():
+            pairs = group.merge(reference, on="seed", suffixes=("", "_ref"))
+            for m, title in PAIRED.items():
+                cell = mean_std(pairs[m] - pairs[f"{m}_ref"], "+.1f") if len(pairs) else "–"
+                row[f"{title} − {name}"] = cell + (f" ({len(pairs)})" if 0 < len(pairs) < len(group) else "")
+        row["seeds"] = len(group)
+        row["same runs as"] = ", ".join(other for other, runs in siblings.groupby("setting")
+                                        if other != setting and _same_runs(group, runs)) or "–"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _same_runs(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Whether two settings' runs have the same seeds and, seed for seed, the same accuracy after every
+    experience."""
+    if sorted(a.seed) != sorted(b.seed):
+        return False
+    curves = dict(zip(b.seed, b.seen_acc))
+    return all(list(curve) == list(curves[seed]) for seed, curve in zip(a.seed, a.seen_acc))
+
+
 def _setting_value(setting: str, key: str, scheme: str):
     """The numeric value of `key` in a run's setting, or the preset's value for the 'default' row."""
     if setting == "default":
@@ -373,8 +414,9 @@ def make_tables(roots, out_dir, plot: bool = True, published=None) -> pd.DataFra
     if len(ablation):
         ablation_agg = aggregate(ablation, keys=ABLATION_KEYS)
         write_atomic(out / "ablation.md", to_markdown(display_table(ablation_agg, keys=ABLATION_KEYS)))
+        presets = _preset_runs(df)  # none: the ablation is drawn without FP32's level
+        write_atomic(out / "ablation_paired.md", to_markdown(paired_ablation(ablation, presets)))
         if plot:
-            presets = _preset_runs(df)  # none: the ablation is drawn without FP32's level
             preset = aggregate(presets, keys=["benchmark", "strategy", "scheme"]) if len(presets) else None
             fp32 = None if preset is None else preset[preset.scheme == "fp32"]
             plot_ablation(ablation_agg, out / "ablation.png", fp32)
