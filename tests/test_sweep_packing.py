@@ -196,6 +196,37 @@ def test_launcher_packs_jobs_per_gpu_and_runs_the_sweep_under_mps(tmp_path, fake
     assert gpu_slots.ENV not in os.environ and fake_mps.read_text().split()[::2] == ["start", "quit"]
 
 
+def test_each_job_gets_its_gpus_share_of_the_host_cores(monkeypatch, fake_mps):
+    """Two GPUs of a 4-GPU, 64-core host, 3 jobs a GPU: 64 / (4 × 3) = 5 threads a job, whatever this sweep's own
+    job count; the environment's counts are kept unless threads_per_job is set; a bad setting is refused."""
+    seen = {}
+    monkeypatch.setattr(launcher, "device_count", lambda: 2)
+    monkeypatch.setattr(launcher, "host_gpu_count", lambda visible: 4)
+    monkeypatch.setattr(launcher, "cpu_count", lambda: 64)
+    monkeypatch.setattr(launcher.JoblibLauncher, "launch", lambda self, overrides, idx: seen.update(
+        {name: os.environ.get(name) for name in launcher.THREAD_VARIABLES}) or [])
+    monkeypatch.setattr(mps, "cuda_probe", lambda env: "")
+    monkeypatch.setattr(launcher, "_stop_workers", lambda: None)
+    for name in launcher.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+    def sweep(threads=None):
+        made = launcher.GpusLauncher(jobs_per_gpu=3, jobs_per_gpu_by_model={}, default_jobs_per_gpu=1, mps="auto",
+                                     threads_per_job=threads, n_jobs=None)
+        made.config = _Config
+        made.launch([["seed=0"]], 0)
+        return dict(seen)
+
+    assert sweep() == dict.fromkeys(launcher.THREAD_VARIABLES, "5")
+    assert "OMP_NUM_THREADS" not in os.environ  # the jobs' environment only
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    assert sweep()["OMP_NUM_THREADS"] == "7" and sweep()["MKL_NUM_THREADS"] == "5"
+    assert sweep(threads=2) == dict.fromkeys(launcher.THREAD_VARIABLES, "2")
+    with pytest.raises(ValueError, match="hydra.launcher.threads_per_job=0 must be a positive integer or null"):
+        sweep(threads=0)
+    assert launcher.threads_per_job(None, 16, 1, 12) == 1 and launcher.threads_per_job(None, 8, 0, 1) == 8
+
+
 def test_a_sweep_whose_job_process_died_starts_again_with_a_fresh_mps_daemon(tmp_path, fake_mps, monkeypatch, caplog):
     """A dead worker breaks loky's pool (every running job with it): the launcher starts the sweep again, after
     quitting the daemon it started (a GPU fault leaves MPS unusable) and starting a fresh one, `restarts` times."""

@@ -5,6 +5,10 @@ hands each job a GPU slot (hdqt_cil/sweep/gpu_slots.py) and keeps CUDA MPS up fo
 (hdqt_cil/sweep/mps.py). loky's workers live for the whole sweep, so a worker imports torch and loads the kernels
 once for all the jobs it runs. Without a GPU, jobs run on the CPU, `n_jobs` at a time (default 1).
 
+Each job's CPU thread pools (OpenMP, MKL, OpenBLAS) get its GPU's share of the host's cores, split among that
+GPU's jobs (`threads_per_job`). joblib's own limit, cores // n_jobs, counts only this sweep's jobs: sweeps started
+side by side on one host, each on its own GPUs, would otherwise together ask for several threads a core.
+
 A job process that dies (a segfault, the OOM killer, a GPU fault: under MPS one ends every process on that GPU)
 breaks loky's pool and with it every running job. The launcher then starts the sweep again, `restarts` times at
 most, with fresh workers (and a fresh MPS daemon where it started one): finished runs are skipped, unfinished ones
@@ -20,6 +24,7 @@ from typing import Any, Optional, Sequence
 from unittest.mock import patch
 
 from hydra.core.config_store import ConfigStore
+from joblib import cpu_count
 from hydra_plugins.hydra_joblib_launcher.config import JobLibLauncherConf
 from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 
@@ -37,6 +42,7 @@ class GpusLauncherConf(JobLibLauncherConf):
     default_jobs_per_gpu: int = 1  # auto, for a model the table does not name
     mps: str = "auto"  # auto: CUDA MPS when more than one job shares a GPU and it can start | on | off
     restarts: int = 1  # times the sweep starts again after a job process died
+    threads_per_job: Optional[int] = None  # CPU threads of a job; null: threads_per_job()'s share of the cores
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="gpus_base", node=GpusLauncherConf,
@@ -64,8 +70,27 @@ def jobs_per_gpu(setting, by_model: dict, fallback: int, models: set[str]) -> in
     return setting
 
 
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def host_gpu_count(visible: int) -> int:
+    """The host's NVIDIA GPUs, whatever CUDA_VISIBLE_DEVICES hides (the driver's /proc entries); else `visible`."""
+    folder = Path("/proc/driver/nvidia/gpus")
+    return max(len(list(folder.iterdir())), visible) if folder.is_dir() else visible
+
+
+def threads_per_job(setting, cores: int, host_gpus: int, per_gpu: int) -> int:
+    """The `threads_per_job` setting as a number: null takes each GPU's share of the cores split among its jobs."""
+    if setting is None:
+        return max(1, cores // (max(host_gpus, 1) * per_gpu))
+    if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1:
+        raise ValueError(f"hydra.launcher.threads_per_job={setting!r} must be a positive integer or null")
+    return setting
+
+
 class GpusLauncher(JoblibLauncher):
-    def __init__(self, jobs_per_gpu, jobs_per_gpu_by_model, default_jobs_per_gpu, mps, restarts=1, **joblib) -> None:
+    def __init__(self, jobs_per_gpu, jobs_per_gpu_by_model, default_jobs_per_gpu, mps, restarts=1,
+                 threads_per_job=None, **joblib) -> None:
         if mps not in MPS_MODES:
             raise ValueError(f"hydra.launcher.mps={mps!r} must be one of {', '.join(MPS_MODES)}")
         if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
@@ -73,6 +98,7 @@ class GpusLauncher(JoblibLauncher):
         super().__init__(**joblib)
         self.jobs_per_gpu, self.mps, self.restarts = jobs_per_gpu, mps, restarts
         self.by_model, self.fallback = dict(jobs_per_gpu_by_model), default_jobs_per_gpu
+        self.threads = threads_per_job
 
     def launch(self, job_overrides, initial_job_idx):
         from joblib.externals.loky.process_executor import TerminatedWorkerError  # noqa: PLC0415
@@ -100,11 +126,15 @@ class GpusLauncher(JoblibLauncher):
 
                 folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hdqt-sweep-")))
                 env = gpu_slots.announce(folder / "slots", gpus, per_gpu)
+                threads = threads_per_job(self.threads, cpu_count(), host_gpu_count(gpus), per_gpu)
+                # a setting overrides the environment's thread counts; the share only fills them in
+                env |= {name: str(threads) for name in THREAD_VARIABLES if self.threads or name not in os.environ}
                 if per_gpu > 1 and self.mps != "off":
                     env |= stack.enter_context(mps.sharing(folder / "mps", required=self.mps == "on"))
                     stack.callback(_stop_workers)  # before the daemon quits: it waits for its clients
                 stack.enter_context(patch.dict(os.environ, env))  # the job processes inherit it
-                log.info("%d GPU(s) x %d job(s) each, %d at once", gpus, per_gpu, self.joblib["n_jobs"])
+                log.info("%d GPU(s) x %d job(s) each, %d at once, %s CPU thread(s) a job", gpus, per_gpu,
+                         self.joblib["n_jobs"], env.get("OMP_NUM_THREADS") or os.environ["OMP_NUM_THREADS"])
             return super().launch(job_overrides, initial_job_idx)
 
 
