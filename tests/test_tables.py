@@ -134,14 +134,16 @@ def test_runs_differing_in_settings_are_split_and_named_never_averaged(tmp_path)
     for seed in (0, 1):
         for loss, last in (("bce", 70.0), ("ce_kd", 85.0)):
             _run_with_config(runs, f"{loss}{seed}", _summary("icarl", "fp32", seed, last + seed),
-                             strategy={"name": "icarl", "loss": loss}, trainer={"epochs": 100, "device": f"cuda:{seed}"})
+                             strategy={"name": "icarl", "loss": loss},
+                             trainer={"epochs": 100, "device": f"cuda:{seed}"})
         _run_with_config(runs, f"hdqt{seed}", _summary("icarl", "hdqt", seed, 60.0),
                          strategy={"name": "icarl", "loss": "bce"}, trainer={"epochs": 100, "device": "cpu"})
     table = make_tables([runs], tmp_path / "out")
     assert sorted(table.variant) == ["strategy.loss=bce", "strategy.loss=bce", "strategy.loss=ce_kd"]
     assert sorted(table["last acc"]) == ["60.0 ± 0.0", "70.5 ± 0.7", "85.5 ± 0.7"]   # the device does not split
     main = (tmp_path / "out" / "main.md").read_text()
-    assert "| hapt | icarl [strategy.loss=bce] | 80.5 ± 0.7 | 70.5 ± 0.7 | 5.0 ± 0.0 | 70.0 ± 0.0 | 60.0 ± 0.0 |" in main
+    assert ("| hapt | icarl [strategy.loss=bce] | 80.5 ± 0.7 | 70.5 ± 0.7 | 5.0 ± 0.0 | 70.0 ± 0.0 | 60.0 ± 0.0 |"
+            in main)
     assert "| hapt | icarl [strategy.loss=ce_kd] | 95.5 ± 0.7 | 85.5 ± 0.7 | 5.0 ± 0.0 | – | – | – |" in main
 
 
@@ -151,7 +153,8 @@ def test_tagged_runs_only_leave_the_main_table_empty_and_table_md_whole(tmp_path
     _run_with_config(runs, "hd", _summary("bic", "hdqt", 0, 35.0, tag="short3"))
     make_tables([runs], tmp_path / "out")
     assert (tmp_path / "out" / "main.md").read_text().splitlines()[0] == "| benchmark | strategy |"
-    assert "| hapt | class | mlp | bic | hdqt[short3] | 45.0 ± 0.0 | 35.0 ± 0.0 |" in (tmp_path / "out" / "table.md").read_text()
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "| hapt | class | mlp | bic | hdqt[short3] | 45.0 ± 0.0 | 35.0 ± 0.0 |" in table
 
 
 def test_published_numbers_beside_the_runs_with_differences_and_costs(tmp_path):

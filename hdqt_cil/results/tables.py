@@ -1,7 +1,8 @@
 """Tables and plots from run folders (never from logs): mean ± std over seeds.
 
-- table.*: one row per benchmark × scenario × model × strategy × quant[tag] (and variant: runs of one such row whose configs
-  differ in anything but the seed are split, the differing settings named, never averaged together);
+- table.*: one row per benchmark × scenario × model × strategy × quant[tag] (and variant: runs of one such row
+  whose configs differ in anything but the seed are split, the differing settings named, never averaged
+  together);
 - main.md: the paper's layout, one row per benchmark × strategy with the schemes side by side (untagged runs);
 - ablation.md / ablation.png: runs whose quant settings differ from their preset, one row per setting, and
   accuracy against each numeric setting; ablation_paired.md: each setting against its default and FP32, paired
