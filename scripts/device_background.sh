@@ -9,7 +9,7 @@
 #   [CHECKPOINTS=n] bash scripts/device_background.sh wait SECONDS
 #       waits until every sweep has ended or SECONDS have passed, prints each one's progress, and leaves in $OUT
 #       (a call returns at most 8 files) logs.tgz (every sweep's logs), runs_now.tgz (every run folder so far,
-#       checkpoints left out) and, with CHECKPOINTS=n, up to n ckpt_<k>.tgz files of the unfinished runs'
+#       checkpoints left out) and, with CHECKPOINTS=n, up to n (at most 6) ckpt_<k>.tgz files of the unfinished runs'
 #       checkpoints (scripts/pack_checkpoints.py) for the next machine: packed once here for every sweep, so a
 #       sweep started here packs none of its own (CKPT_FILES=0 unless set). Later calls fetch the rest from the
 #       same snapshot: python3 scripts/pack_checkpoints.py $OUT 8 SKIP.
@@ -47,7 +47,9 @@ case ${1:-} in
     tar czf "$out/logs.tgz" --exclude='*.tgz' -C /tmp sweeps
     echo "finished runs: $(find /tmp/runs -name summary.json -exec grep -l '"complete"' {} + 2>/dev/null | wc -l)"
     [ -d /tmp/runs ] && tar czf "$out/runs_now.tgz" --exclude=checkpoints -C /tmp runs
-    [ "${CHECKPOINTS:-0}" -gt 0 ] && python3 scripts/pack_checkpoints.py "$out" "$CHECKPOINTS"
+    # logs.tgz and runs_now.tgz take two of the 8 files a call returns: 6 checkpoint files at most
+    files=$(( ${CHECKPOINTS:-0} < 6 ? ${CHECKPOINTS:-0} : 6 ))
+    [ "$files" -gt 0 ] && python3 scripts/pack_checkpoints.py "$out" "$files"
     nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader ;;
   *) echo "usage: $0 start NAME <overrides...> | wait SECONDS" >&2; exit 2 ;;
 esac
