@@ -8,7 +8,7 @@ Writes into DIR, from the complete run folders under RUNS (a[k,j]: accuracy on t
 - gap_decomposition.md: per seed, the HDQT − FP32 gap of average and last accuracy split exactly into the newest
   task's and the old tasks' parts (seen accuracy = (new + k·old)/(k+1) with equal test sets, checked);
 - forgetting_by_age.md: a[j,j] − a[k,j] by the task's age k − j: whether extra forgetting accumulates;
-- train_loss.md: each experience's last-epoch training loss;
+- train_loss.md: each experience's first- and last-epoch mean training loss;
 - quant_stats.md, saturation.png: each statistic per layer group (mean over its layers) and experience (mean over
   its epochs), the compared strategies' HDQT runs and each one's difference from the last named (the
   reference), paired by seed.
@@ -61,6 +61,7 @@ def load_runs(root) -> tuple[pd.DataFrame, pd.DataFrame]:
         if not np.allclose(steps.seen, summary["seen_acc"], atol=0.01):
             raise ValueError(f"{run.path}: tasks' test sets differ in size (the mean of a row of acc_matrix is "
                              "not the seen accuracy); the split below assumes equal ones")
+        steps["first_loss"] = [losses[0] for losses in summary["train_loss"]]
         steps["loss"] = [losses[-1] for losses in summary["train_loss"]]
         rows.append(steps.assign(strategy=run.strategy, quant=run.quant, seed=run.seed, path=run.path,
                                  avg_acc=run.avg_acc, last_acc=run.last_acc))
@@ -70,7 +71,8 @@ def load_runs(root) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def paired(steps: pd.DataFrame, keys=("strategy", "seed", "exp"),
-           cols=("new", "old", "learned", "forgotten", "seen", "loss", "avg_acc", "last_acc")) -> pd.DataFrame:
+           cols=("new", "old", "learned", "forgotten", "seen", "first_loss", "loss", "avg_acc", "last_acc")
+           ) -> pd.DataFrame:
     """FP32 and HDQT runs of the same strategy and seed side by side (suffixes _fp32, _q), d_* = q − fp32."""
     keys, cols = list(keys), list(cols)
     both = steps[steps.quant == "fp32"][keys + cols].merge(steps[steps.quant == QUANT][keys + cols], on=keys,
@@ -131,7 +133,9 @@ def age_table(pairs: pd.DataFrame) -> pd.DataFrame:
 
 
 def loss_table(pairs: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame([{"strategy": s, "exp": k, "seeds": len(g), "fp32": mean_std(g.loss_fp32, ".3f"),
+    return pd.DataFrame([{"strategy": s, "exp": k, "seeds": len(g),
+                          "first epoch fp32": mean_std(g.first_loss_fp32, ".3f"),
+                          "first epoch hdqt": mean_std(g.first_loss_q, ".3f"), "fp32": mean_std(g.loss_fp32, ".3f"),
                           "hdqt": mean_std(g.loss_q, ".3f"), "Δ (paired)": mean_std(g.d_loss, "+.3f"),
                           "hdqt / fp32": mean_std(g.loss_q / g.loss_fp32, ".2f")}
                          for (s, k), g in pairs.groupby(["strategy", "exp"])])

@@ -17,11 +17,12 @@ from hdqt_cil.graph_replay import CapturedInference
 
 STRATEGIES = ["naive", "lwf", "icarl", "bic", "joint", "replay", "der", "er_ace", "gdumb", "agem", "ewc", "si",
               "dyn_der"]
-VARIANTS = {"bic": ["strategy.stage_2_epochs=2"], "icarl-bce": ["strategy.loss=bce", "strategy.eval_head=nme"]}
+VARIANTS = {"bic": ["strategy.stage_2_epochs=2"], "icarl-bce": ["strategy.loss=bce", "strategy.eval_head=nme"],
+            "bic-seen": ["strategy.stage_2_epochs=2", "strategy.ce_classes=seen"]}
 
 
 @pytest.mark.parametrize("quant", ["fp32", "hdqt"])
-@pytest.mark.parametrize("variant", [*STRATEGIES, "icarl-bce"])
+@pytest.mark.parametrize("variant", [*STRATEGIES, "icarl-bce", "bic-seen"])
 def test_strategy_runs_one_epoch_on_digits(make_cfg, tmp_path, variant, quant):
     strategy = variant.split("-")[0]
     cfg = make_cfg(f"strategy={strategy}", f"quant={quant}", "trainer.epochs=1", "trainer.device=cpu",
@@ -167,6 +168,39 @@ def test_pycil_losses_by_hand():
         kd = -(teacher * F.log_softmax(logits[:, :2] / 2, dim=1)).sum(1).mean()
         expected = F.cross_entropy(logits[:, first:4], batch.mb_y - first) + 0.5 * kd
         assert torch.allclose(batch.loss, expected)
+
+
+def test_bic_cross_entropy_runs_over_the_seen_classes_when_asked(make_cfg, monkeypatch):
+    """ce_classes=seen: training's cross-entropy over the first (seen) outputs and the bias stage's view of the
+    model cut to them, the model handed back after; null: every output; evaluation's loss over every output."""
+    import torch.nn.functional as F
+    from avalanche.training.plugins import bic as avalanche_bic
+
+    from hdqt_cil.models import build_model
+    from hdqt_cil.strategies import DataFacts, build_strategy
+    from hdqt_cil.strategies.bic import BiCPlugin
+
+    torch.manual_seed(0)
+    logits, y, x = torch.randn(6, 10), torch.tensor([0, 1, 2, 3, 0, 1]), torch.randn(2, 64)
+    stage_outputs = []
+    monkeypatch.setattr(avalanche_bic.BiCPlugin, "bias_correction_step",
+                        lambda self, strategy, **kw: stage_outputs.append(strategy.model(x).shape[1]))
+    for setting, classes in (("null", 10), ("seen", 4)):
+        cfg = make_cfg("strategy=bic", f"strategy.ce_classes={setting}")
+        model = build_model(cfg.model, (64,), 10)
+        common = dict(optimizer=torch.optim.SGD(model.parameters(), lr=0.1), criterion=nn.CrossEntropyLoss(),
+                      train_mb_size=8, train_epochs=1, eval_mb_size=8, device="cpu", plugins=[])
+        strategy = build_strategy(cfg.strategy, cfg.trainer, model, common, DataFacts(False, 5))
+        bic = next(p for p in strategy.plugins if isinstance(p, BiCPlugin))
+        bic.seen_classes.update(range(4))
+        strategy.mbatch, strategy.mb_output = [x, y, None], logits
+        strategy.is_training = True
+        assert torch.allclose(strategy.criterion(), F.cross_entropy(logits[:, :classes], y))
+        strategy.is_training = False
+        assert torch.allclose(strategy.criterion(), F.cross_entropy(logits, y))
+        bic.bias_correction_step(strategy)
+        assert stage_outputs[-1] == classes and strategy.model is model
+    assert BiCPlugin.__new__(BiCPlugin).seen_only is False  # a plugin restored from before the setting existed
 
 
 @pytest.mark.parametrize("name", ["lwf", "icarl", "bic"])

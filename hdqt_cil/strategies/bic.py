@@ -1,4 +1,5 @@
-"""BiC (Wu et al. 2019) on avalanche 0.6.0's plugin, with two of its defects mended.
+"""BiC (Wu et al. 2019) on avalanche 0.6.0's plugin, with two of its defects mended and its cross-entropy's
+classes a setting.
 
 1. Its bias-correction stage builds `MultiStepLR(..., verbose=False)`; torch removed `verbose`, so the stage
    crashes on current torch. We hand it a scheduler class that accepts and drops the argument.
@@ -6,17 +7,24 @@
    classes, and with the temperature fixed at 2 whatever `T` says. The paper's (and FACIL's) loss is the
    cross-entropy between the temperature-softened class distributions of the old and new model, so we
    normalise over dim=1 and use `T`.
+
+`ce_classes`: avalanche's BiC trains a cross-entropy over every output of the model's fixed classifier, so from the
+first experience on it also pushes down the logits of classes not yet seen; the paper's network and PyCIL's
+(`IncrementalNetWithBias`, the HDQT authors' code base) grow the classifier with the classes, so their
+cross-entropy, and the bias stage's, runs over the classes seen so far. `ce_classes=seen` does that here (classes
+arrive relabelled in order: the first outputs); evaluation scores over the seen classes either way.
 """
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch.nn.functional as F
+from torch import nn
 from avalanche.training.plugins import bic as avalanche_bic
 from avalanche.training.templates import SupervisedTemplate
 from torch.optim.lr_scheduler import MultiStepLR
 
-from ..settings import FRACTION, NON_NEGATIVE, POSITIVE, POSITIVE_INT, Rule, setting
+from ..settings import FRACTION, NON_NEGATIVE, POSITIVE, POSITIVE_INT, Rule, one_of, optional, setting
 from .base import STRATEGIES, StrategyConfig
 
 
@@ -35,14 +43,48 @@ def _scheduler_without_verbose():
         avalanche_bic.MultiStepLR = saved
 
 
+class _SeenOutputs(nn.Module):
+    """The model's outputs of the classes seen so far (the bias stage's view under `ce_classes=seen`)."""
+
+    def __init__(self, model: nn.Module, seen: int):
+        super().__init__()
+        self.model, self.seen = model, seen
+
+    def forward(self, x):
+        return self.model(x)[:, : self.seen]
+
+
 class BiCPlugin(avalanche_bic.BiCPlugin):
+    seen_only = False  # what a plugin restored from a checkpoint written before the setting existed did
+
+    def __init__(self, *args, seen_only: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen_only = seen_only
+
     def cross_entropy(self, new_outputs, old_outputs):
         soft_targets = F.softmax(old_outputs / self.T, dim=1)
         return F.cross_entropy(new_outputs / self.T, soft_targets)
 
     def bias_correction_step(self, strategy, **kwargs):
-        with _scheduler_without_verbose():
-            super().bias_correction_step(strategy, **kwargs)
+        model = strategy.model
+        if self.seen_only:
+            strategy.model = _SeenOutputs(model, len(self.seen_classes))
+        try:
+            with _scheduler_without_verbose():
+                super().bias_correction_step(strategy, **kwargs)
+        finally:
+            strategy.model = model
+
+
+class BiCTemplate(SupervisedTemplate):
+    """The training cross-entropy over the classes seen so far when the BiC plugin says `seen_only`; evaluation's
+    loss, and everything else, as avalanche's template."""
+
+    def criterion(self):
+        bic = next(p for p in self.plugins if isinstance(p, BiCPlugin))
+        if not (self.is_training and bic.seen_only):
+            return super().criterion()
+        return F.cross_entropy(self.mb_output[:, : len(bic.seen_classes)], self.mb_y)
 
 
 @dataclass
@@ -55,6 +97,8 @@ class BiCConfig(StrategyConfig):
     # -1: distillation weighted by old/all classes, as in the paper
     lamb: Any = setting(-1, Rule(lambda v: v == -1 or NON_NEGATIVE.test(v),
                                    "-1 (old/all classes) or a non-negative number"))
+    # the cross-entropy's classes: null, every output (avalanche's BiC); seen, those seen so far (the paper, PyCIL)
+    ce_classes: Optional[str] = setting(None, optional(one_of("seen")))
 
 
 def _fits(cfg, trainer, num_classes: int) -> None:
@@ -67,5 +111,6 @@ def _fits(cfg, trainer, num_classes: int) -> None:
 @STRATEGIES.register("bic", BiCConfig, teachers=("model_old",), fits=_fits, scenarios=("class", "task"))
 def build(cfg, trainer, model, common, data):
     plugin = BiCPlugin(mem_size=trainer.memory_size, val_percentage=cfg.val_percentage, T=cfg.temperature,
-                       stage_2_epochs=cfg.stage_2_epochs, lamb=cfg.lamb, lr=cfg.stage_2_lr)
-    return SupervisedTemplate(model=model, **{**common, "plugins": [*common["plugins"], plugin]})
+                       stage_2_epochs=cfg.stage_2_epochs, lamb=cfg.lamb, lr=cfg.stage_2_lr,
+                       seen_only=cfg.ce_classes == "seen")
+    return BiCTemplate(model=model, **{**common, "plugins": [*common["plugins"], plugin]})
