@@ -134,7 +134,7 @@ class GpusLauncher(JoblibLauncher):
                     stack.callback(_stop_workers)  # before the daemon quits: it waits for its clients
                 stack.enter_context(patch.dict(os.environ, env))  # the job processes inherit it
                 log.info("%d GPU(s) x %d job(s) each, %d at once, %s CPU thread(s) a job", gpus, per_gpu,
-                         self.joblib["n_jobs"], env.get("OMP_NUM_THREADS") or os.environ["OMP_NUM_THREADS"])
+                         self.joblib["n_jobs"], os.environ["OMP_NUM_THREADS"])
             return super().launch(job_overrides, initial_job_idx)
 
 
