@@ -165,7 +165,8 @@ class RunPlugins:
             cost=CostCounter(energy_table(cfg.cost), teachers(cfg.strategy.name)),
             epochs=EpochCheckpoints(ExperienceCheckpoints(run_dir).root, t.checkpoint_every),
             graphs=CudaGraphPlugin(teachers(cfg.strategy.name)) if t.cuda_graph and device.type == "cuda" else None,
-            augment=BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)) if gpu_augment else None)
+            augment=(BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)) if gpu_augment
+                     else None))
 
     @classmethod
     def of(cls, strategy) -> "RunPlugins":
@@ -204,21 +205,22 @@ def _run(cfg, run_dir: Path, gpu: int) -> dict:
     # Only a run that could be built claims its folder: bad input leaves nothing behind.
     folder = RunFolder(run_dir)
     state = folder.claim(OmegaConf.to_container(cfg, resolve=True), cfg.overwrite, bench.data_fingerprint)
-    if state == "done":
-        log.info("%s already holds this run, finished; overwrite=true reruns it", run_dir)
-        return read_json(folder.summary_file)
-    start = Start(history=AccuracyHistory(bench.n_experiences, bench.num_classes))
-    if state == "again" and cfg.resume:
-        strategy, start = folder.resume(strategy, device, start.history, cfg.trainer.checkpoint_every)
-        plugins = RunPlugins.of(strategy)
-    if start.resumed:
-        log.info("resuming %s after experience %d%s", run_dir, start.first,
-                 f", epoch {start.within} of the next" if start.within else "")
-    else:
-        folder.clear_checkpoints()
     try:
+        if state == "done":
+            log.info("%s already holds this run, finished; overwrite=true reruns it", run_dir)
+            return read_json(folder.summary_file)
+        start = Start(history=AccuracyHistory(bench.n_experiences, bench.num_classes))
+        if state == "again" and cfg.resume:
+            strategy, start = folder.resume(strategy, device, start.history, cfg.trainer.checkpoint_every)
+            plugins = RunPlugins.of(strategy)
+        if start.resumed:
+            log.info("resuming %s after experience %d%s", run_dir, start.first,
+                     f", epoch {start.within} of the next" if start.within else "")
+        else:
+            folder.clear_checkpoints()
         return _train(cfg, bench, strategy, plugins, folder, start, device)
     finally:
+        folder.release()
         for logger in strategy.evaluator.loggers:
             if isinstance(logger, ScalarWandBLogger):
                 logger.finish()

@@ -3,6 +3,8 @@
 `claim` makes the folder this run's (or says it already holds this run, finished); `resume` puts a strategy back
 where the folder's checkpoints left it (trainer/checkpoint.py); `write` records the results, each file atomically.
 """
+import fcntl
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,10 +51,34 @@ class Start:
         self.resumed = bool(self.first or self.within)
 
 
+class RunInUse(RuntimeError):
+    """Another process is writing the run in this folder."""
+
+
 class RunFolder:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.checkpoints = ExperienceCheckpoints(self.path)
+        self._lock = None
+
+    def _hold(self) -> None:
+        """Hold the folder for this process until `release` (or the process's end: the kernel drops the lock of a
+        crashed run). Two processes writing one run (the same sweep started twice, or the job processes of a
+        sweep stopped only in part) would train it twice and interleave its files."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunInUse(f"{self.path} is being written by another process; wait for it to end or stop it, "
+                           "then run this again (it resumes where that one stopped)") from None
+        self._lock = fd
+
+    def release(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     @property
     def summary_file(self) -> Path:
@@ -63,9 +89,18 @@ class RunFolder:
         return self.path / "data.json"
 
     def claim(self, cfg_dict: dict, overwrite: bool, data_fingerprint: str) -> str:
-        """Make the folder this run's. Returns 'done' (this exact run finished there), 'again' (this run started
-        there before) or 'new'. A folder holding a different config, or the same config on other data (by the
-        fingerprint of the data's contents, wherever they lie), is refused."""
+        """Make the folder this run's and hold it (`release`). Returns 'done' (this exact run finished there),
+        'again' (this run started there before) or 'new'. A folder holding a different config, or the same config
+        on other data (by the fingerprint of the data's contents, wherever they lie), or one that another process
+        holds (RunInUse), is refused."""
+        self._hold()
+        try:
+            return self._claim(cfg_dict, overwrite, data_fingerprint)
+        except BaseException:
+            self.release()
+            raise
+
+    def _claim(self, cfg_dict: dict, overwrite: bool, data_fingerprint: str) -> str:
         config_file = self.path / "config.yaml"
         state = "new"
         if config_file.exists() and not overwrite:

@@ -6,6 +6,9 @@
 #   [ENV=value ...] bash scripts/device_background.sh start NAME <device_sweep.sh overrides...>
 #       starts sweep NAME (its log, tables and run archive in /tmp/sweeps/NAME; results under /tmp/runs, shared by
 #       every sweep) and returns; environment variables reach the sweep (CUDA_VISIBLE_DEVICES: its GPUs).
+#   bash scripts/device_background.sh stop NAME
+#       stops sweep NAME and every process it started (its job processes too), so that its GPUs can take other
+#       work; its unfinished runs resume from their checkpoints when a sweep names them again.
 #   [CHECKPOINTS=n] bash scripts/device_background.sh wait SECONDS
 #       waits until every sweep has ended or SECONDS have passed, prints each one's progress, and leaves in $OUT
 #       (a call returns at most 8 files) logs.tgz (every sweep's logs), runs_now.tgz (every run folder so far,
@@ -33,6 +36,15 @@ case ${1:-} in
       >"$root/$name/outer.log" 2>&1 </dev/null &
     echo $! >"$root/$name/pid"
     echo "started sweep $name (pid $!)" ;;
+  stop)
+    name=${2:?a sweep name}
+    session=$(cat "$root/$name/pid")  # setsid made the sweep's first process its session's leader
+    # The whole session, not the process group `start` made: `timeout` (device_sweep.sh) moves the sweep into a
+    # group of its own, so the group's end would leave the sweep and its job processes training.
+    pkill -TERM -s "$session" || true
+    for _ in $(seq 30); do pgrep -s "$session" >/dev/null || break; sleep 1; done
+    pkill -KILL -s "$session" || true
+    echo "stopped sweep $name" ;;
   wait)
     deadline=$(( $(date +%s) + ${2:?seconds to wait} ))
     alive() { for pid in "$root"/*/pid; do kill -0 "$(cat "$pid")" 2>/dev/null && return 0; done; return 1; }
@@ -51,5 +63,5 @@ case ${1:-} in
     files=$(( ${CHECKPOINTS:-0} < 6 ? ${CHECKPOINTS:-0} : 6 ))
     [ "$files" -gt 0 ] && python3 scripts/pack_checkpoints.py "$out" "$files"
     nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader ;;
-  *) echo "usage: $0 start NAME <overrides...> | wait SECONDS" >&2; exit 2 ;;
+  *) echo "usage: $0 start NAME <overrides...> | stop NAME | wait SECONDS" >&2; exit 2 ;;
 esac

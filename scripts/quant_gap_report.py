@@ -13,7 +13,9 @@ Writes into DIR, from the complete run folders under RUNS (a[k,j]: accuracy on t
   its epochs), the compared strategies' HDQT runs and each one's difference from the last named (the
   reference), paired by seed.
 Accuracies are class-incremental (predictions over all seen classes): a low a[k,j] mixes a task not learned with
-its images given to other tasks' classes.
+its images given to other tasks' classes. Runs of one strategy in several variants (settings outside quant, e.g.
+`strategy.ce_classes=seen`) are kept apart, each strategy named by its variant ('bic [strategy.ce_classes=seen]'),
+and FP32 is paired with HDQT within a variant; runs off their scheme's preset (a quant variant) are left out.
 """
 import argparse
 import re
@@ -23,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from hdqt_cil.files import read_json, write_atomic
-from hdqt_cil.results.tables import collect_runs, mean_std, to_markdown
+from hdqt_cil.results.tables import collect_runs, mean_std, strategy_labels, to_markdown
 
 QUANT = "hdqt"
 STATS = ("forward_saturated", "grad_input_saturated", "grad_weight_saturated", "input_clipped", "weight_clipped")
@@ -51,11 +53,19 @@ def forgetting_by_age(acc_matrix) -> pd.DataFrame:
 
 
 def load_runs(root) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Complete runs (collect_runs): one row per run × experience (accuracy split, last-epoch training loss) and one
-    per run × task age (forgetting_by_age)."""
+    """Complete runs at their scheme's preset (collect_runs), strategies named by their variant: one row per
+    run × experience (accuracy split, last-epoch training loss) and one per run × task age (forgetting_by_age)."""
     runs = collect_runs(root)
+    runs = runs[(runs.status == "complete") & (runs.quant_variant == "")]
+    runs = runs.assign(strategy=strategy_labels(runs), quant=runs.scheme)
+    twice = runs[runs.duplicated(["strategy", "quant", "seed"], keep=False)]
+    if len(twice):
+        raise ValueError("runs at the same settings and seed cannot be paired; keep one of each under the folder: "
+                         + ", ".join(twice.path))
+    if runs.empty:
+        raise FileNotFoundError(f"no complete runs at their scheme's preset under {root}")
     rows, ages = [], []
-    for run in runs[runs.status == "complete"].itertuples():
+    for run in runs.itertuples():
         summary = read_json(Path(run.path) / "summary.json")
         steps = split_accuracy(summary["acc_matrix"])
         if not np.allclose(steps.seen, summary["seen_acc"], atol=0.01):
@@ -219,6 +229,10 @@ def report(root, out, compare=("lwf", "icarl"), plot=True) -> dict:
     tables = {"accuracy_split.md": accuracy_split_table(pairs), "gap_decomposition.md": decomposition(pairs),
               "forgetting_by_age.md": age_table(paired(ages, ("strategy", "seed", "age"), ("forgetting",))),
               "train_loss.md": loss_table(pairs)}
+    missing = sorted(set(compare) - set(steps[steps.quant == QUANT].strategy))
+    if missing:
+        raise ValueError(f"--compare: no {QUANT} runs of {', '.join(missing)}; there are "
+                         f"{', '.join(sorted(set(steps[steps.quant == QUANT].strategy)))}")
     stats = load_quant_stats(steps[(steps.quant == QUANT) & steps.strategy.isin(compare)])
     sections = [f"## {stat}\n\n" + to_markdown(quant_table(stats, stat, compare)) for stat in STATS]
     for name, table in tables.items():

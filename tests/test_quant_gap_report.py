@@ -20,12 +20,14 @@ HDQT = [[90, NAN, NAN], [50, 80, NAN], [20, 40, 70]]
 LAYERS = ("features.1.conv1", "features.1.stages.1.0.conv1", "features.1.stages.1.0.conv2", "classifier")
 
 
-def write_run(root: Path, strategy: str, quant: str, acc_matrix, stats=None, seed=0):
-    folder = root / "cifar10-resnet32" / strategy / quant / f"seed{seed}"
+def write_run(root: Path, strategy: str, quant: str, acc_matrix, stats=None, seed=0, tag="", config=None):
+    folder = root / "cifar10-resnet32" / strategy / (f"{quant}-{tag}" if tag else quant) / f"seed{seed}"
     folder.mkdir(parents=True)
+    if config is not None:  # the settings a table compares; the run's tag and seed as the real config records them
+        (folder / "config.yaml").write_text(json.dumps({**config, "tag": tag, "seed": seed}))
     seen = [sum(row[: k + 1]) / (k + 1) for k, row in enumerate(acc_matrix)]
     summary = {"status": "complete", "error": None, "n_experiences": 3, "classes_per_exp": [2, 2, 2], "steps_done": 3,
-               "run": {"benchmark": "cifar10", "model": "resnet32", "strategy": strategy, "quant": quant, "tag": "",
+               "run": {"benchmark": "cifar10", "model": "resnet32", "strategy": strategy, "quant": quant, "tag": tag,
                        "seed": seed, "scenario": "class"},
                "metrics": {"avg_acc": sum(seen) / 3, "last_acc": seen[-1], "forgetting": 0.0, "bwt": 0.0},
                "seen_acc": seen, "acc_matrix": acc_matrix, "class_acc": [], "wall_time_s": 1.0,
@@ -121,3 +123,28 @@ def test_one_strategy_to_compare_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gap.main([str(tmp_path), "--out", str(tmp_path / "out"), "--compare", "lwf"])
     assert "at least two strategies" in capsys.readouterr().err
+
+
+def test_strategy_variants_are_paired_apart(tmp_path):
+    """A strategy run in two variants (one of them tagged): FP32 against HDQT within each variant, never across."""
+    runs = tmp_path / "runs"
+    seen = {"strategy": {"name": "bic", "ce_classes": "seen"}}
+    write_run(runs, "bic", "fp32", FP32, config={"strategy": {"name": "bic"}})
+    write_run(runs, "bic", "hdqt", HDQT, stats=lwf_saturation, config={"strategy": {"name": "bic"}})
+    write_run(runs, "bic", "fp32", FP32, tag="ce_seen", config=seen)
+    write_run(runs, "bic", "hdqt", FP32, stats=lwf_saturation, tag="ce_seen", config=seen)
+    both = ["bic [strategy.ce_classes=seen]", "bic [strategy.ce_classes=unset]"]
+    gap.main([str(runs), "--out", str(tmp_path / "out"), "--no-plot", "--compare", *both])
+    means = {r[0]: r for r in rows((tmp_path / "out" / "gap_decomposition.md").read_text()) if r[1] == "mean ± std"}
+    assert sorted(means) == both
+    assert means[both[0]][2] == "+0.0 ± 0.0" and means[both[1]][2] == "-5.0 ± 0.0"
+
+
+def test_runs_that_cannot_be_paired_are_refused(tmp_path):
+    write_run(tmp_path, "lwf", "fp32", FP32)
+    write_run(tmp_path, "lwf", "hdqt", HDQT, stats=lwf_saturation)
+    with pytest.raises(ValueError, match="no hdqt runs of bic; there are lwf"):
+        gap.main([str(tmp_path), "--out", str(tmp_path / "out"), "--no-plot", "--compare", "bic", "lwf"])
+    write_run(tmp_path, "lwf", "fp32", FP32, tag="again")  # the same settings and seed twice
+    with pytest.raises(ValueError, match="same settings and seed.*fp32-again"):
+        gap.load_runs(tmp_path)

@@ -1,6 +1,7 @@
 """Runs that survive: a real process killed with SIGKILL mid-experience resumes to the identical result."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ def _summary(results_root, strategy, quant="fp32"):
 
 def _kill_and_resume(tmp_path, strategy, quant, overrides, killable, log_says):
     """An uninterrupted run, then the same run SIGKILLed once `killable()` sees its folder ready and resumed:
-    the two accuracy matrices, losses and operation counts must be equal."""
+    the two accuracy matrices, losses and operation counts must be equal. Returns the resumed run's output."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     reference = subprocess.run(_cmd(tmp_path / "ref", *overrides), cwd=ROOT, env=env, capture_output=True,
                                text=True, timeout=600)
@@ -52,6 +53,7 @@ def _kill_and_resume(tmp_path, strategy, quant, overrides, killable, log_says):
     np.testing.assert_array_equal(np.array(got["class_acc"], float), np.array(want["class_acc"], float))
     assert got["train_loss"] == want["train_loss"]
     assert got["cost"]["experiences"] == want["cost"]["experiences"]  # every operation counted once
+    return resumed.stderr + resumed.stdout
 
 
 def _overrides(strategy, quant, *more):
@@ -84,8 +86,10 @@ def test_sigkill_after_an_epoch_checkpoint_resumes_from_that_epoch(tmp_path, str
     def past_epoch_10(checkpoints):
         return any(int(p.name.rsplit("epoch", 1)[1]) >= 10 for p in checkpoints.glob(f"exp{experience:03d}_epoch*"))
 
-    _kill_and_resume(tmp_path, strategy, quant, _overrides(strategy, quant, "trainer.checkpoint_every=5"),
-                     past_epoch_10, f"after experience {experience}, epoch")
+    output = _kill_and_resume(tmp_path, strategy, quant, _overrides(strategy, quant, "trainer.checkpoint_every=5"),
+                              past_epoch_10, f"after experience {experience}, epoch")
+    # progress lines count each epoch of the experience's 30, the resumed one's too
+    assert set(re.findall(r"epoch \d+/(\d+): mean training loss", output)) == {"30"}
 
 
 def test_divergence_is_recorded_and_optionally_lets_a_sweep_go_on(tmp_path):

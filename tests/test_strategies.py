@@ -14,6 +14,7 @@ from hdqt_cil import experiment
 from hdqt_cil.trainer.cuda_graphs import CudaGraphPlugin
 from hdqt_cil.experiment import run
 from hdqt_cil.graph_replay import CapturedInference
+from hdqt_cil.run_folder import RunFolder, RunInUse
 
 STRATEGIES = ["naive", "lwf", "icarl", "bic", "joint", "replay", "der", "er_ace", "gdumb", "agem", "ewc", "si",
               "dyn_der"]
@@ -49,6 +50,22 @@ def test_finished_run_is_reused_and_different_config_refused(make_cfg, tmp_path)
     assert again == first
     with pytest.raises(FileExistsError, match="different config.*tag="):
         run(make_cfg("strategy=naive", "trainer.epochs=2"), run_dir)
+
+
+def test_a_run_folder_is_written_by_one_process_at_a_time(make_cfg, tmp_path):
+    """A second writer of one run is refused before it touches the folder; the holder's release (or its end)
+    lets the run go on."""
+    run_dir, cfg = tmp_path / "run", make_cfg("strategy=naive", "trainer.epochs=1")
+    holder = RunFolder(run_dir)
+    holder.claim({"other": "config"}, overwrite=False, data_fingerprint="x")
+    with pytest.raises(RunInUse, match=re.escape(str(run_dir))):
+        run(cfg, run_dir)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "data.json"]  # the holder's alone
+    holder.release()
+    assert run(make_cfg("strategy=naive", "trainer.epochs=1", "overwrite=true"), run_dir)["status"] == "complete"
+    again = RunFolder(run_dir)  # released at the run's end
+    assert again.claim({}, overwrite=True, data_fingerprint="x") == "new"
+    again.release()
 
 
 @pytest.mark.parametrize("every, epochs, logged", [("auto", 3, [1, 2, 3]), ("auto", 25, [3, 6, 9, 12, 15, 18, 21, 24]),

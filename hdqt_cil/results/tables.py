@@ -185,11 +185,16 @@ def main_table(df: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def strategy_labels(runs: pd.DataFrame) -> list[str]:
+    """Each run's strategy, named by its variant (the settings outside quant in which it differs from the
+    strategy's other runs) when it has one: 'bic [strategy.ce_classes=seen]'."""
+    return [s + (f" [{v}]" if v else "") for s, v in zip(runs.strategy, runs.variant)]
+
+
 def _preset_runs(df: pd.DataFrame) -> pd.DataFrame:
-    """Runs at their scheme's preset settings (no tag, no quant variant); a strategy run in several variants is
-    named by its differing settings."""
+    """Runs at their scheme's preset settings (no tag, no quant variant), strategies named by their variant."""
     runs = df[(df.tag.fillna("") == "") & (df.quant_variant == "")]
-    return runs.assign(strategy=[s + (f" [{v}]" if v else "") for s, v in zip(runs.strategy, runs.variant)])
+    return runs.assign(strategy=strategy_labels(runs))
 
 
 PUBLISHED_COLUMNS = ("benchmark", "strategy", "quant", "avg_acc", "last_acc", "source")
