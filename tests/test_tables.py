@@ -73,14 +73,17 @@ def test_main_table_puts_schemes_side_by_side_and_ablation_rows_by_setting(tmp_p
         _run_with_config(runs, f"acc8_{seed}", _summary("bic", "hdqt", seed, 88.0 + seed, tag="acc8"), acc_bits=8)
         _run_with_config(runs, f"acc4_{seed}", _summary("bic", "hdqt", seed, 2.0 + seed, tag="acc4"), acc_bits=4)
         _run_with_config(runs, f"acc12_{seed}", _summary("bic", "hdqt", seed, 89.0, tag="acc12"), acc_bits=12)
+        # a setting that changes no number (memory against speed) is no ablation: HOT's runs stay in main.md
+        _run_with_config(runs, f"hot{seed}", _summary("bic", "hot", seed, 85.0 + seed), sliced_unfold=False)
     make_tables([runs], tmp_path / "out")
     main = (tmp_path / "out" / "main.md").read_text().splitlines()
     assert main[0].startswith("| benchmark | strategy | fp32 avg acc | fp32 last acc | fp32 forgetting | hdqt avg acc")
+    assert "| 95.5 ± 0.7 | 85.5 ± 0.7 | 5.0 ± 0.0 |" in main[2]  # hot, after hdqt
     assert main[2].startswith("| hapt | bic | 100.5 ± 0.7 | 90.5 ± 0.7 | 5.0 ± 0.0 | 98.5 ± 0.7 | 88.5 ± 0.7 |")
     ablation = (tmp_path / "out" / "ablation.md").read_text()
     assert "| hapt | bic | hdqt | acc_bits=4 | 12.5 ± 0.7 | 2.5 ± 0.7 |" in ablation
     assert "| hapt | bic | hdqt | default | 98.5 ± 0.7 | 88.5 ± 0.7 |" in ablation   # the tagged acc8 copy counts once
-    assert "| 2 |" in ablation.splitlines()[-1] and "fp32" not in ablation
+    assert "| 2 |" in ablation.splitlines()[-1] and "fp32" not in ablation and "hot" not in ablation
     assert (tmp_path / "out" / "ablation.png").stat().st_size > 1000
 
 

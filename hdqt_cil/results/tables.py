@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from ..config import comparable_config
+from ..config import RUN_INDEPENDENT_QUANT, comparable_config
 from ..quant.schemes import SCHEMES, preset_settings
 from ..files import read_json, write_atomic
 
@@ -33,7 +33,7 @@ METRICS = {"avg_acc": "avg acc", "last_acc": "last acc", "forgetting": "forgetti
 FORMATS = {"int_gmacs": ".4g", "energy_j": ".3g", "peak_memory_mib": ".0f"}
 SCHEME_ORDER = ["fp32", "hdqt", "hot", "int4", "luq"]
 # Settings that do not change a scheme's numerics, left out when a run's settings are compared with its preset.
-_NEUTRAL_SETTINGS = ("name", "seed", "backend")
+_NEUTRAL_SETTINGS = ("name", "seed", "backend", *RUN_INDEPENDENT_QUANT)
 
 
 def _flat(d: dict, prefix="") -> dict:
