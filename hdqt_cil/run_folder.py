@@ -4,6 +4,7 @@
 where the folder's checkpoints left it (trainer/checkpoint.py); `write` records the results, each file atomically.
 """
 import fcntl
+import logging
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -16,9 +17,13 @@ from .config import comparable_config
 from .files import read_json, write_atomic, write_json
 from .results.metrics import AccuracyHistory
 
+log = logging.getLogger(__name__)
+
 
 # What Hydra writes into a run's folder before the run starts: its config record and the job's log.
 HYDRA_FILES = {".hydra", "run.log"}
+# The empty file a running run holds locked (RunFolder._hold).
+LOCK_FILE = ".lock"
 
 
 def discard_unclaimed(path, root) -> bool:
@@ -64,15 +69,21 @@ class RunFolder:
     def _hold(self) -> None:
         """Hold the folder for this process until `release` (or the process's end: the kernel drops the lock of a
         crashed run). Two processes writing one run (the same sweep started twice, or the job processes of a
-        sweep stopped only in part) would train it twice and interleave its files."""
+        sweep stopped only in part) would train it twice and interleave its files. The lock is on a file opened
+        for writing, which network file systems can lock too; where none can be taken, the run goes on unguarded."""
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDONLY)
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise RunInUse(f"{self.path} is being written by another process; wait for it to end or stop it, "
                            "then run this again (it resumes where that one stopped)") from None
+        except OSError as err:
+            os.close(fd)
+            log.warning("%s cannot be locked here (%s): nothing stops a second process writing this run", self.path,
+                        err)
+            return
         self._lock = fd
 
     def release(self) -> None:

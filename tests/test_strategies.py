@@ -1,4 +1,5 @@
 """Every strategy trains on a real (small) benchmark on the CPU and yields well-formed results."""
+import errno
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ from hdqt_cil import experiment
 from hdqt_cil.trainer.cuda_graphs import CudaGraphPlugin
 from hdqt_cil.experiment import run
 from hdqt_cil.graph_replay import CapturedInference
+from hdqt_cil import run_folder
 from hdqt_cil.run_folder import RunFolder, RunInUse
 
 STRATEGIES = ["naive", "lwf", "icarl", "bic", "joint", "replay", "der", "er_ace", "gdumb", "agem", "ewc", "si",
@@ -60,12 +62,22 @@ def test_a_run_folder_is_written_by_one_process_at_a_time(make_cfg, tmp_path):
     holder.claim({"other": "config"}, overwrite=False, data_fingerprint="x")
     with pytest.raises(RunInUse, match=re.escape(str(run_dir))):
         run(cfg, run_dir)
-    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "data.json"]  # the holder's alone
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "config.yaml", "data.json"]  # the holder's alone
     holder.release()
     assert run(make_cfg("strategy=naive", "trainer.epochs=1", "overwrite=true"), run_dir)["status"] == "complete"
     again = RunFolder(run_dir)  # released at the run's end
     assert again.claim({}, overwrite=True, data_fingerprint="x") == "new"
     again.release()
+
+
+def test_a_folder_that_cannot_be_locked_still_runs_and_says_so(make_cfg, tmp_path, monkeypatch, caplog):
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(run_folder.fcntl, "flock", no_locks)
+    with caplog.at_level(logging.WARNING, logger="hdqt_cil.run_folder"):
+        assert run(make_cfg("strategy=naive", "trainer.epochs=1"), tmp_path / "run")["status"] == "complete"
+    assert "cannot be locked here (" in caplog.text and "No locks available" in caplog.text
 
 
 @pytest.mark.parametrize("every, epochs, logged", [("auto", 3, [1, 2, 3]), ("auto", 25, [3, 6, 9, 12, 15, 18, 21, 24]),
