@@ -229,10 +229,9 @@ def report(root, out, compare=("lwf", "icarl"), plot=True) -> dict:
     tables = {"accuracy_split.md": accuracy_split_table(pairs), "gap_decomposition.md": decomposition(pairs),
               "forgetting_by_age.md": age_table(paired(ages, ("strategy", "seed", "age"), ("forgetting",))),
               "train_loss.md": loss_table(pairs)}
-    missing = sorted(set(compare) - set(steps[steps.quant == QUANT].strategy))
-    if missing:
-        raise ValueError(f"--compare: no {QUANT} runs of {', '.join(missing)}; there are "
-                         f"{', '.join(sorted(set(steps[steps.quant == QUANT].strategy)))}")
+    quantized = set(steps[steps.quant == QUANT].strategy)
+    if missing := sorted(set(compare) - quantized):
+        raise ValueError(f"--compare: no {QUANT} runs of {', '.join(missing)}; there are {', '.join(sorted(quantized))}")
     stats = load_quant_stats(steps[(steps.quant == QUANT) & steps.strategy.isin(compare)])
     sections = [f"## {stat}\n\n" + to_markdown(quant_table(stats, stat, compare)) for stat in STATS]
     for name, table in tables.items():

@@ -81,11 +81,7 @@ def host_gpu_count(visible: int) -> int:
 
 def threads_per_job(setting, cores: int, host_gpus: int, per_gpu: int) -> int:
     """The `threads_per_job` setting as a number: null takes each GPU's share of the cores split among its jobs."""
-    if setting is None:
-        return max(1, cores // (max(host_gpus, 1) * per_gpu))
-    if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1:
-        raise ValueError(f"hydra.launcher.threads_per_job={setting!r} must be a positive integer or null")
-    return setting
+    return max(1, cores // (max(host_gpus, 1) * per_gpu)) if setting is None else setting
 
 
 class GpusLauncher(JoblibLauncher):
@@ -95,6 +91,9 @@ class GpusLauncher(JoblibLauncher):
             raise ValueError(f"hydra.launcher.mps={mps!r} must be one of {', '.join(MPS_MODES)}")
         if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
             raise ValueError(f"hydra.launcher.restarts={restarts!r} must be an integer ≥ 0")
+        if threads_per_job is not None and (isinstance(threads_per_job, bool) or not isinstance(threads_per_job, int)
+                                            or threads_per_job < 1):
+            raise ValueError(f"hydra.launcher.threads_per_job={threads_per_job!r} must be a positive integer or null")
         super().__init__(**joblib)
         self.jobs_per_gpu, self.mps, self.restarts = jobs_per_gpu, mps, restarts
         self.by_model, self.fallback = dict(jobs_per_gpu_by_model), default_jobs_per_gpu
