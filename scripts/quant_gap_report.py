@@ -231,7 +231,8 @@ def report(root, out, compare=("lwf", "icarl"), plot=True) -> dict:
               "train_loss.md": loss_table(pairs)}
     quantized = set(steps[steps.quant == QUANT].strategy)
     if missing := sorted(set(compare) - quantized):
-        raise ValueError(f"--compare: no {QUANT} runs of {', '.join(missing)}; there are {', '.join(sorted(quantized))}")
+        raise ValueError(f"--compare: no {QUANT} runs of {', '.join(missing)}; "
+                         f"there are {', '.join(sorted(quantized))}")
     stats = load_quant_stats(steps[(steps.quant == QUANT) & steps.strategy.isin(compare)])
     sections = [f"## {stat}\n\n" + to_markdown(quant_table(stats, stat, compare)) for stat in STATS]
     for name, table in tables.items():
