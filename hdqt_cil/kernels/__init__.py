@@ -2,7 +2,9 @@
 
 One module a primitive, as in `hdqt_cil.quant`, over a small runtime:
 
-    quantize.py   quantize(t, spec, counter, scale)      -> (int8 levels, float32 scale)
+    quantize.py   quantize(t, spec, counter, scale, worst) -> (int8 levels, float32 scale)
+                  forward_quantize(t, spec, counter, scale, stats, worst)
+                                                         -> the same and a forward operand's statistics, keep mask
                   hadamard_quantize(x, spec, counter, block, dim, scale)
                                                          -> quantize(block_hadamard(x)) fused (dim last)
     hadamard.py   block_hadamard(x, dim, block)          -> float32
@@ -23,8 +25,8 @@ elements or more). This package never imports `hdqt_cil.quant`.
 from .hadamard import MAX_HADAMARD_BLOCK, block_hadamard
 from .im2col import col2im, im2col
 from .intmm import scaled_int_matmul, sum_entries, tiled_int_matmul
-from .quantize import hadamard_quantize, quantize
+from .quantize import Stats, forward_quantize, hadamard_quantize, quantize
 from .runtime import NotCovered, available, unavailable_reason
 
-__all__ = ["available", "unavailable_reason", "NotCovered", "quantize", "hadamard_quantize", "block_hadamard",
+__all__ = ["available", "unavailable_reason", "NotCovered", "quantize", "forward_quantize", "Stats", "hadamard_quantize", "block_hadamard",
            "tiled_int_matmul", "scaled_int_matmul", "sum_entries", "im2col", "col2im", "MAX_HADAMARD_BLOCK"]

@@ -24,7 +24,9 @@
 //      4 tile = 32, packed: two k32 sums per 32-bit register (PRMT), clamped plus L by one per-halfword DPX op
 //        as in mode 2, and accumulated two at a time with one 32-bit add (the halves never carry: the caller
 //        guarantees |t| + L < 2^15 and k32 steps * 2L < 2^16); the bias comes off at the end, as in mode 2.
-// COUNT: count the clamped (tile) sums, |sum| > L, into *count (mode 4: a halfword the clamp changed).
+// COUNT: count the clamped (tile) sums, |sum| > L, into *count (mode 4: a halfword the clamp changed). Where
+//        `seen` is given, the first CTA adds `sums` (the launch's number of tile sums) to it: a layer's statistics
+//        then take no launch of their own.
 // OUT: 0 int32 acc, 1 float32(acc), 2 float32(acc) * ((sa * sb) / n) with sa per (batch, row) and sb
 //      per (batch, column) through strides (0 for a per-tensor scale), 3 the batch sum of mode 2's products: a
 //      CTA runs all `entries` batch entries of its tile in order and adds each scaled product to a float32
@@ -147,8 +149,8 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     intmm_kernel(const signed char* __restrict__ A, const signed char* __restrict__ B, void* __restrict__ out,
                  int M, int N, int K, i64 lda, i64 ldb, i64 batch_a, i64 batch_b, int limit, int tile_steps,
                  const float* __restrict__ sa, i64 sa_batch, i64 sa_row, const float* __restrict__ sb,
-                 i64 sb_batch, i64 sb_col, float block_inv, u64* __restrict__ count,
-                 int entries) {
+                 i64 sb_batch, i64 sb_col, float block_inv, u64* __restrict__ count, u64* __restrict__ seen,
+                 u64 sums, int entries) {
     constexpr int THREADS = WM * WN * 32;
     constexpr int BM = WM * MI * 16;
     constexpr int BN = WN * NI * 8;
@@ -344,6 +346,8 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (lane == 0 && s != 0u) atomicAdd(count, (u64)s);
     }
+    if (seen != nullptr && threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
+        atomicAdd(seen, sums);
 
     const bool pairs = (N % 2) == 0;
 #pragma unroll

@@ -112,7 +112,13 @@ def _scale_operand(scale: torch.Tensor, batch_shape, batch: int, along_last: boo
     return scale, batch_stride, element
 
 
-def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=None, packed=None, sum_batch=False):
+def _tile_sums(tile, acc_bits, k: int) -> int:
+    """Tile sums per output element, as a layer's statistics count them (quant/operands.py product)."""
+    return 1 if tile is None or acc_bits is None else max(1, -(-k // tile))
+
+
+def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=None, packed=None, sum_batch=False,
+                tally=None):
     """The product of every public entry: NotCovered (nothing launched) where the kernels do not cover it."""
     rt.require_cuda(a, b)
     k = a.shape[-1]
@@ -135,7 +141,8 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
         raise rt.NotCovered(fallback, warn=fallback.startswith("tile"))
     if batch > 1 and not sum_batch and math.prod(b.shape[:-2]) == 1 and (scales is None or
                                                                          math.prod(scales[1].shape[:-2]) == 1):
-        return _stacked_product(a, b, (bound_a, bound_b), tile, acc_bits, count_saturated, scales, config, packed)
+        return _stacked_product(a, b, (bound_a, bound_b), tile, acc_bits, count_saturated, scales, config, packed,
+                                tally)
 
     saturate = acc_bits is not None and acc_bits < 32  # a 32-bit limit never binds: the sums fit int32
     limit = 2 ** (acc_bits - 1) - 1 if saturate else 0
@@ -147,7 +154,7 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
         sat, steps = 2, 1
     else:
         sat, steps = 3, tile // 32
-    count = count_saturated and sat > 0
+    count = (count_saturated or tally is not None) and sat > 0
     if sat == 2 and packed is not False:
         steps32 = -(-k // GEMM_BK) * (GEMM_BK // 32)
         if 32 * bound_a * bound_b + limit <= _PACKED_LIMIT and steps32 * 2 * limit <= 2 * _PACKED_LIMIT + 1:
@@ -163,7 +170,11 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
         b3, ldb, batch_b = _operand(b, batch_shape, batch, n, k, transposed=True)
         out_shape = (m, n) if out_mode == 3 else (*batch_shape, m, n)
         out = rt.empty(out_shape, torch.int32 if out_mode == 0 else torch.float32, device)
-        counter = rt.ZEROS_I64.take(1, device)
+        if tally is None:
+            counter, seen, sums_per_entry = rt.ZEROS_I64.take(1, device), None, 0
+        else:  # the counts go straight to the caller's (saturated, tile sums) pair
+            counter, seen = tally[0], tally[1]
+            sums_per_entry = m * n * _tile_sums(tile, acc_bits, k)
         if scales is not None:
             sa, sa_batch, sa_row = _scale_operand(scales[0], batch_shape, batch, along_last=False)
             sb, sb_batch, sb_col = _scale_operand(scales[1], batch_shape, batch, along_last=True)
@@ -187,16 +198,17 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
                        rt.i64(ldb), rt.i64(batch_a), rt.i64(batch_b), rt.i32(limit), rt.i32(steps),
                        rt.u64(psa + first * sa_batch * 4), rt.i64(sa_batch), rt.i64(sa_row),
                        rt.u64(psb + first * sb_batch * 4), rt.i64(sb_batch), rt.i64(sb_col),
-                       rt.f32(block_inv), rt.ptr(counter), rt.i32(chunk)),
+                       rt.f32(block_inv), rt.ptr(counter), rt.ptr(seen), rt.u64(chunk * sums_per_entry),
+                       rt.i32(chunk)),
                       smem)
     if out_mode == 0:
         out = out.to(torch.float64)
     if sum_batch and out_mode == 2:
         out = sum_entries(out)
-    return (out, counter.view(())) if count_saturated else out
+    return (out, counter.view(())) if count_saturated and tally is None else out
 
 
-def _stacked_product(a, b, bounds, tile, acc_bits, count_saturated, scales, config, packed):
+def _stacked_product(a, b, bounds, tile, acc_bits, count_saturated, scales, config, packed, tally):
     """A batch (..., M, K) times one right factor (K, N) (and a scale_b without batch) as one (B·M, K) product:
     full CTA tiles instead of a ragged M per entry, the same values."""
     batch_shape, (m, k), n = a.shape[:-2], a.shape[-2:], b.shape[-1]
@@ -206,10 +218,11 @@ def _stacked_product(a, b, bounds, tile, acc_bits, count_saturated, scales, conf
             scale_a = scale_a.expand(*batch_shape, m, 1).reshape(-1, 1)
         scales = (scale_a, scale_b.reshape(scale_b.shape[-2:]) if scale_b.dim() > 2 else scale_b, block)
     result = _int_matmul(a.reshape(-1, k), b.reshape(k, n), tile, acc_bits, bounds, count_saturated, scales,
-                         config, packed)
-    out, count = result if count_saturated else (result, None)
+                         config, packed, tally=tally)
+    counted = count_saturated and tally is None
+    out, count = result if counted else (result, None)
     out = out.view(*batch_shape, m, n)
-    return (out, count) if count_saturated else out
+    return (out, count) if counted else out
 
 
 # The tile of a batch-summed product (mode 3): 32 accumulators and 32 float totals a thread, no spills.
@@ -251,10 +264,12 @@ def tiled_int_matmul(a: torch.Tensor, b: torch.Tensor, tile: int | None = 32, ac
 def scaled_int_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, block: int = 1,
                       tile: int | None = 32, acc_bits: int | None = 8, bounds: tuple[float, float] | None = None,
                       count_saturated: bool = False, sum_batch: bool = False, config: str | None = None,
-                      packed: bool | None = None):
+                      packed: bool | None = None, tally: torch.Tensor | None = None):
     """float32(tiled_int_matmul(a, b, ...)) * ((scale_a * scale_b) / block), float32, with the scale applied in
     the GEMM's epilogue: scale_a broadcastable to (..., M, 1), scale_b to (..., 1, N), `block` a power of two (so
     that / block is exact). sum_batch: the (M, N) sum over the batch of `hdqt_cil.quant.sum_entries`, inside the
-    GEMM when its M x N tiles fill the GPU (the batch then never written), else by a summing kernel after it."""
+    GEMM when its M x N tiles fill the GPU (the batch then never written), else by a summing kernel after it.
+    tally: an int64 (2,) view to which the GEMM itself adds (saturated tile sums, tile sums); only the product is
+    returned then."""
     return _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, (scale_a, scale_b, block), config, packed,
-                       sum_batch)
+                       sum_batch, tally)

@@ -14,6 +14,10 @@
 //           owns a group's first element writes the group's scale.
 // hadamard_*: the transform alone, float32 out.
 // group_*: max, scale and levels of groups of up to 32K elements in one pass (a CTA a group).
+// *_stats_*: a forward operand's quantizer, which also counts the values its clamp changes and writes the
+//           straight-through estimator's keep mask (Stats), so that training adds no pass of its own.
+// Every quantizer raises *worst to its largest scale (as float bits; a NaN sorts above +inf), where given: a step
+// replayed from a CUDA graph checks that once instead of a reduction per layer.
 // sum_entries_f32: the batch sum of a GEMM's scaled products in the order of intmm.cu's OUT mode 3.
 // transpose_i8: int8 matrices transposed into a row pitch of the caller's choice (the GEMM's operand packing).
 // Template T: float or signed char input (levels). HAD: 0 no transform, 1 a Hadamard block of any size, 2 one of
@@ -319,10 +323,49 @@ __device__ __forceinline__ void store8(const signed char q[8], u32 i0, u32 stop,
     }
 }
 
+// What a forward operand's quantizer reports beside its levels (the *_stats_* kernels, docs/quant.md "Statistics"):
+// how many quotients lie outside [low, high] (a NaN included: the values the clamp changes, as
+// quant/quantizers.py within_levels), and the straight-through estimator's keep mask: ste 1 ('clip') the quotient
+// inside, 2 ('authors') |t| <= threshold in raw units, 0 none (keep unused).
+struct Stats {
+    unsigned char* keep;
+    int ste;
+    float threshold;
+    u32 clipped;
+
+    __device__ __forceinline__ void add8(const float t[8], const float q[8], float low, float high, u32 i0, u32 stop,
+                                         bool vec) {
+        signed char k[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const bool inside = q[j] >= low && q[j] <= high;
+            if (i0 + j < stop) clipped += inside ? 0u : 1u;
+            k[j] = (signed char)(ste == 1 ? inside : fabsf(t[j]) <= threshold);
+        }
+        if (ste != 0) store8(k, i0, stop, vec && (reinterpret_cast<u64>(keep) % 8u) == 0, (signed char*)keep);
+    }
+
+    // The CTA's count into *clipped_at, and the tensor's size into *seen_at once (by the first CTA).
+    __device__ __forceinline__ void flush(u64* clipped_at, u64* seen_at, u64 n_el) {
+        u32 c = clipped;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+        if ((threadIdx.x & 31) == 0 && c != 0u) atomicAdd(clipped_at, (u64)c);
+        if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(seen_at, n_el);
+    }
+};
+
+// A group's scale s, where its owner writes it: to scale_out (when given) and into *worst (when given).
+__device__ __forceinline__ void report_scale(float s, u32 g, float* scale_out, u32* worst) {
+    if (scale_out != nullptr) scale_out[g] = s;
+    if (worst != nullptr) atomicMax(worst, __float_as_uint(s));
+}
+
 // Levels of eight elements that share the scale s. ALIGNED: i0 is a multiple of 8 (the hash's first round shared).
-template <int ROUNDING, bool ALIGNED>
+// STATS: st counts and masks them (v holds the untransformed input).
+template <int ROUNDING, bool ALIGNED, bool STATS>
 __device__ __forceinline__ void quantize8(const float v[8], const Divider& divider, float low, float high, u32 i0,
-                                          u32 stop, u32 key, bool vec, signed char* out) {
+                                          u32 stop, u32 key, bool vec, signed char* out, Stats& st) {
     float quotient[8];
     divider.divide8(v, quotient);
     const u32 shared = first_round(i0 ^ key);
@@ -331,6 +374,7 @@ __device__ __forceinline__ void quantize8(const float v[8], const Divider& divid
     for (int j = 0; j < 8; ++j)
         q[j] = level_of<ROUNDING>(quotient[j], element_hash<ALIGNED>(shared, i0, j, key), low, high);
     store8(q, i0, stop, vec, out);
+    if (STATS) st.add8(v, quotient, low, high, i0, stop, vec);
 }
 
 // A group's scale from its max|t|: (max * clip) / high (the largest level), 1 where that is 0 (an all-zero group).
@@ -340,12 +384,13 @@ __device__ __forceinline__ float max_scale(float peak, float clip, float high) {
 }
 
 // sign_mode: 0 signed, 1 unsigned, 2 auto (*neg_flag). With scale_in, the scales are given (SAWB); else from peaks.
-template <typename T, int HAD, int ROUNDS, int ROUNDING>
+template <typename T, int HAD, int ROUNDS, int ROUNDING, bool STATS>
 __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el, u32 G, u32 range, int logn,
                                               const u32* __restrict__ peaks, const float* __restrict__ scale_in,
                                               const u32* __restrict__ neg_flag, int sign_mode, float signed_max,
                                               float unsigned_max, float clip, u32 key,
-                                              signed char* __restrict__ out, float* __restrict__ scale_out) {
+                                              signed char* __restrict__ out, float* __restrict__ scale_out,
+                                              u32* __restrict__ worst, Stats& st, u64* clipped, u64* seen) {
     extern __shared__ float smem[];
     const u32 E = blockDim.x * 8u * ROUNDS;
     const u32 start = blockIdx.x * range;
@@ -373,12 +418,13 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
                     group = g;
                     divider = Divider(scale_of(g));
                 }
-                if (scale_out != nullptr && i0 == g * G) scale_out[g] = divider.s;
-                quantize8<ROUNDING, true>(v[r], divider, low, high, i0, stop, key, vec, out);
+                if (i0 == g * G) report_scale(divider.s, g, scale_out, worst);
+                quantize8<ROUNDING, true, STATS>(v[r], divider, low, high, i0, stop, key, vec, out, st);
                 return;
             }
             const u32 shared = first_round(i0 ^ key);  // groups not a multiple of 8 (small tensors): a scale each
             signed char q[8];
+            float quotient[8];
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const u32 i = i0 + j;
@@ -387,13 +433,15 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
                     group = g;
                     divider = Divider(scale_of(g));
                 }
-                if (scale_out != nullptr && i < stop && i == g * G) scale_out[g] = divider.s;
-                q[j] = level_of<ROUNDING>(__fdiv_rn(v[r][j], divider.s), element_hash<true>(shared, i0, j, key), low,
-                                          high);
+                if (i < stop && i == g * G) report_scale(divider.s, g, scale_out, worst);
+                quotient[j] = __fdiv_rn(v[r][j], divider.s);
+                q[j] = level_of<ROUNDING>(quotient[j], element_hash<true>(shared, i0, j, key), low, high);
             }
             store8(q, i0, stop, vec, out);
+            if (STATS) st.add8(v[r], quotient, low, high, i0, stop, vec);
         });
     }
+    if (STATS) st.flush(clipped, seen, n_el);
 }
 
 template <typename T, int ROUNDS>
@@ -440,10 +488,11 @@ __device__ __forceinline__ u32 block_max(u32 m, u32* s_warp) {
 // of up to 256 * ROUNDS elements transformed within a warp. Several CTAs a multiprocessor hide each other's loads
 // and barriers. For groups of up to 8 * 1024 * ROUNDS elements; 'auto' signedness only when the group is the
 // whole tensor.
-template <typename T, int HAD, int ROUNDS, int ROUNDING>
+template <typename T, int HAD, int ROUNDS, int ROUNDING, bool STATS>
 __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int logn, int sign_mode, float signed_max,
                                            float unsigned_max, float clip, u32 key, signed char* __restrict__ out,
-                                           float* __restrict__ scale_out) {
+                                           float* __restrict__ scale_out, u32* __restrict__ worst, Stats& st,
+                                           u64* clipped, u64* seen) {
     extern __shared__ float smem[];
     __shared__ u32 s_warp[32];
     const bool vec = (G % 8u) == 0 && (reinterpret_cast<u64>(x) % 16u) == 0 &&
@@ -470,14 +519,15 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
     const float high = is_signed ? signed_max : unsigned_max;
     const float low = is_signed ? -signed_max : 0.0f;
     const float s = max_scale(peak, clip, high);
-    if (threadIdx.x == 0) scale_out[g] = s;
+    if (threadIdx.x == 0) report_scale(s, g, scale_out, worst);
     const Divider divider(s);
     each_run<ROUNDS>(first, stop, [&](int r, u32 i0) {
         if (vec)  // G % 8 == 0: every i0 a multiple of 8
-            quantize8<ROUNDING, true>(v[r], divider, low, high, i0, stop, key, true, out);
+            quantize8<ROUNDING, true, STATS>(v[r], divider, low, high, i0, stop, key, true, out, st);
         else
-            quantize8<ROUNDING, false>(v[r], divider, low, high, i0, stop, key, false, out);
+            quantize8<ROUNDING, false, STATS>(v[r], divider, low, high, i0, stop, key, false, out, st);
     });
+    if (STATS) st.flush(clipped, seen, (u64)G * gridDim.x);
 }
 
 // Entry points (extern "C": fixed names for CuPy). Prefix 'had' = transform first ('hadw': blocks that fill a warp's
@@ -487,19 +537,25 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
                                     u32* neg_flag) {                                                         \
         absmax_body<T, HAD, ROUNDS>(x, n_el, G, range, logn, peaks, neg_flag);                                \
     }
-#define QUANTIZE(NAME, T, HAD, ROUNDS, ROUNDING)                                                              \
+// The quantizers' last arguments: the largest scale's slot (worst), then the STATS kernels' counters (values
+// clipped, values seen), keep mask and estimator (the others ignore them).
+#define REPORT_ARGS u32 *worst, u64 *clipped, u64 *seen, unsigned char *keep, int ste, float threshold
+#define QUANTIZE(NAME, T, HAD, ROUNDS, ROUNDING, STATS)                                                       \
     extern "C" __global__ void NAME(const T* x, u32 n_el, u32 G, u32 range, int logn, const u32* peaks,      \
                                     const float* scale_in, const u32* neg_flag, int sign_mode,                \
                                     float signed_max, float unsigned_max, float clip, u32 seed, u32 role,     \
-                                    const long long* step_at, u32 step, signed char* out, float* scale_out) { \
-        quantize_body<T, HAD, ROUNDS, ROUNDING>(x, n_el, G, range, logn, peaks, scale_in, neg_flag, sign_mode,\
-                                        signed_max, unsigned_max, clip, counter_key(seed, role, step_at, step), \
-                                        out, scale_out);                                                     \
+                                    const long long* step_at, u32 step, signed char* out, float* scale_out,   \
+                                    REPORT_ARGS) {                                                            \
+        Stats st = {keep, ste, threshold, 0u};                                                                \
+        quantize_body<T, HAD, ROUNDS, ROUNDING, STATS>(x, n_el, G, range, logn, peaks, scale_in, neg_flag,    \
+                                        sign_mode, signed_max, unsigned_max, clip,                            \
+                                        counter_key(seed, role, step_at, step), out, scale_out, worst, st,   \
+                                        clipped, seen);                                                       \
     }
 #define QUANTIZE_ROUNDINGS(NAME, T, HAD, ROUNDS)                                                              \
-    QUANTIZE(NAME##_nearest, T, HAD, ROUNDS, 0)                                                               \
-    QUANTIZE(NAME##_stochastic, T, HAD, ROUNDS, 1)                                                            \
-    QUANTIZE(NAME##_log2, T, HAD, ROUNDS, 2)
+    QUANTIZE(NAME##_nearest, T, HAD, ROUNDS, 0, false)                                                        \
+    QUANTIZE(NAME##_stochastic, T, HAD, ROUNDS, 1, false)                                                     \
+    QUANTIZE(NAME##_log2, T, HAD, ROUNDS, 2, false)
 #define HADAMARD(NAME, T, ROUNDS)                                                                             \
     extern "C" __global__ void NAME(const T* x, u32 n_el, u32 range, int logn, float* out) {                 \
         hadamard_body<T, ROUNDS>(x, n_el, range, logn, out);                                                  \
@@ -521,25 +577,33 @@ TRANSFORMS(ABSMAX1, absmax)
 HADAMARDS(ABSMAX4, absmax4)
 TRANSFORMS(QUANTIZE1, quantize)
 HADAMARDS(QUANTIZE4, quantize4)
+// Forward operands (float32, no transform), with their statistics and mask: nearest and stochastic rounding.
+QUANTIZE(quantize_stats_f32_nearest, float, 0, 1, 0, true)
+QUANTIZE(quantize_stats_f32_stochastic, float, 0, 1, 1, true)
 HADAMARD(hadamard_f32, float, 1)
 HADAMARD(hadamard_i8, signed char, 1)
 HADAMARD(hadamard4_f32, float, 4)
 HADAMARD(hadamard4_i8, signed char, 4)
 
-#define GROUP(NAME, T, HAD, ROUNDS, ROUNDING)                                                                 \
+#define GROUP(NAME, T, HAD, ROUNDS, ROUNDING, STATS)                                                          \
     extern "C" __global__ void __launch_bounds__(1024)                                                        \
         NAME(const T* x, u32 G, int logn, int sign_mode, float signed_max, float unsigned_max, float clip,    \
-             u32 seed, u32 role, const long long* step_at, u32 step, signed char* out, float* scale_out) {      \
-        group_body<T, HAD, ROUNDS, ROUNDING>(x, G, logn, sign_mode, signed_max, unsigned_max, clip,           \
-                                             counter_key(seed, role, step_at, step), out, scale_out);         \
+             u32 seed, u32 role, const long long* step_at, u32 step, signed char* out, float* scale_out,        \
+             REPORT_ARGS) {                                                                                   \
+        Stats st = {keep, ste, threshold, 0u};                                                                \
+        group_body<T, HAD, ROUNDS, ROUNDING, STATS>(x, G, logn, sign_mode, signed_max, unsigned_max, clip,    \
+                                                    counter_key(seed, role, step_at, step), out, scale_out,   \
+                                                    worst, st, clipped, seen);                                \
     }
 // Group kernels hold 4 runs of 8 a thread: 32 elements, Hadamard blocks of up to 1024 within a warp.
 #define GROUP_ROUNDINGS(NAME, T, HAD)                                                                         \
-    GROUP(NAME##_nearest, T, HAD, 4, 0)                                                                       \
-    GROUP(NAME##_stochastic, T, HAD, 4, 1)                                                                    \
-    GROUP(NAME##_log2, T, HAD, 4, 2)
+    GROUP(NAME##_nearest, T, HAD, 4, 0, false)                                                                \
+    GROUP(NAME##_stochastic, T, HAD, 4, 1, false)                                                             \
+    GROUP(NAME##_log2, T, HAD, 4, 2, false)
 
 TRANSFORMS(GROUP_ROUNDINGS, group)
+GROUP(group_stats_f32_nearest, float, 0, 4, 0, true)
+GROUP(group_stats_f32_stochastic, float, 0, 4, 1, true)
 
 // out[i] = (((+0 + x[0][i]) + x[1][i]) + ...) + x[entries - 1][i], float32, entries in order (quant/intmm.py
 // sum_entries): for batched products too small in M x N to loop over the batch inside the GEMM.

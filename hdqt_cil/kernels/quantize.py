@@ -5,6 +5,7 @@ What a `QuantSpec` means (its scale shape, level range, rounding) is defined in 
 read it from the spec they are given and never import the reference.
 """
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -19,6 +20,7 @@ _GROUP_PER_THREAD = 32  # elements a thread holds (quant.cu GROUP_ROUNDINGS: 4 r
 _INT8_BOUND = 127
 _MASK32 = 0xFFFFFFFF
 _SIGN_MODES = {"signed": 0, "unsigned": 1, "auto": 2}
+STES = {"none": 0, "clip": 1, "authors": 2}  # quant.cu Stats::ste
 
 
 def _group_threads(group: int) -> int:
@@ -45,9 +47,30 @@ def _counter_args(counter, device: torch.device) -> tuple:
             rt.u32(0 if on_device else step & _MASK32))
 
 
-def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, given_scale: torch.Tensor | None):
-    """levels (int8, `shape`) and scale of the flat tensor x (already contiguous), transformed first when logn.
-    `given_scale`: the scale of a rule other than max (SAWB), computed by the caller; the kernels round with it."""
+class Stats(NamedTuple):
+    """What a forward operand's quantizer counts and masks beside its levels (quant.cu `Stats`): `tally` an int64
+    (2,) view, (values outside the level range, values seen) added to; `ste` a key of STES, its keep mask
+    written where not 'none' ('authors': |t| <= threshold)."""
+    tally: torch.Tensor
+    ste: str
+    threshold: float
+
+
+def _report_args(worst: torch.Tensor | None, stats: Stats | None, keep: torch.Tensor | None) -> tuple:
+    """quant.cu's REPORT_ARGS."""
+    if stats is None:
+        return rt.ptr(worst), rt.u64(0), rt.u64(0), rt.ptr(None), rt.i32(0), rt.f32(0.0)
+    clipped = stats.tally.data_ptr()
+    return (rt.ptr(worst), rt.u64(clipped), rt.u64(clipped + stats.tally.stride(0) * 8), rt.ptr(keep),
+            rt.i32(STES[stats.ste]), rt.f32(stats.threshold))
+
+
+def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, given_scale: torch.Tensor | None,
+                   worst: torch.Tensor | None = None, stats: Stats | None = None):
+    """levels (int8, `shape`), scale and the keep mask (bool, or None) of the flat tensor x (already contiguous),
+    transformed first when logn. `given_scale`: the scale of a rule other than max (SAWB), computed by the caller;
+    the kernels round with it. `worst`: a float32 slot raised to the largest scale; `stats` (float32 input, no
+    transform): the forward operand's statistics and mask."""
     n_el = x.numel()
     scale_shape = spec.scale_shape(shape)
     groups = math.prod(scale_shape)
@@ -58,24 +81,28 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, given_scale
     sign_mode = _SIGN_MODES[spec.signedness]
     device = x.device
     levels = rt.empty(shape, torch.int8, device)
+    keep = rt.empty(shape, torch.bool, device) if stats is not None and stats.ste != "none" else None
+    report = _report_args(worst, stats, keep)
+    kind = "stats_" if stats is not None else flat.transform(logn, _GROUP_PER_THREAD)
     single_pass = (spec.scale == "max" and group <= GROUP_MAX and (group >= GROUP_MIN or groups == 1)
                    and (sign_mode != 2 or groups == 1))
     if single_pass:
         scale = rt.empty(groups, torch.float32, device)
         threads = _group_threads(group)
-        fn = rt.function("quant.cu", f"group_{flat.transform(logn, _GROUP_PER_THREAD)}{rt.dtype_suffix(x)}_{rounding}")
+        fn = rt.function("quant.cu", f"group_{kind}{rt.dtype_suffix(x)}_{rounding}")
         rt.launch(fn, (groups,), (threads,),
                   (rt.ptr(x), rt.u32(group), rt.i32(logn), rt.i32(sign_mode), rt.f32(spec.signed_max),
-                   rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key, rt.ptr(levels), rt.ptr(scale)),
+                   rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key, rt.ptr(levels), rt.ptr(scale), *report),
                   flat.exchange_smem(threads, logn, _GROUP_PER_THREAD))
-        return levels, scale.view(scale_shape)
+        return levels, scale.view(scale_shape), keep
 
     work = rt.ZEROS_I32.take(groups + 1, device)  # per-group max bits, then 'negative'
     peaks, negative = work[:groups], work[groups:]
     elements = flat.per_thread(n_el, logn)
     suffix = flat.transform(logn, elements) + rt.dtype_suffix(x)
     absmax = rt.function("quant.cu", f"{flat.kernel_name('absmax', elements)}_{suffix}")
-    quantize_levels = rt.function("quant.cu", f"{flat.kernel_name('quantize', elements)}_{suffix}_{rounding}")
+    quantize_name = f"{flat.kernel_name('quantize', elements)}_{'stats_' if stats is not None else ''}{suffix}"
+    quantize_levels = rt.function("quant.cu", f"{quantize_name}_{rounding}")
     ctas, threads, span, smem = flat.grid(n_el, logn, elements, absmax, quantize_levels)
     rt.launch(absmax, (ctas,), (threads,),
               (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks), rt.ptr(negative)),
@@ -88,9 +115,9 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, given_scale
               (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks),
                rt.ptr(scale_in), rt.ptr(negative), rt.i32(sign_mode), rt.f32(spec.signed_max),
                rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key, rt.ptr(levels),
-               rt.ptr(None if scale_in is not None else scale)),
+               rt.ptr(None if scale_in is not None else scale), *report),
               smem)
-    return levels, scale.view(scale_shape)
+    return levels, scale.view(scale_shape), keep
 
 
 def _needs_scale(spec, scale) -> None:
@@ -98,25 +125,40 @@ def _needs_scale(spec, scale) -> None:
         raise ValueError(f"the kernels take a {spec.scale} scale from the caller (hdqt_cil.quant.compute_scale)")
 
 
-def quantize(t: torch.Tensor, spec, counter=None, scale: torch.Tensor | None = None):
+def quantize(t: torch.Tensor, spec, counter=None, scale: torch.Tensor | None = None,
+             worst: torch.Tensor | None = None):
     """(int8 levels, float32 scale) as `hdqt_cil.quant.quantize`. `counter`: the random bits' key of stochastic
-    rounding; `scale`: for a scale rule other than max (SAWB), the reference's scale of `t`."""
+    rounding; `scale`: for a scale rule other than max (SAWB), the reference's scale of `t`; `worst`: a float32
+    slot raised to the largest scale (a NaN or Inf in t reaches it)."""
     rt.require_cuda(t)
     _check_covered(t, spec)
     _needs_scale(spec, scale)
     with rt.on_device(t):
-        return _quantize_flat(rt.flat_input(t), t.shape, spec, counter, 0, scale)
+        return _quantize_flat(rt.flat_input(t), t.shape, spec, counter, 0, scale, worst)[:2]
 
 
-def hadamard_quantize(x: torch.Tensor, spec, counter, block: int, dim: int = -1):
+def forward_quantize(t: torch.Tensor, spec, counter, scale: torch.Tensor | None, stats: Stats,
+                     worst: torch.Tensor | None = None):
+    """quantize(t, ...) and, in the same pass, a forward operand's statistics and keep mask (`Stats`): (levels,
+    scale, keep or None). float32 input only (the forward's operands); other dtypes are NotCovered."""
+    rt.require_cuda(t)
+    _check_covered(t, spec)
+    _needs_scale(spec, scale)
+    if t.dtype != torch.float32 or spec.rounding not in ("nearest", "stochastic") or spec.grid != "uniform":
+        raise rt.NotCovered(f"forward statistics of a {t.dtype} tensor, {spec.rounding} rounding on a {spec.grid} grid")
+    with rt.on_device(t):
+        return _quantize_flat(rt.flat_input(t), t.shape, spec, counter, 0, scale, worst, stats)
+
+
+def hadamard_quantize(x: torch.Tensor, spec, counter, block: int, dim: int = -1, worst: torch.Tensor | None = None):
     """quantize(block_hadamard(x, dim, block), spec, counter), the transformed tensor never written where `dim` is
     the last; `block` a power of two dividing x.shape[dim] (the caller checks it). Max scales only: a SAWB scale
-    needs the transformed tensor written anyway (for the reference's float sums)."""
+    needs the transformed tensor written anyway (for the reference's float sums). `worst` as in quantize."""
     rt.require_cuda(x)
     _check_covered(x, spec)
     if spec.scale != "max" or block > MAX_HADAMARD_BLOCK:
         raise rt.NotCovered(f"a {spec.scale} scale after a Hadamard block of {block}, fused")
     if block == 1 or dim not in (-1, x.dim() - 1):
-        return quantize(block_hadamard(x, dim, block), spec, counter)
+        return quantize(block_hadamard(x, dim, block), spec, counter, worst=worst)
     with rt.on_device(x):
-        return _quantize_flat(rt.flat_input(x), x.shape, spec, counter, block.bit_length() - 1, None)
+        return _quantize_flat(rt.flat_input(x), x.shape, spec, counter, block.bit_length() - 1, None, worst)[:2]

@@ -1,8 +1,11 @@
 """Which implementation runs the numeric primitives: the torch reference of this package or the CuPy kernels.
 
 Both namespaces have the reference's signatures and give the same bits (docs/numerics.md, "Backends"):
-`block_hadamard`, `quantize`, `tiled_int_matmul`, `im2col`, `col2im`, and the fused `hadamard_quantize` and
-`scaled_int_matmul`, whose torch versions are compositions of the reference functions. KERNEL_OPS resolves and
+`block_hadamard`, `quantize`, `tiled_int_matmul`, `im2col`, `col2im`, and the fused `hadamard_quantize`,
+`forward_quantize` and `scaled_int_matmul`, whose torch versions are compositions of the reference functions.
+What a layer records reaches device memory it owns from inside the ops (no launch of its own, docs/quant.md
+"Statistics"): a quantizer given `worst` raises it to its largest scale, `forward_quantize` adds its clipped values
+to a `tally`, and `scaled_int_matmul` its saturated tile sums. KERNEL_OPS resolves and
 checks the arguments by the reference's rules, calls `hdqt_cil.kernels`, and runs the reference where the kernels do
 not cover a call (`kernels.NotCovered`; with a warning where another setting would have run the kernels).
 """
@@ -14,31 +17,64 @@ import torch
 from .. import kernels
 from .hadamard import block_hadamard, checked_block
 from .im2col import col2im, conv_output_size, im2col
-from .intmm import check_product, epilogue_block, sum_entries, tiled_int_matmul
-from .quantizers import compute_scale, quantize, require_counter
+from .intmm import check_product, epilogue_block, sum_entries, tile_sums, tiled_int_matmul
+from .quantizers import compute_scale, quantize, require_counter, ste_keep, ste_threshold, within_levels
 
 
-def hadamard_quantize(x, spec, counter=None, block=None, dim=-1):
+def _raise_worst(worst, scale) -> None:
+    """worst = max(worst, max(scale)): NaN propagates, as in the kernels' maximum over the scales' bits."""
+    if worst is not None:
+        torch.maximum(worst, scale.amax(), out=worst)
+
+
+def reported_quantize(t, spec, counter=None, worst=None):
+    """quantize(t, spec, counter), raising `worst` (a float32 0-dim tensor) to the largest scale."""
+    levels, scale = quantize(t, spec, counter)
+    _raise_worst(worst, scale)
+    return levels, scale
+
+
+def hadamard_quantize(x, spec, counter=None, block=None, dim=-1, worst=None):
     """quantize(block_hadamard(x, dim, block), spec, counter): one call, so that a backend can fuse the two."""
-    return quantize(block_hadamard(x, dim, block), spec, counter)
+    return reported_quantize(block_hadamard(x, dim, block), spec, counter, worst)
+
+
+def forward_quantize(t, spec, counter=None, ste="none", tally=None, worst=None):
+    """(levels, scale, keep): quantize(t, spec, counter) with what a training forward needs beside its levels,
+    in one call so that a backend can do it in the quantizer's own pass: the straight-through estimator's keep
+    mask (`quantizers.ste_keep`; None for 'none'), and, where `tally` (an int64 (2,) tensor) is given, the values
+    outside the level range and the values seen added to it."""
+    levels, scale = reported_quantize(t, spec, counter, worst)
+    inside = within_levels(t, scale, spec) if tally is not None or ste == "clip" else None
+    if tally is not None:
+        tally[0].add_((~inside).sum())
+        tally[1].add_(t.numel())
+    return levels, scale, ste_keep(t, inside, spec, ste)
 
 
 def scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None, count_saturated=False,
-                      sum_batch=False):
+                      sum_batch=False, tally=None):
     """float32(tiled_int_matmul(a, b)) * ((scale_a * scale_b) / block): the layers' product with its epilogue in
     one call (docs/numerics.md "Epilogue"), so that a backend can fuse the scaling into the GEMM; with sum_batch,
-    summed over the batch by `sum_entries` (the weight gradient of per-sample products)."""
+    summed over the batch by `sum_entries` (the weight gradient of per-sample products). tally: an int64 (2,)
+    tensor to which (saturated tile sums, tile sums) are added; only the product is returned then."""
     block = epilogue_block(block)
-    result = tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated)
-    acc, saturated = result if count_saturated else (result, None)
+    counting = count_saturated or tally is not None
+    result = tiled_int_matmul(a, b, tile, acc_bits, bounds, counting)
+    acc, saturated = result if counting else (result, None)
     out = acc.to(torch.float32) * ((scale_a * scale_b) / block)
     out = sum_entries(out) if sum_batch else out
+    if tally is not None:
+        tally[0].add_(saturated)
+        tally[1].add_(tile_sums(a.shape, b.shape, tile, acc_bits))
+        return out
     return (out, saturated) if count_saturated else out
 
 
-TORCH_OPS = SimpleNamespace(name="torch", block_hadamard=block_hadamard, quantize=quantize,
+TORCH_OPS = SimpleNamespace(name="torch", block_hadamard=block_hadamard, quantize=reported_quantize,
                             tiled_int_matmul=tiled_int_matmul, hadamard_quantize=hadamard_quantize,
-                            scaled_int_matmul=scaled_int_matmul, im2col=im2col, col2im=col2im)
+                            forward_quantize=forward_quantize, scaled_int_matmul=scaled_int_matmul, im2col=im2col,
+                            col2im=col2im)
 
 
 def _covered(launch, reference):
@@ -56,10 +92,25 @@ def _as_float(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype == torch.int8 else t
 
 
-def _kernel_quantize(t, spec, counter=None):
+def _given_scale(t, spec):
+    """The scale the kernels take from the caller: SAWB's, from torch's float sums on t as given (max: None)."""
+    return None if spec.scale == "max" else compute_scale(t, spec)
+
+
+def _kernel_quantize(t, spec, counter=None, worst=None):
     require_counter(spec, counter)
-    scale = None if spec.scale == "max" else compute_scale(t, spec)  # SAWB: torch's float sums, on t as given
-    return _covered(lambda: kernels.quantize(t, spec, counter, scale), lambda: quantize(t, spec, counter))
+    return _covered(lambda: kernels.quantize(t, spec, counter, _given_scale(t, spec), worst),
+                    lambda: reported_quantize(t, spec, counter, worst))
+
+
+def _kernel_forward_quantize(t, spec, counter=None, ste="none", tally=None, worst=None):
+    require_counter(spec, counter)
+    if tally is None:  # the kernels count as they mask: without a tally, the levels and the mask separately
+        levels, scale = _kernel_quantize(t, spec, counter, worst)
+        return levels, scale, ste_keep(t, within_levels(t, scale, spec) if ste == "clip" else None, spec, ste)
+    stats = kernels.Stats(tally, ste, ste_threshold(spec))
+    return _covered(lambda: kernels.forward_quantize(t, spec, counter, _given_scale(t, spec), stats, worst),
+                    lambda: forward_quantize(t, spec, counter, ste, tally, worst))
 
 
 def _kernel_block_hadamard(x, dim=-1, block=None):
@@ -67,11 +118,11 @@ def _kernel_block_hadamard(x, dim=-1, block=None):
     return _covered(lambda: kernels.block_hadamard(x, dim, block), lambda: block_hadamard(x, dim, block))
 
 
-def _kernel_hadamard_quantize(x, spec, counter=None, block=None, dim=-1):
+def _kernel_hadamard_quantize(x, spec, counter=None, block=None, dim=-1, worst=None):
     block = checked_block(x.shape[dim], block)
     require_counter(spec, counter)
-    return _covered(lambda: kernels.hadamard_quantize(x, spec, counter, block, dim),
-                    lambda: _kernel_quantize(_kernel_block_hadamard(x, dim, block), spec, counter))
+    return _covered(lambda: kernels.hadamard_quantize(x, spec, counter, block, dim, worst),
+                    lambda: _kernel_quantize(_kernel_block_hadamard(x, dim, block), spec, counter, worst))
 
 
 def _kernel_tiled_int_matmul(a, b, tile=32, acc_bits=8, bounds=None, count_saturated=False):
@@ -81,15 +132,15 @@ def _kernel_tiled_int_matmul(a, b, tile=32, acc_bits=8, bounds=None, count_satur
 
 
 def _kernel_scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
-                              count_saturated=False, sum_batch=False):
+                              count_saturated=False, sum_batch=False, tally=None):
     block = epilogue_block(block)
     scale_a, scale_b = (s if torch.is_tensor(s) else torch.tensor(float(s), device=a.device)
                         for s in (scale_a, scale_b))
     check_product(a, b, tile, acc_bits)
     return _covered(lambda: kernels.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds,
-                                                      count_saturated, sum_batch),
+                                                      count_saturated, sum_batch, tally=tally),
                     lambda: scaled_int_matmul(_as_float(a), _as_float(b), scale_a, scale_b, block, tile, acc_bits,
-                                              bounds, count_saturated, sum_batch))
+                                              bounds, count_saturated, sum_batch, tally))
 
 
 def _kernel_im2col(x, kernel_size, padding, dilation, stride, columns=False):
@@ -106,8 +157,8 @@ def _kernel_col2im(rows, x_shape, kernel_size, padding, dilation, stride):
 
 KERNEL_OPS = SimpleNamespace(name="cupy", block_hadamard=_kernel_block_hadamard, quantize=_kernel_quantize,
                              tiled_int_matmul=_kernel_tiled_int_matmul, hadamard_quantize=_kernel_hadamard_quantize,
-                             scaled_int_matmul=_kernel_scaled_int_matmul, im2col=_kernel_im2col,
-                             col2im=_kernel_col2im)
+                             forward_quantize=_kernel_forward_quantize, scaled_int_matmul=_kernel_scaled_int_matmul,
+                             im2col=_kernel_im2col, col2im=_kernel_col2im)
 
 
 def resolve_ops(backend: str, device: torch.device) -> SimpleNamespace:

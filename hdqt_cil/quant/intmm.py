@@ -4,6 +4,8 @@ The contraction dimension K is cut into tiles; each tile's exact integer sum is 
 before the tiles are added exactly. Operands are float tensors holding integers; the float products are exact
 because the dtype is chosen from a bound on the sums (float32 below 2^24, float64 below 2^53).
 """
+import math
+
 import torch
 
 _FLOAT32_EXACT = 2**24
@@ -90,6 +92,15 @@ def _result(out: torch.Tensor, saturated, count_saturated: bool):
     if not count_saturated:
         return out
     return out, saturated if saturated is not None else torch.zeros((), dtype=torch.int64, device=out.device)
+
+
+def tile_sums(a_shape, b_shape, tile: int | None, acc_bits: int | None) -> int:
+    """How many tile sums a product a (..., M, K) · b (..., K, N) forms (its saturation statistics' total):
+    one per output element and K tile, one per element where nothing saturates per tile."""
+    lead = torch.broadcast_shapes(a_shape[:-2], b_shape[:-2])
+    (m, k), n = a_shape[-2:], b_shape[-1]
+    tiles = 1 if tile is None or acc_bits is None else max(1, math.ceil(k / tile))
+    return math.prod(lead) * m * n * tiles
 
 
 def epilogue_block(block: int) -> int:

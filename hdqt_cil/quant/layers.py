@@ -86,19 +86,27 @@ class QuantLayer:
     def _counter(self, role: str, step: torch.Tensor) -> Counter:
         return Counter(self.scheme.seed, step, self.quant_index * ROLE_STRIDE + ROLE_CODES[role])
 
+    def _tally(self, stat: str) -> torch.Tensor:
+        """`stat`'s (hits, total) pair in quant_counts: an int64 (2,) view that the ops add to on the device."""
+        return self.quant_counts[:, _STAT_ROW[stat]]
+
     def _count(self, stat: str, hits, total: int) -> None:
         """Two device ops, no sync: `hits` is a 0-dim tensor, None where nothing was counted."""
         if hits is not None:
-            row = _STAT_ROW[stat]
-            self.quant_counts[0, row].add_(hits)
-            self.quant_counts[1, row].add_(total)
+            tally = self._tally(stat)
+            tally[0].add_(hits)
+            tally[1].add_(total)
 
-    def _check_finite(self, checks: list, backward: bool) -> None:
+    def _check_finite(self, checks: list, backward: bool, reported: bool = False) -> None:
         """All quantizers of one pass at once: raise naming the layer, the role and the value (one device sync).
 
         While a CUDA graph is captured nothing may sync: the largest scale is kept in `quant_worst` instead, and
-        `check_captured_steps` raises after the replay."""
+        `check_captured_steps` raises after the replay. `reported`: the quantizers raised `quant_worst` themselves
+        (`worst`, quant/backend.py), so a captured step adds nothing here."""
         if not checks:
+            return
+        device = checks[0][2].device
+        if reported and device.type == "cuda" and _capturing(device):
             return
         # scales are positive, and amax keeps a NaN: the largest scale is finite iff all are
         worst = torch.cat([scale.reshape(-1) for _, _, scale in checks]).amax()
@@ -127,11 +135,10 @@ class _QuantProduct(torch.autograd.Function):
         x_op, x_keep = forward_operand(layer, x, scheme.forward.left, "input", step, training, ops, checks)
         w_op, w_keep = forward_operand(layer, weight.reshape(weight.shape[0], -1), scheme.forward.right,
                                         "weight", step, training, ops, checks)
-        layer._check_finite(checks, backward=False)
+        layer._check_finite(checks, backward=False, reported=True)
         rows = Operand(layer._forward_rows(x_op.values, ops), x_op.scale, x_op.bound)
-        y_rows, saturated, sums = operands.product(ops, rows, w_op, 1, scheme.forward)
-        if training:
-            layer._count("forward_saturated", saturated, sums)
+        y_rows = operands.product(ops, rows, w_op, 1, scheme.forward,
+                                  tally=layer._tally("forward_saturated") if training else None)
         w_keep = None if w_keep is None else w_keep.reshape(weight.shape)
         ctx.save_for_backward(x_op.values, w_op.values, x_keep, w_keep)
         ctx.layer, ctx.scheme, ctx.step, ctx.x_shape, ctx.w_shape = layer, scheme, step, x.shape, weight.shape
@@ -162,8 +169,7 @@ class _QuantProduct(torch.autograd.Function):
             qa = grad_output_operand(product, g_rows, block, "grad_input.grad_output")
             qb = backward_operand(layer, w_values.transpose(0, 1), product.right, w_op, block, "grad_input.weight",
                                    step, ops, checks)
-            rows, saturated, sums = operands.product(ops, qa, qb, block, product)
-            layer._count("grad_input_saturated", saturated, sums)
+            rows = operands.product(ops, qa, qb, block, product, tally=layer._tally("grad_input_saturated"))
             grad_x = layer._grad_input(rows, ctx.x_shape, ops)
             grad_x = grad_x if x_keep is None else grad_x * x_keep
         if ctx.needs_input_grad[1]:
@@ -172,11 +178,11 @@ class _QuantProduct(torch.autograd.Function):
             qa = grad_output_operand(product, g_cols, block, "grad_weight.grad_output")
             qb = backward_operand(layer, layer._input_columns(x_values, ops), product.right, x_op, block,
                                    "grad_weight.input", step, ops, checks)
-            grad_w, saturated, sums = operands.product(ops, qa, qb, block, product, sum_batch=True)
-            layer._count("grad_weight_saturated", saturated, sums)
+            grad_w = operands.product(ops, qa, qb, block, product, sum_batch=True,
+                                      tally=layer._tally("grad_weight_saturated"))
             grad_w = grad_w.reshape(ctx.w_shape)
             grad_w = grad_w if w_keep is None else grad_w * w_keep
-        layer._check_finite(checks, backward=True)
+        layer._check_finite(checks, backward=True, reported=True)
         return grad_x, grad_w, None, None, None
 
 

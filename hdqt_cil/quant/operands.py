@@ -1,12 +1,11 @@
 """The operands of a quantized layer's products: integer levels with their scale, or float tensors, and the
 product of two of them scaled back (docs/quant.md: which operand each product takes, and how)."""
-import math
 from typing import NamedTuple
 
 import torch
 
 from .hadamard import hadamard_block_size
-from .quantizers import QuantSpec, within_levels
+from .quantizers import QuantSpec
 from .schemes import Product
 
 
@@ -32,37 +31,32 @@ def swap_last(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(-1, -2) if t.dim() >= 2 else t
 
 
-def product(ops, a: Operand, bt: Operand, block: int, product: Product, sum_batch: bool = False):
+def product(ops, a: Operand, bt: Operand, block: int, product: Product, sum_batch: bool = False, tally=None):
     """a (..., M, K) times btᵀ (K along bt's last dim too), scaled back by s_a · s_b / block; with sum_batch,
-    summed over the leading dims (in order, `sum_entries`, for the integer product).
-
-    Returns (result float32, saturated tile sums or None, number of tile sums).
+    summed over the leading dims (in order, `sum_entries`, for the integer product). `tally`: an int64 (2,) view
+    to which an integer product adds its saturated tile sums and its tile sums (float products count nothing).
     """
     if not (a.is_integer and bt.is_integer):
         out = torch.matmul(a.dequantized(), bt.dequantized().transpose(-1, -2))
         out = out / block if block > 1 else out
-        return (out.sum(dim=0) if sum_batch else out), None, 0
-    out, saturated = ops.scaled_int_matmul(a.values, bt.values.transpose(-1, -2), a.scale, swap_last(bt.scale),
-                                           block, product.tile, product.acc_bits, bounds=(a.bound, bt.bound),
-                                           count_saturated=True, sum_batch=sum_batch)
-    lead, (m, k), n = a.values.shape[:-2], a.values.shape[-2:], bt.values.shape[-2]
-    products = math.prod(torch.broadcast_shapes(lead, bt.values.shape[:-2])) * m * n
-    tiles = 1 if product.tile is None or product.acc_bits is None else max(1, math.ceil(k / product.tile))
-    return out, saturated, products * tiles
+        return out.sum(dim=0) if sum_batch else out
+    return ops.scaled_int_matmul(a.values, bt.values.transpose(-1, -2), a.scale, swap_last(bt.scale), block,
+                                 product.tile, product.acc_bits, bounds=(a.bound, bt.bound), sum_batch=sum_batch,
+                                 tally=tally)
 
 
 def forward_operand(layer, t, spec: QuantSpec | None, role: str, step, training: bool, ops, checks):
-    """Quantize a forward operand per tensor; with training, count clipped values and build the STE mask."""
+    """Quantize a forward operand per tensor; with training, count its clipped values and build the STE mask (in
+    the quantizer's pass where the kernels run). Its scale raises the layer's forward `quant_worst`."""
     if spec is None:
         return Operand(t, None), None
-    levels, scale = ops.quantize(t, spec, layer._counter(role, step))
-    checks.append((role, t, scale))
-    keep = None
+    counter, worst = layer._counter(role, step), layer.quant_worst[0]
     if training:
-        inside = within_levels(t, scale, spec)
-        layer._count(f"{role}_clipped", (~inside).sum(), t.numel())
-        ste = layer.scheme.ste
-        keep = inside if ste == "clip" else t.abs() <= 2 ** (spec.bits - 1) - 1 if ste == "authors" else None
+        levels, scale, keep = ops.forward_quantize(t, spec, counter, layer.scheme.ste,
+                                                   layer._tally(f"{role}_clipped"), worst)
+    else:
+        (levels, scale), keep = ops.quantize(t, spec, counter, worst=worst), None
+    checks.append((role, t, scale))
     return Operand(levels, scale.reshape(()), spec.level_bound), keep
 
 
@@ -77,8 +71,11 @@ def backward_operand(layer, t, spec: QuantSpec | None, source: Operand | None, b
         if source is None or not source.is_integer:
             return Operand(t, None)
         return Operand(t, source.scale, source.bound * block)
-    counter = layer._counter(role, step)
-    levels, scale = ops.hadamard_quantize(t, spec, counter, block) if block > 1 else ops.quantize(t, spec, counter)
+    counter, worst = layer._counter(role, step), layer.quant_worst[1]
+    if block > 1:
+        levels, scale = ops.hadamard_quantize(t, spec, counter, block, worst=worst)
+    else:
+        levels, scale = ops.quantize(t, spec, counter, worst=worst)
     checks.append((role, t, scale))
     if source is not None and source.is_integer:
         scale = scale * source.scale

@@ -148,6 +148,20 @@ def within_levels(t: torch.Tensor, scale: torch.Tensor, spec: QuantSpec) -> torc
     return (v >= low) & (v <= high)
 
 
+def ste_threshold(spec: QuantSpec) -> int:
+    """The 'authors' straight-through estimator's bound in raw units: 2^(bits-1) - 1, the HDQT code's fixed
+    threshold, whatever the scale."""
+    return 2 ** (spec.bits - 1) - 1
+
+
+def ste_keep(t: torch.Tensor, inside: torch.Tensor | None, spec: QuantSpec, ste: str) -> torch.Tensor | None:
+    """Where the forward quantizer passes its gradient (bool, t's shape): 'clip' where t was not clipped (`inside`,
+    within_levels), 'authors' where |t| <= ste_threshold(spec); None for 'none' (everywhere)."""
+    if ste == "clip":
+        return inside
+    return t.abs() <= ste_threshold(spec) if ste == "authors" else None
+
+
 def compute_scale(t: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """float32 scale, broadcastable to t: (clip value of the group) / (largest level); 1 for an all-zero group."""
     t = t.to(torch.float32)

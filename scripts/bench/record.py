@@ -19,9 +19,9 @@ def save_rows(out_dir, prefix: str, device: str, header: str, started: float, ro
     return path
 
 
-def print_device_profile(title: str, fn, rows: int = 30) -> None:
-    """Device time of fn() by kernel, largest first, and how many kernels it launched (torch.profiler; kernels
-    launched through CuPy on torch's stream are recorded too)."""
+def _kernel_events(fn):
+    """(profiler, the device kernels fn() launched) under torch.profiler; kernels launched through CuPy on torch's
+    stream are recorded too."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -29,7 +29,18 @@ def print_device_profile(title: str, fn, rows: int = 30) -> None:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return prof, [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def device_work(fn, calls: int = 2) -> tuple[float, float]:
+    """(kernels launched, seconds of device time) per call of fn(), from `calls` calls under the profiler."""
+    _, kernels = _kernel_events(lambda: [fn() for _ in range(calls)])
+    return len(kernels) / calls, sum(e.device_time for e in kernels) / 1e6 / calls
+
+
+def print_device_profile(title: str, fn, rows: int = 30) -> None:
+    """Device time of fn() by kernel, largest first, and how many kernels it launched."""
+    prof, kernels = _kernel_events(fn)
     busy = sum(e.device_time for e in kernels)
     print(f"\nprofile: {title}: {len(kernels)} device ops, {busy / 1e3:.2f} ms of device time")
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows), flush=True)
