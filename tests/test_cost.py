@@ -28,27 +28,31 @@ class CountingOps(SimpleNamespace):
         if spec.rounding == "stochastic":
             self.tally["random_bit"] += RANDOM_BITS * t.numel()
 
-    def quantize(self, t, spec, counter=None):
+    def quantize(self, t, spec, counter=None, worst=None):
         self._quantized(t, spec)
-        return TORCH_OPS.quantize(t, spec, counter)
+        return TORCH_OPS.quantize(t, spec, counter, worst)
+
+    def forward_quantize(self, t, spec, counter=None, ste="none", tally=None, worst=None):
+        self._quantized(t, spec)
+        return TORCH_OPS.forward_quantize(t, spec, counter, ste, tally, worst)
 
     def block_hadamard(self, x, dim=-1, block=None):
         block = checked_block(x.shape[dim], block)
         self.tally["hadamard_add"] += x.numel() * (block.bit_length() - 1)
         return TORCH_OPS.block_hadamard(x, dim, block)
 
-    def hadamard_quantize(self, x, spec, counter=None, block=None, dim=-1):
-        return self.quantize(self.block_hadamard(x, dim, block), spec, counter)
+    def hadamard_quantize(self, x, spec, counter=None, block=None, dim=-1, worst=None):
+        return self.quantize(self.block_hadamard(x, dim, block), spec, counter, worst)
 
     def scaled_int_matmul(self, a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
-                          count_saturated=False, sum_batch=False):
+                          count_saturated=False, sum_batch=False, tally=None, image_rows=0):
         batch = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
         (m, k), n = a.shape[-2:], b.shape[-1]
         self.tally["int_mac"] += batch * m * n * k
         if acc_bits is not None:
             self.tally["saturate"] += batch * m * n * (1 if tile is None or tile >= k else math.ceil(k / tile))
         return TORCH_OPS.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated,
-                                           sum_batch)
+                                           sum_batch, tally, image_rows)
 
 
 def mlp():

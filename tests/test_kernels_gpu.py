@@ -391,6 +391,22 @@ def test_scaled_int_matmul_equals_the_layers_epilogue(granularity):
         assert count.item() == ref_count.item()
 
 
+@pytest.mark.parametrize("images, rows, n, k", [(128, 1024, 16, 144), (128, 64, 64, 576), (5, 49, 33, 27),
+                                                 (3, 7, 130, 40), (200, 9, 300, 290)], ids=str)
+def test_image_rows_write_the_convolution_layout(images, rows, n, k):
+    """image_rows: the scaled product written as (images, N, rows), each element where the reference's
+    transposed copy puts it, on thin, square and large CTA tiles."""
+    from hdqt_cil.quant.backend import TORCH_OPS
+
+    a, b = int_operands((images * rows, n, k), seed=images + n)
+    sa, sb = torch.rand((), device="cuda") / 7, torch.rand(1, n, device="cuda") / 3
+    for tile, acc_bits in ((32, 8), (None, None)):
+        got = CUPY.scaled_int_matmul(a, b, sa, sb, 1, tile, acc_bits, (8, 15), image_rows=rows)
+        ref = TORCH_OPS.scaled_int_matmul(a.float(), b.float(), sa, sb, 1, tile, acc_bits, (8, 15), image_rows=rows)
+        assert got.is_contiguous() and got.shape == (images, n, rows)
+        assert_same(got, ref, f"tile {tile}")
+
+
 # M x N of 1024 x 640 is 160 tiles of 64 x 64, at least one per SM of an H100 / H200: the batch is summed in the
 # GEMM's epilogue; 70 x 90 is summed by the separate kernel after the per-entry products.
 @pytest.mark.parametrize("shape", [(1024, 640, 197), (70, 90, 300), (1024, 640, 64)], ids=str)
@@ -476,9 +492,15 @@ def test_col2im_bit_identical(x_shape, kernel, padding, dilation, stride):
     rows[0, 0, 0] = -0.0
     got = CUPY.col2im(rows, x_shape, kernel, padding, dilation, stride)
     ref = col2im(rows, x_shape, kernel, padding, dilation, stride)
-    assert got.stride() == ref.stride()
+    assert got.is_contiguous()
     assert_same(got, ref, f"{x_shape} {kernel}")
     assert torch.equal(torch.signbit(got), torch.signbit(ref))
+    keep = torch.rand(x_shape, generator=g, device="cuda") < 0.7
+    rows[0, 1, 1] = float("inf")  # inf * 0 is NaN, as in the reference's product
+    masked = CUPY.col2im(rows, x_shape, kernel, padding, dilation, stride, keep)
+    expected = col2im(rows, x_shape, kernel, padding, dilation, stride) * keep
+    assert torch.equal(masked.nan_to_num(7.0), expected.nan_to_num(7.0)), f"{x_shape} {kernel} with a mask"
+    assert torch.equal(torch.signbit(masked), torch.signbit(expected))
 
 
 # ----------------------------------------------------------------------------------------------------- training
@@ -529,10 +551,27 @@ class CheckedOps:
                 bad = (x != y).sum().item() if x.shape == y.shape else "shape"
                 self.differences.append(f"{op} output {i}: {bad} differ; inputs {[self._describe(t) for t in inputs]}")
 
-    def quantize(self, t, spec, counter=None):
-        got, ref = CUPY.quantize(t, spec, counter), self.ref.quantize(t, spec, counter)
-        self._compare("quantize", (t, spec, counter), got, ref)
+    def _with_outputs(self, op, inputs, run, *outputs):
+        """run(ops, *outputs) by both backends, each on its own copies of the device tensors the op adds to
+        (statistics, the largest scale): results and those tensors compared, the kernels' kept."""
+        mine = [None if o is None else o.clone() for o in outputs]
+        theirs = [None if o is None else o.clone() for o in outputs]
+        got, ref = run(CUPY, *mine), run(self.ref, *theirs)
+        got_t, ref_t = (got if isinstance(got, tuple) else (got,)), (ref if isinstance(ref, tuple) else (ref,))
+        self._compare(op, inputs, tuple(x for x in got_t if x is not None) + tuple(m for m in mine if m is not None),
+                      tuple(y for y in ref_t if y is not None) + tuple(t for t in theirs if t is not None))
+        for out, value in zip(outputs, mine):
+            if out is not None:
+                out.copy_(value)
         return got
+
+    def quantize(self, t, spec, counter=None, worst=None):
+        return self._with_outputs("quantize", (t, spec, counter),
+                                  lambda ops, w: ops.quantize(t, spec, counter, worst=w), worst)
+
+    def forward_quantize(self, t, spec, counter=None, ste="none", tally=None, worst=None):
+        return self._with_outputs("forward_quantize", (t, spec, counter, ste),
+                                  lambda ops, c, w: ops.forward_quantize(t, spec, counter, ste, c, w), tally, worst)
 
     def block_hadamard(self, x, dim=-1, block=None):
         got, ref = CUPY.block_hadamard(x, dim, block), self.ref.block_hadamard(x, dim, block)
@@ -545,18 +584,15 @@ class CheckedOps:
         self._compare("tiled_int_matmul", (a, b, tile, acc_bits, bounds), got, ref)
         return got
 
-    def hadamard_quantize(self, x, spec, counter=None, block=None, dim=-1):
-        got = CUPY.hadamard_quantize(x, spec, counter, block, dim)
-        ref = self.ref.hadamard_quantize(x, spec, counter, block, dim)
-        self._compare("hadamard_quantize", (x, spec, counter, block, dim), got, ref)
-        return got
+    def hadamard_quantize(self, x, spec, counter=None, block=None, dim=-1, worst=None):
+        return self._with_outputs("hadamard_quantize", (x, spec, counter, block, dim),
+                                  lambda ops, w: ops.hadamard_quantize(x, spec, counter, block, dim, worst=w), worst)
 
     def scaled_int_matmul(self, a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
-                          count_saturated=False, sum_batch=False):
+                          count_saturated=False, sum_batch=False, tally=None, image_rows=0):
         args = (a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated, sum_batch)
-        got, ref = CUPY.scaled_int_matmul(*args), self.ref.scaled_int_matmul(*args)
-        self._compare("scaled_int_matmul", args[:8], got, ref)
-        return got
+        return self._with_outputs("scaled_int_matmul", args[:8] + (image_rows,),
+                                  lambda ops, c: ops.scaled_int_matmul(*args, tally=c, image_rows=image_rows), tally)
 
     def im2col(self, x, kernel_size, padding, dilation, stride, columns=False):
         args = (x, kernel_size, padding, dilation, stride, columns)
@@ -564,8 +600,8 @@ class CheckedOps:
         self._compare("im2col", args, got, ref)
         return got
 
-    def col2im(self, rows, x_shape, kernel_size, padding, dilation, stride):
-        args = (rows, x_shape, kernel_size, padding, dilation, stride)
+    def col2im(self, rows, x_shape, kernel_size, padding, dilation, stride, keep=None):
+        args = (rows, x_shape, kernel_size, padding, dilation, stride, keep)
         got, ref = CUPY.col2im(*args), self.ref.col2im(*args)
         self._compare("col2im", args, got, ref)
         return got
@@ -621,6 +657,79 @@ def test_fused_ops_match_the_torch_backend():
     ref = TORCH_OPS.scaled_int_matmul(a.float(), b.float(), sa, sb, 8, 32, 8, (7, 15), True)
     assert_same(got[0], ref[0])
     assert got[1].item() == ref[1].item()
+
+
+FORWARD_SPECS = [QuantSpec(4, "auto", "max", 0.975), QuantSpec(4, "signed", "max", 0.975),
+                 QuantSpec(3, "unsigned", "max", 0.9, "tensor", "stochastic"), QuantSpec(4, "auto", "sawb"),
+                 QuantSpec(4, "signed", "sawb")]
+
+
+@pytest.mark.parametrize("spec", FORWARD_SPECS, ids=str)
+@pytest.mark.parametrize("shape", [(7,), (5, 3), (33, 17), (128, 561), (64, 16, 32, 32), (3, 100003)], ids=str)
+def test_forward_quantize_counts_and_masks_in_its_pass(shape, spec):
+    """Levels, scale, keep mask, clipped count and the largest scale as the reference composes them, every STE,
+    on the one-pass (small) and two-pass (large) kernels; odd sizes leave a partial run of 8."""
+    from hdqt_cil.quant.backend import TORCH_OPS
+
+    for k, (label, t) in enumerate(inputs(shape, zlib.crc32(f"fwd{shape}{spec}".encode()))):
+        t = t * 40 if k == 0 else t  # beyond the authors' raw threshold (7) too
+        for ste in ("authors", "clip", "none"):
+            counter = Counter(seed=7 + k, step=11, role=3)
+            tallies = [torch.full((2,), 5, dtype=torch.int64, device="cuda") for _ in range(2)]
+            worsts = [torch.full((), 0.5, device="cuda") for _ in range(2)]
+            got = CUPY.forward_quantize(t, spec, counter, ste, tallies[0], worsts[0])
+            ref = TORCH_OPS.forward_quantize(t, spec, counter, ste, tallies[1], worsts[1])
+            what = f"{label}, ste {ste}"
+            assert_same(got[0], ref[0], f"levels {what}")
+            assert_same(got[1], ref[1], f"scale {what}")
+            assert (got[2] is None) == (ste == "none"), what
+            if got[2] is not None:
+                assert got[2].dtype == torch.bool and torch.equal(got[2], ref[2]), f"keep {what}"
+            assert torch.equal(tallies[0], tallies[1]), f"tally {what}: {tallies[0].tolist()} {tallies[1].tolist()}"
+            assert_same(worsts[0], worsts[1], f"worst {what}")
+        assert tallies[1][0] > 5 or spec.clip == 1.0, "no value clipped: the count is untested"
+
+
+def test_forward_quantize_counts_a_nan_and_reports_it():
+    spec = QuantSpec(4, "signed", "max", 0.975)
+    t = torch.randn(64, 300, generator=gen(41), device="cuda")
+    t[3, 7] = float("nan")
+    tally, worst = torch.zeros(2, dtype=torch.int64, device="cuda"), torch.zeros((), device="cuda")
+    levels, scale, keep = CUPY.forward_quantize(t, spec, None, "clip", tally, worst)
+    assert torch.isnan(worst) and torch.isnan(scale)
+    assert tally[1].item() == t.numel() and tally[0].item() == t.numel()  # every quotient by a NaN scale is NaN
+    assert not keep.any()
+
+
+@pytest.mark.parametrize("tile, acc_bits", [(32, 8), (64, 8), (None, 8), (None, None)], ids=str)
+def test_products_add_their_counts_to_the_tally(tile, acc_bits):
+    """The GEMM adds (saturated tile sums, tile sums) to the caller's pair: stacked, batched and batch-summed."""
+    from hdqt_cil.quant.backend import TORCH_OPS
+
+    for batch, b_batch, sum_batch in (((6,), (6,), False), ((6,), (), False), ((64,), (64,), True), ((2,), (2,), True)):
+        a, b = int_operands((1024 if sum_batch else 70, 640 if sum_batch else 90, 200), batch=batch, seed=9)
+        b = b[0] if not b_batch else b
+        sa, sb = torch.rand(*batch, 1, 1, device="cuda"), torch.rand((), device="cuda")
+        tallies = [torch.full((2,), 3, dtype=torch.int64, device="cuda") for _ in range(2)]
+        got = CUPY.scaled_int_matmul(a, b, sa, sb, 4, tile, acc_bits, (8, 15), sum_batch=sum_batch, tally=tallies[0])
+        ref = TORCH_OPS.scaled_int_matmul(a.float(), b.float(), sa, sb, 4, tile, acc_bits, (8, 15),
+                                          sum_batch=sum_batch, tally=tallies[1])
+        assert_same(got, ref, f"batch {batch}")
+        assert torch.equal(tallies[0], tallies[1]), f"{batch}: {tallies[0].tolist()} against {tallies[1].tolist()}"
+        assert tallies[1][0] > 3 or acc_bits is None, "nothing saturated: the count is untested"
+
+
+def test_quantizers_raise_the_largest_scale():
+    spec = QuantSpec(4, "signed", "max", 1.0, "sample", "stochastic")
+    x = torch.randn(8, 40, 256, generator=gen(42), device="cuda") * torch.arange(1, 9, device="cuda")[:, None, None]
+    for op, args in (("quantize", ()), ("hadamard_quantize", (64,))):
+        worst = torch.full((), 0.25, device="cuda")
+        _, scale = getattr(CUPY, op)(x, spec, Counter(1, 2, 3), *args, worst=worst)
+        assert_same(worst, scale.amax(), op)
+        x[5, 3, 9] = float("inf")
+        getattr(CUPY, op)(x, spec, Counter(1, 2, 3), *args, worst=worst)
+        assert not torch.isfinite(worst), op
+        x[5, 3, 9] = 1.0
 
 
 def test_backend_cupy_resolves_to_the_kernels():

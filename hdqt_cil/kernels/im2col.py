@@ -39,10 +39,12 @@ def im2col(x: torch.Tensor, kernel_size, padding, dilation, stride, columns: boo
 COL2IM_LANES = 4  # consecutive channels in a col2im warp (of 32 / COL2IM_LANES consecutive positions)
 
 
-def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride, out_size) -> torch.Tensor:
-    """As `hdqt_cil.quant.im2col.col2im`, bit for bit: one thread per input element adds its patches' contributions
-    in the reference's order (im2col.cu), where the reference adds kh·kw strided views one after the other; a warp
-    holds COL2IM_LANES channels of a few positions. `out_size` as in im2col."""
+def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride, out_size,
+           keep: torch.Tensor | None = None) -> torch.Tensor:
+    """As `hdqt_cil.quant.im2col.col2im`, bit for bit, contiguous: one thread per input element adds its patches'
+    contributions in the reference's order (im2col.cu), where the reference adds kh·kw strided views one after the
+    other; a warp holds COL2IM_LANES channels of a few positions. `out_size` as in im2col. `keep`: a contiguous
+    bool mask of x_shape, multiplied in (col2im(...) * keep)."""
     rt.require_cuda(rows)
     (ph, pw), (sh, sw) = padding, stride
     batch, channels, height, width = x_shape
@@ -53,11 +55,13 @@ def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride, 
     if (batch * channels * positions == 0 or rows.numel() >= rt.MAX_ELEMENTS or batch > 65535  # the grid's y
             or warps * 32 >= rt.MAX_ELEMENTS):
         raise rt.NotCovered(f"col2im into shape {tuple(x_shape)}")
+    if keep is not None and (keep.dtype != torch.bool or keep.shape != tuple(x_shape) or not keep.is_contiguous()):
+        raise rt.NotCovered(f"a keep mask {keep.dtype} {tuple(keep.shape)} {keep.stride()}")
     with rt.on_device(rows):
         src = rows.to(torch.float32).contiguous()
-        out = rt.empty((batch, channels, height + 2 * ph, width + 2 * pw), torch.float32, rows.device)
+        out = rt.empty(tuple(x_shape), torch.float32, rows.device)
         name = "col2im_f32_unit" if (sh, sw) == (1, 1) else "col2im_f32"
         rt.launch(rt.function("im2col.cu", name), (-(-warps // 8), batch), (256,),
                   (rt.ptr(src), *_conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dilation,
-                                            stride), rt.u32(lanes), rt.ptr(out)))
-    return out[:, :, ph:ph + height, pw:pw + width]
+                                            stride), rt.u32(lanes), rt.ptr(keep), rt.ptr(out)))
+    return out

@@ -138,7 +138,8 @@ class _QuantProduct(torch.autograd.Function):
         layer._check_finite(checks, backward=False, reported=True)
         rows = Operand(layer._forward_rows(x_op.values, ops), x_op.scale, x_op.bound)
         y_rows = operands.product(ops, rows, w_op, 1, scheme.forward,
-                                  tally=layer._tally("forward_saturated") if training else None)
+                                  tally=layer._tally("forward_saturated") if training else None,
+                                  image_rows=layer._image_rows(x.shape))
         w_keep = None if w_keep is None else w_keep.reshape(weight.shape)
         ctx.save_for_backward(x_op.values, w_op.values, x_keep, w_keep)
         ctx.layer, ctx.scheme, ctx.step, ctx.x_shape, ctx.w_shape = layer, scheme, step, x.shape, weight.shape
@@ -170,8 +171,7 @@ class _QuantProduct(torch.autograd.Function):
             qb = backward_operand(layer, w_values.transpose(0, 1), product.right, w_op, block, "grad_input.weight",
                                    step, ops, checks)
             rows = operands.product(ops, qa, qb, block, product, tally=layer._tally("grad_input_saturated"))
-            grad_x = layer._grad_input(rows, ctx.x_shape, ops)
-            grad_x = grad_x if x_keep is None else grad_x * x_keep
+            grad_x = layer._grad_input(rows, ctx.x_shape, ops, x_keep)
         if ctx.needs_input_grad[1]:
             product = scheme.grad_weight
             block = hadamard_block(product, scheme.hadamard_cap, g_cols.shape[-1])
@@ -200,6 +200,9 @@ class QuantLinear(QuantLayer, nn.Linear):
     def _forward_rows(self, x, ops):
         return x.reshape(-1, self.in_features)
 
+    def _image_rows(self, x_shape) -> int:
+        return 0  # the product's (M, out) rows are the output's
+
     def _forward_output(self, y_rows, x_shape):
         return y_rows.reshape(*x_shape[:-1], self.out_features)
 
@@ -211,8 +214,9 @@ class QuantLinear(QuantLayer, nn.Linear):
     def _input_columns(self, x, ops):
         return x.reshape(1, -1, self.in_features).transpose(1, 2)
 
-    def _grad_input(self, rows, x_shape, ops):
-        return rows.reshape(x_shape)
+    def _grad_input(self, rows, x_shape, ops, keep=None):
+        grad = rows.reshape(x_shape)
+        return grad if keep is None else grad * keep
 
 
 class QuantConv2d(QuantLayer, nn.Conv2d):
@@ -242,10 +246,14 @@ class QuantConv2d(QuantLayer, nn.Conv2d):
         """(B·L, K) im2col rows; K in (channel, kh, kw) order as the weight's (out, K) view (and F.unfold)."""
         return self._im2col(x, ops, columns=False).reshape(-1, self.weight[0].numel())
 
-    def _forward_output(self, y_rows, x_shape):
-        batch, (height, width) = x_shape[0], self._output_size(x_shape)
-        return y_rows.reshape(batch, height * width, self.out_channels).transpose(1, 2).reshape(
-            batch, self.out_channels, height, width)
+    def _image_rows(self, x_shape) -> int:
+        """An image's im2col rows (its output pixels): the product writes them channel-major, (B, out, L)."""
+        height, width = self._output_size(x_shape)
+        return height * width
+
+    def _forward_output(self, y, x_shape):
+        """(B, out, L) from the product (image_major) as (B, out, H, W)."""
+        return y.reshape(x_shape[0], self.out_channels, *self._output_size(x_shape))
 
     def _grad_output_layouts(self, g):
         """(B, L, out) for grad_input, (B, out, L) for grad_weight: one product per sample."""
@@ -256,6 +264,6 @@ class QuantConv2d(QuantLayer, nn.Conv2d):
         """(B, K, L): F.unfold's layout."""
         return self._im2col(x, ops, columns=True)
 
-    def _grad_input(self, rows, x_shape, ops):
-        """col2im of (B, L, K) (quant/im2col.py)."""
-        return ops.col2im(rows, x_shape, self.kernel_size, self.padding, self.dilation, self.stride)
+    def _grad_input(self, rows, x_shape, ops, keep=None):
+        """col2im of (B, L, K) (quant/im2col.py), times the estimator's mask `keep` where given."""
+        return ops.col2im(rows, x_shape, self.kernel_size, self.padding, self.dilation, self.stride, keep)
