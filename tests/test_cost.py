@@ -45,14 +45,14 @@ class CountingOps(SimpleNamespace):
         return self.quantize(self.block_hadamard(x, dim, block), spec, counter, worst)
 
     def scaled_int_matmul(self, a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
-                          count_saturated=False, sum_batch=False, tally=None, image_rows=0):
+                          count_saturated=False, sum_batch=False, tally=None):
         batch = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
         (m, k), n = a.shape[-2:], b.shape[-1]
         self.tally["int_mac"] += batch * m * n * k
         if acc_bits is not None:
             self.tally["saturate"] += batch * m * n * (1 if tile is None or tile >= k else math.ceil(k / tile))
         return TORCH_OPS.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated,
-                                           sum_batch, tally, image_rows)
+                                           sum_batch, tally)
 
 
 def mlp():

@@ -391,22 +391,6 @@ def test_scaled_int_matmul_equals_the_layers_epilogue(granularity):
         assert count.item() == ref_count.item()
 
 
-@pytest.mark.parametrize("images, rows, n, k", [(128, 1024, 16, 144), (128, 64, 64, 576), (5, 49, 33, 27),
-                                                 (3, 7, 130, 40), (200, 9, 300, 290)], ids=str)
-def test_image_rows_write_the_convolution_layout(images, rows, n, k):
-    """image_rows: the scaled product written as (images, N, rows), each element where the reference's
-    transposed copy puts it, on thin, square and large CTA tiles."""
-    from hdqt_cil.quant.backend import TORCH_OPS
-
-    a, b = int_operands((images * rows, n, k), seed=images + n)
-    sa, sb = torch.rand((), device="cuda") / 7, torch.rand(1, n, device="cuda") / 3
-    for tile, acc_bits in ((32, 8), (None, None)):
-        got = CUPY.scaled_int_matmul(a, b, sa, sb, 1, tile, acc_bits, (8, 15), image_rows=rows)
-        ref = TORCH_OPS.scaled_int_matmul(a.float(), b.float(), sa, sb, 1, tile, acc_bits, (8, 15), image_rows=rows)
-        assert got.is_contiguous() and got.shape == (images, n, rows)
-        assert_same(got, ref, f"tile {tile}")
-
-
 # M x N of 1024 x 640 is 160 tiles of 64 x 64, at least one per SM of an H100 / H200: the batch is summed in the
 # GEMM's epilogue; 70 x 90 is summed by the separate kernel after the per-entry products.
 @pytest.mark.parametrize("shape", [(1024, 640, 197), (70, 90, 300), (1024, 640, 64)], ids=str)
@@ -492,13 +476,14 @@ def test_col2im_bit_identical(x_shape, kernel, padding, dilation, stride):
     rows[0, 0, 0] = -0.0
     got = CUPY.col2im(rows, x_shape, kernel, padding, dilation, stride)
     ref = col2im(rows, x_shape, kernel, padding, dilation, stride)
-    assert got.is_contiguous()
+    assert got.stride() == ref.stride()  # the layout too: it decides which kernels the layers before it run
     assert_same(got, ref, f"{x_shape} {kernel}")
     assert torch.equal(torch.signbit(got), torch.signbit(ref))
     keep = torch.rand(x_shape, generator=g, device="cuda") < 0.7
     rows[0, 1, 1] = float("inf")  # inf * 0 is NaN, as in the reference's product
     masked = CUPY.col2im(rows, x_shape, kernel, padding, dilation, stride, keep)
     expected = col2im(rows, x_shape, kernel, padding, dilation, stride) * keep
+    assert masked.stride() == expected.stride()
     assert torch.equal(masked.nan_to_num(7.0), expected.nan_to_num(7.0)), f"{x_shape} {kernel} with a mask"
     assert torch.equal(torch.signbit(masked), torch.signbit(expected))
 
@@ -589,10 +574,10 @@ class CheckedOps:
                                   lambda ops, w: ops.hadamard_quantize(x, spec, counter, block, dim, worst=w), worst)
 
     def scaled_int_matmul(self, a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
-                          count_saturated=False, sum_batch=False, tally=None, image_rows=0):
+                          count_saturated=False, sum_batch=False, tally=None):
         args = (a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated, sum_batch)
-        return self._with_outputs("scaled_int_matmul", args[:8] + (image_rows,),
-                                  lambda ops, c: ops.scaled_int_matmul(*args, tally=c, image_rows=image_rows), tally)
+        return self._with_outputs("scaled_int_matmul", args[:8],
+                                  lambda ops, c: ops.scaled_int_matmul(*args, tally=c), tally)
 
     def im2col(self, x, kernel_size, padding, dilation, stride, columns=False):
         args = (x, kernel_size, padding, dilation, stride, columns)

@@ -1,3 +1,4 @@
+import dataclasses
 import warnings
 
 import pytest
@@ -5,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hdqt_cil.quant import (NonFiniteError, QuantLinear, col2im, im2col, preset, quant_stats,
+from hdqt_cil.quant import (NonFiniteError, QuantConv2d, QuantLinear, col2im, im2col, preset, quant_stats,
                             quantize_model, reset_quant_stats, scheme_from_config)
 
 F32 = torch.float32
@@ -240,3 +241,20 @@ def test_non_finite_gradient_names_the_layer():
     y = layer(torch.randn(2, 4))
     with pytest.raises(NonFiniteError, match=r"layer 'features.fc': non-finite value inf .*grad_output"):
         y.backward(torch.tensor([[1.0, float("inf"), 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]))
+
+
+def test_conv_keeps_the_layouts_the_layers_around_it_see():
+    """Values and memory layouts both decide the bits of the float ops around a layer (BatchNorm picks its kernels
+    by layout): the forward's output is a channels-last view of the product's rows, the input gradient with the
+    estimator's mask is contiguous, and without a mask it is the interior view of col2im's padded buffer."""
+    torch.manual_seed(0)
+    for ste, x_grad_contiguous in (("authors", True), ("none", False)):
+        scheme = dataclasses.replace(preset("hdqt"), ste=ste)
+        conv = QuantConv2d(4, 8, 3, padding=1, bias=False, scheme=scheme)
+        x = torch.randn(2, 4, 6, 6, requires_grad=True)
+        seen = []
+        x.register_hook(seen.append)  # the gradient as the layer returns it (a leaf's .grad is laid out anew)
+        y = conv(x)
+        assert y.stride() == (288, 1, 48, 8)
+        y.backward(torch.randn(2, 8, 6, 6))
+        assert seen[0].is_contiguous() == x_grad_contiguous, ste

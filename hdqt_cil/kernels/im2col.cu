@@ -109,11 +109,13 @@ IM2COL(im2col_rows_f32, float, false)
 IM2COL(im2col_columns_f32, float, true)
 
 // ------------------------------------------------------------------------------------------------------ col2im
-// rows is (B, out_h, out_w, C, kh, kw) contiguous (the (B, L, K) product); out is (B, C, H, W) contiguous, the
-// interior of the reference's zero-padded buffer. A thread owns one element (b, c, y, x): it starts from +0 and
-// adds the contributions of the kernel offsets (i, j) in row-major order, one rounding each, as the reference's
-// sequence of adds into strided views does; where `keep` (bool, (B, C, H, W)) is given, the sum is multiplied by
-// it, as the layers' straight-through estimator does (g * keep).
+// rows is (B, out_h, out_w, C, kh, kw) contiguous (the (B, L, K) product); out is (B, C, H + 2 oph, W + 2 opw),
+// of which only the interior is written: the reference's zero-padded buffer (oph, opw = the padding; the caller
+// returns the interior's view) or, with `keep`, the contiguous (B, C, H, W) (oph = opw = 0). A thread owns one
+// interior element (b, c, y, x): it starts from +0 and adds the contributions of the kernel offsets (i, j) in
+// row-major order, one rounding each, as the reference's sequence of adds into strided views does; where `keep`
+// (bool, (B, C, H, W) contiguous) is given, the sum is multiplied by it, as the layers' straight-through estimator
+// does (g * keep, whose result is contiguous too).
 // A warp holds `lanes` consecutive channels (lane % lanes) of 32 / lanes consecutive positions (lane / lanes), so
 // that its loads of one offset fall on a few lines of the positions' K-rows (one channel a warp, 32 positions,
 // touched 32 lines a load: kernel_notes v20). Grid: y = sample, x = CTAs over its (channel block, position block)
@@ -123,7 +125,7 @@ template <bool UNIT>
 __device__ __forceinline__ void col2im_body(const float* __restrict__ rows, u32 channels, u32 height, u32 width,
                                             u32 out_h, u32 out_w, int kh, int kw, int ph, int pw, int dh, int dw,
                                             int sh, int sw, u32 lanes, const unsigned char* __restrict__ keep,
-                                            float* __restrict__ out) {
+                                            int oph, int opw, float* __restrict__ out) {
     const u32 lane = threadIdx.x & 31, per_warp = 32 / lanes;
     const u32 positions = height * width;
     const u32 cblocks = (channels + lanes - 1) / lanes, pblocks = (positions + per_warp - 1) / per_warp;
@@ -153,16 +155,17 @@ __device__ __forceinline__ void col2im_body(const float* __restrict__ rows, u32 
             acc = __fadd_rn(acc, __ldg(row + (u64)ox * k + j));
         }
     }
-    const u64 at = (((u64)b * channels + c) * height + y) * width + x;
+    const u64 at = (((u64)b * channels + c) * (height + 2 * oph) + y + oph) * (width + 2 * opw) + x + opw;
     out[at] = keep == nullptr ? acc : __fmul_rn(acc, keep[at] ? 1.0f : 0.0f);  // the reference's g * keep
 }
 
 #define COL2IM(NAME, UNIT)                                                                                    \
     extern "C" __global__ void NAME(const float* rows, u32 channels, u32 height, u32 width, u32 out_h,       \
                                     u32 out_w, int kh, int kw, int ph, int pw, int dh, int dw, int sh,        \
-                                    int sw, u32 lanes, const unsigned char* keep, float* out) {               \
+                                    int sw, u32 lanes, const unsigned char* keep, int oph, int opw,           \
+                                    float* out) {                                                             \
         col2im_body<UNIT>(rows, channels, height, width, out_h, out_w, kh, kw, ph, pw, dh, dw, sh, sw, lanes,   \
-                          keep, out);                                                                         \
+                          keep, oph, opw, out);                                                               \
     }
 
 COL2IM(col2im_f32, false)

@@ -41,10 +41,11 @@ COL2IM_LANES = 4  # consecutive channels in a col2im warp (of 32 / COL2IM_LANES 
 
 def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride, out_size,
            keep: torch.Tensor | None = None) -> torch.Tensor:
-    """As `hdqt_cil.quant.im2col.col2im`, bit for bit, contiguous: one thread per input element adds its patches'
-    contributions in the reference's order (im2col.cu), where the reference adds kh·kw strided views one after the
-    other; a warp holds COL2IM_LANES channels of a few positions. `out_size` as in im2col. `keep`: a contiguous
-    bool mask of x_shape, multiplied in (col2im(...) * keep)."""
+    """As `hdqt_cil.quant.im2col.col2im`, bit for bit and in its layout (a view of a padded buffer): one thread per
+    input element adds its patches' contributions in the reference's order (im2col.cu), where the reference adds
+    kh·kw strided views one after the other; a warp holds COL2IM_LANES channels of a few positions. `out_size` as
+    in im2col. `keep`: a contiguous bool mask of x_shape, multiplied in: col2im(...) * keep, contiguous as that
+    product is."""
     rt.require_cuda(rows)
     (ph, pw), (sh, sw) = padding, stride
     batch, channels, height, width = x_shape
@@ -59,9 +60,11 @@ def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride, 
         raise rt.NotCovered(f"a keep mask {keep.dtype} {tuple(keep.shape)} {keep.stride()}")
     with rt.on_device(rows):
         src = rows.to(torch.float32).contiguous()
-        out = rt.empty(tuple(x_shape), torch.float32, rows.device)
+        oph, opw = (0, 0) if keep is not None else (ph, pw)
+        out = rt.empty((batch, channels, height + 2 * oph, width + 2 * opw), torch.float32, rows.device)
         name = "col2im_f32_unit" if (sh, sw) == (1, 1) else "col2im_f32"
         rt.launch(rt.function("im2col.cu", name), (-(-warps // 8), batch), (256,),
                   (rt.ptr(src), *_conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dilation,
-                                            stride), rt.u32(lanes), rt.ptr(keep), rt.ptr(out)))
-    return out
+                                            stride), rt.u32(lanes), rt.ptr(keep), rt.i32(oph), rt.i32(opw),
+                   rt.ptr(out)))
+    return out[:, :, oph:oph + height, opw:opw + width]

@@ -31,9 +31,6 @@
 //      per (batch, column) through strides (0 for a per-tensor scale), 3 the batch sum of mode 2's products: a
 //      CTA runs all `entries` batch entries of its tile in order and adds each scaled product to a float32
 //      total that starts at +0 (the order of quant/intmm.py sum_entries); gridDim.z is 1, out is (M, N).
-// image_rows > 0 (OUT 1, 2, one batch entry): row r of the M x N result is row r % image_rows of image
-//      r / image_rows, written channel-major, out[image][n][r % image_rows]: a convolution's NCHW output from its
-//      im2col rows, with no transposing copy after the GEMM.
 // A batch entry's sums are finished (SAT 1, 3, 4) when its last K step is done, so mode 3 can go on to the next
 // entry in the same pipeline: stage t holds K step t % ktiles of entry t / ktiles.
 
@@ -153,7 +150,7 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
                  int M, int N, int K, i64 lda, i64 ldb, i64 batch_a, i64 batch_b, int limit, int tile_steps,
                  const float* __restrict__ sa, i64 sa_batch, i64 sa_row, const float* __restrict__ sb,
                  i64 sb_batch, i64 sb_col, float block_inv, u64* __restrict__ count, u64* __restrict__ seen,
-                 u64 sums, int image_rows, int entries) {
+                 u64 sums, int entries) {
     constexpr int THREADS = WM * WN * 32;
     constexpr int BM = WM * MI * 16;
     constexpr int BN = WN * NI * 8;
@@ -361,8 +358,6 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
             if (r >= M) continue;
             const float row_scale = OUT == 2 ? sa[(i64)batch * sa_batch + (i64)r * sa_row] : 1.0f;
             const i64 row_off = ((i64)batch * M + r) * N;
-            const i64 image = image_rows > 0 ? r / image_rows : 0;
-            const i64 pixel_off = image * N * image_rows + (r - image * image_rows);  // channel-major: + n * rows
 #pragma unroll
             for (int j = 0; j < NI; ++j) {
                 const int col = out_col(j);
@@ -381,12 +376,6 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
                 } else if (OUT == 3) {
                     f0 = facc[i][j][2 * half];
                     f1 = facc[i][j][2 * half + 1];
-                }
-                if (OUT != 3 && image_rows > 0) {
-                    float* o = reinterpret_cast<float*>(out) + pixel_off + (i64)col * image_rows;
-                    o[0] = f0;
-                    if (col + 1 < N) o[image_rows] = f1;
-                    continue;
                 }
                 store_pair(reinterpret_cast<float*>(out) + row_off + col, f0, f1, pairs, col + 1 < N);
             }

@@ -118,7 +118,7 @@ def _tile_sums(tile, acc_bits, k: int) -> int:
 
 
 def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=None, packed=None, sum_batch=False,
-                tally=None, image_rows=0):
+                tally=None):
     """The product of every public entry: NotCovered (nothing launched) where the kernels do not cover it."""
     rt.require_cuda(a, b)
     k = a.shape[-1]
@@ -142,7 +142,7 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
     if batch > 1 and not sum_batch and math.prod(b.shape[:-2]) == 1 and (scales is None or
                                                                          math.prod(scales[1].shape[:-2]) == 1):
         return _stacked_product(a, b, (bound_a, bound_b), tile, acc_bits, count_saturated, scales, config, packed,
-                                tally, image_rows)
+                                tally)
 
     saturate = acc_bits is not None and acc_bits < 32  # a 32-bit limit never binds: the sums fit int32
     limit = 2 ** (acc_bits - 1) - 1 if saturate else 0
@@ -169,10 +169,6 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
         a3, lda, batch_a = _operand(a, batch_shape, batch, m, k, transposed=False)
         b3, ldb, batch_b = _operand(b, batch_shape, batch, n, k, transposed=True)
         out_shape = (m, n) if out_mode == 3 else (*batch_shape, m, n)
-        if image_rows:
-            if batch > 1 or out_mode not in (1, 2) or m % image_rows:
-                raise ValueError(f"image_rows={image_rows} needs one product of whole images, float32 out")
-            out_shape = (m // image_rows, n, image_rows)
         out = rt.empty(out_shape, torch.int32 if out_mode == 0 else torch.float32, device)
         if tally is None:
             counter, seen, sums_per_entry = rt.ZEROS_I64.take(1, device), None, 0
@@ -203,7 +199,7 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
                        rt.u64(psa + first * sa_batch * 4), rt.i64(sa_batch), rt.i64(sa_row),
                        rt.u64(psb + first * sb_batch * 4), rt.i64(sb_batch), rt.i64(sb_col),
                        rt.f32(block_inv), rt.ptr(counter), rt.ptr(seen), rt.u64(chunk * sums_per_entry),
-                       rt.i32(image_rows), rt.i32(chunk)),
+                       rt.i32(chunk)),
                       smem)
     if out_mode == 0:
         out = out.to(torch.float64)
@@ -212,7 +208,7 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
     return (out, counter.view(())) if count_saturated and tally is None else out
 
 
-def _stacked_product(a, b, bounds, tile, acc_bits, count_saturated, scales, config, packed, tally, image_rows):
+def _stacked_product(a, b, bounds, tile, acc_bits, count_saturated, scales, config, packed, tally):
     """A batch (..., M, K) times one right factor (K, N) (and a scale_b without batch) as one (B·M, K) product:
     full CTA tiles instead of a ragged M per entry, the same values."""
     batch_shape, (m, k), n = a.shape[:-2], a.shape[-2:], b.shape[-1]
@@ -222,10 +218,10 @@ def _stacked_product(a, b, bounds, tile, acc_bits, count_saturated, scales, conf
             scale_a = scale_a.expand(*batch_shape, m, 1).reshape(-1, 1)
         scales = (scale_a, scale_b.reshape(scale_b.shape[-2:]) if scale_b.dim() > 2 else scale_b, block)
     result = _int_matmul(a.reshape(-1, k), b.reshape(k, n), tile, acc_bits, bounds, count_saturated, scales,
-                         config, packed, tally=tally, image_rows=image_rows)
+                         config, packed, tally=tally)
     counted = count_saturated and tally is None
     out, count = result if counted else (result, None)
-    out = out if image_rows else out.view(*batch_shape, m, n)
+    out = out.view(*batch_shape, m, n)
     return (out, count) if counted else out
 
 
@@ -268,13 +264,12 @@ def tiled_int_matmul(a: torch.Tensor, b: torch.Tensor, tile: int | None = 32, ac
 def scaled_int_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, block: int = 1,
                       tile: int | None = 32, acc_bits: int | None = 8, bounds: tuple[float, float] | None = None,
                       count_saturated: bool = False, sum_batch: bool = False, config: str | None = None,
-                      packed: bool | None = None, tally: torch.Tensor | None = None, image_rows: int = 0):
+                      packed: bool | None = None, tally: torch.Tensor | None = None):
     """float32(tiled_int_matmul(a, b, ...)) * ((scale_a * scale_b) / block), float32, with the scale applied in
     the GEMM's epilogue: scale_a broadcastable to (..., M, 1), scale_b to (..., 1, N), `block` a power of two (so
     that / block is exact). sum_batch: the (M, N) sum over the batch of `hdqt_cil.quant.sum_entries`, inside the
     GEMM when its M x N tiles fill the GPU (the batch then never written), else by a summing kernel after it.
     tally: an int64 (2,) view to which the GEMM itself adds (saturated tile sums, tile sums); only the product is
-    returned then. image_rows > 0 (one product, no batch sum): the (M, N) result written as (M / image_rows, N,
-    image_rows), each image's rows channel-major (a convolution's NCHW output from its im2col rows)."""
+    returned then."""
     return _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, (scale_a, scale_b, block), config, packed,
-                       sum_batch, tally, image_rows)
+                       sum_batch, tally)

@@ -52,14 +52,6 @@ def forward_quantize(t, spec, counter=None, ste="none", tally=None, worst=None):
     return levels, scale, ste_keep(t, inside, spec, ste)
 
 
-def image_major(out: torch.Tensor, image_rows: int) -> torch.Tensor:
-    """A product's (M, N) rows, image_rows of them an image, as (M / image_rows, N, image_rows), contiguous: the
-    NCHW layout of a convolution whose im2col rows they are (0: out unchanged)."""
-    if not image_rows:
-        return out
-    return out.reshape(-1, image_rows, out.shape[-1]).transpose(1, 2).contiguous()
-
-
 def masked_col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep=None):
     """col2im(...) * keep (the input gradient through the forward quantizer's straight-through estimator), in
     one call so that a backend can apply the mask where it writes the sum; keep None: col2im alone."""
@@ -68,18 +60,17 @@ def masked_col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep=No
 
 
 def scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None, count_saturated=False,
-                      sum_batch=False, tally=None, image_rows=0):
+                      sum_batch=False, tally=None):
     """float32(tiled_int_matmul(a, b)) * ((scale_a * scale_b) / block): the layers' product with its epilogue in
     one call (docs/numerics.md "Epilogue"), so that a backend can fuse the scaling into the GEMM; with sum_batch,
     summed over the batch by `sum_entries` (the weight gradient of per-sample products). tally: an int64 (2,)
-    tensor to which (saturated tile sums, tile sums) are added; only the product is returned then. image_rows:
-    the result in `image_major` layout, which a backend can write directly."""
+    tensor to which (saturated tile sums, tile sums) are added; only the product is returned then."""
     block = epilogue_block(block)
     counting = count_saturated or tally is not None
     result = tiled_int_matmul(a, b, tile, acc_bits, bounds, counting)
     acc, saturated = result if counting else (result, None)
     out = acc.to(torch.float32) * ((scale_a * scale_b) / block)
-    out = image_major(sum_entries(out) if sum_batch else out, image_rows)
+    out = sum_entries(out) if sum_batch else out
     if tally is not None:
         tally[0].add_(saturated)
         tally[1].add_(tile_sums(a.shape, b.shape, tile, acc_bits))
@@ -148,16 +139,15 @@ def _kernel_tiled_int_matmul(a, b, tile=32, acc_bits=8, bounds=None, count_satur
 
 
 def _kernel_scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
-                              count_saturated=False, sum_batch=False, tally=None, image_rows=0):
+                              count_saturated=False, sum_batch=False, tally=None):
     block = epilogue_block(block)
     scale_a, scale_b = (s if torch.is_tensor(s) else torch.tensor(float(s), device=a.device)
                         for s in (scale_a, scale_b))
     check_product(a, b, tile, acc_bits)
     return _covered(lambda: kernels.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds,
-                                                      count_saturated, sum_batch, tally=tally,
-                                                      image_rows=image_rows),
+                                                      count_saturated, sum_batch, tally=tally),
                     lambda: scaled_int_matmul(_as_float(a), _as_float(b), scale_a, scale_b, block, tile, acc_bits,
-                                              bounds, count_saturated, sum_batch, tally, image_rows))
+                                              bounds, count_saturated, sum_batch, tally))
 
 
 def _kernel_im2col(x, kernel_size, padding, dilation, stride, columns=False):

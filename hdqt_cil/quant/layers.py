@@ -138,8 +138,7 @@ class _QuantProduct(torch.autograd.Function):
         layer._check_finite(checks, backward=False, reported=True)
         rows = Operand(layer._forward_rows(x_op.values, ops), x_op.scale, x_op.bound)
         y_rows = operands.product(ops, rows, w_op, 1, scheme.forward,
-                                  tally=layer._tally("forward_saturated") if training else None,
-                                  image_rows=layer._image_rows(x.shape))
+                                  tally=layer._tally("forward_saturated") if training else None)
         w_keep = None if w_keep is None else w_keep.reshape(weight.shape)
         ctx.save_for_backward(x_op.values, w_op.values, x_keep, w_keep)
         ctx.layer, ctx.scheme, ctx.step, ctx.x_shape, ctx.w_shape = layer, scheme, step, x.shape, weight.shape
@@ -200,9 +199,6 @@ class QuantLinear(QuantLayer, nn.Linear):
     def _forward_rows(self, x, ops):
         return x.reshape(-1, self.in_features)
 
-    def _image_rows(self, x_shape) -> int:
-        return 0  # the product's (M, out) rows are the output's
-
     def _forward_output(self, y_rows, x_shape):
         return y_rows.reshape(*x_shape[:-1], self.out_features)
 
@@ -246,14 +242,12 @@ class QuantConv2d(QuantLayer, nn.Conv2d):
         """(B·L, K) im2col rows; K in (channel, kh, kw) order as the weight's (out, K) view (and F.unfold)."""
         return self._im2col(x, ops, columns=False).reshape(-1, self.weight[0].numel())
 
-    def _image_rows(self, x_shape) -> int:
-        """An image's im2col rows (its output pixels): the product writes them channel-major, (B, out, L)."""
-        height, width = self._output_size(x_shape)
-        return height * width
-
-    def _forward_output(self, y, x_shape):
-        """(B, out, L) from the product (image_major) as (B, out, H, W)."""
-        return y.reshape(x_shape[0], self.out_channels, *self._output_size(x_shape))
+    def _forward_output(self, y_rows, x_shape):
+        """(B·L, out) rows as (B, out, H, W): a view whose memory is channels-last, as the rows are (no copy; the
+        layers after it, BatchNorm's kernels among them, see this layout)."""
+        batch, (height, width) = x_shape[0], self._output_size(x_shape)
+        return y_rows.reshape(batch, height * width, self.out_channels).transpose(1, 2).reshape(
+            batch, self.out_channels, height, width)
 
     def _grad_output_layouts(self, g):
         """(B, L, out) for grad_input, (B, out, L) for grad_weight: one product per sample."""

@@ -4,7 +4,6 @@ from typing import NamedTuple
 
 import torch
 
-from .backend import image_major
 from .hadamard import hadamard_block_size
 from .quantizers import QuantSpec
 from .schemes import Product
@@ -32,20 +31,18 @@ def swap_last(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(-1, -2) if t.dim() >= 2 else t
 
 
-def product(ops, a: Operand, bt: Operand, block: int, product: Product, sum_batch: bool = False, tally=None,
-            image_rows: int = 0):
+def product(ops, a: Operand, bt: Operand, block: int, product: Product, sum_batch: bool = False, tally=None):
     """a (..., M, K) times btᵀ (K along bt's last dim too), scaled back by s_a · s_b / block; with sum_batch,
     summed over the leading dims (in order, `sum_entries`, for the integer product). `tally`: an int64 (2,) view
     to which an integer product adds its saturated tile sums and its tile sums (float products count nothing).
-    image_rows: a 2-D product's result in `backend.image_major` layout (a convolution's NCHW output).
     """
     if not (a.is_integer and bt.is_integer):
         out = torch.matmul(a.dequantized(), bt.dequantized().transpose(-1, -2))
         out = out / block if block > 1 else out
-        return image_major(out.sum(dim=0) if sum_batch else out, image_rows)
+        return out.sum(dim=0) if sum_batch else out
     return ops.scaled_int_matmul(a.values, bt.values.transpose(-1, -2), a.scale, swap_last(bt.scale), block,
                                  product.tile, product.acc_bits, bounds=(a.bound, bt.bound), sum_batch=sum_batch,
-                                 tally=tally, image_rows=image_rows)
+                                 tally=tally)
 
 
 def forward_operand(layer, t, spec: QuantSpec | None, role: str, step, training: bool, ops, checks):
