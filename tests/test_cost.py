@@ -54,6 +54,11 @@ class CountingOps(SimpleNamespace):
         return TORCH_OPS.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated,
                                            sum_batch, tally)
 
+    def col2im_int_matmul(self, a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size, padding,
+                          dilation, stride, keep=None, tally=None):
+        rows = self.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, tally=tally)
+        return self.col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep)
+
 
 def mlp():
     return nn.Sequential(nn.Linear(40, 24, bias=False), nn.ReLU(), nn.Linear(24, 24, bias=False), nn.ReLU(),

@@ -488,6 +488,49 @@ def test_col2im_bit_identical(x_shape, kernel, padding, dilation, stride):
     assert torch.equal(torch.signbit(masked), torch.signbit(expected))
 
 
+@pytest.mark.parametrize("x_shape, out_channels, stride", [((8, 16, 32, 32), 16, 1), ((6, 16, 32, 32), 32, 2),
+                                                             ((4, 64, 8, 8), 64, 1), ((3, 5, 7, 9), 48, 1),
+                                                             ((2, 3, 11, 6), 16, 2)], ids=str)
+@pytest.mark.parametrize("tile, acc_bits", [(None, 8), (32, 8), (16, 6), (None, None)], ids=str)
+def test_col2im_of_the_product_bit_identical(x_shape, out_channels, stride, tile, acc_bits):
+    """The input gradient folded into one kernel: col2im(scaled_int_matmul(G, Wᵀ)) * keep, its layout, and the
+    product's saturation count over every element (those that col2im drops into the padding too)."""
+    from hdqt_cil.quant.backend import TORCH_OPS
+    from hdqt_cil.quant.im2col import conv_output_size
+
+    batch, channels = x_shape[:2]
+    geometry = ((3, 3), (1, 1), (1, 1), (stride, stride))
+    out_h, out_w = conv_output_size(x_shape, *geometry)
+    g = gen(sum(x_shape) + out_channels + stride)
+    a = torch.randint(-7, 8, (batch, out_h * out_w, out_channels), generator=g, device="cuda", dtype=torch.int8)
+    w = torch.randint(-7, 8, (channels * 9, out_channels), generator=g, device="cuda", dtype=torch.int8)
+    scale_sets = ((torch.rand(batch, 1, 1, generator=g, device="cuda"), torch.rand((), device="cuda")),
+                  (torch.rand((), device="cuda"), torch.rand(1, channels * 9, generator=g, device="cuda")),
+                  (torch.rand(batch, out_h * out_w, 1, generator=g, device="cuda"), torch.rand((), device="cuda")))
+    for (sa, sb), keep in zip(scale_sets, (None, torch.rand(x_shape, generator=g, device="cuda") < 0.8, None)):
+        tallies = [torch.full((2,), 2, dtype=torch.int64, device="cuda") for _ in range(2)]
+        args = (sa, sb, 16, tile, acc_bits, (7, 7), x_shape, *geometry, keep)
+        got = kernels.col2im_int_matmul(a, w.t(), *args[:11], conv_output_size(x_shape, *geometry), keep,
+                                        tallies[0])
+        ref = TORCH_OPS.col2im_int_matmul(a.float(), w.t().float(), *args, tallies[1])
+        assert got.stride() == ref.stride()
+        assert_same(got, ref, f"scales {tuple(sa.shape)} {tuple(sb.shape)}, mask {keep is not None}")
+        assert torch.equal(tallies[0], tallies[1]), f"{tallies[0].tolist()} against {tallies[1].tolist()}"
+        assert tallies[1][0] > 2 or acc_bits is None, "nothing saturated: the count is untested"
+
+
+def test_col2im_of_the_product_leaves_odd_operands_to_the_reference():
+    from hdqt_cil.quant.backend import TORCH_OPS
+
+    a = torch.randint(-7, 8, (2, 16, 24), device="cuda", dtype=torch.int8)  # O = 24: not a multiple of 16
+    w = torch.randint(-7, 8, (27, 24), device="cuda", dtype=torch.int8)
+    args = (torch.rand((), device="cuda"), torch.rand((), device="cuda"), 1, None, 8, (7, 7), (2, 3, 4, 4), (3, 3),
+            (1, 1), (1, 1), (1, 1))
+    with pytest.raises(rt.NotCovered):
+        kernels.col2im_int_matmul(a, w.t(), *args, (4, 4))
+    assert_same(CUPY.col2im_int_matmul(a, w.t(), *args), TORCH_OPS.col2im_int_matmul(a.float(), w.t().float(), *args))
+
+
 # ----------------------------------------------------------------------------------------------------- training
 
 
@@ -578,6 +621,13 @@ class CheckedOps:
         args = (a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated, sum_batch)
         return self._with_outputs("scaled_int_matmul", args[:8],
                                   lambda ops, c: ops.scaled_int_matmul(*args, tally=c), tally)
+
+    def col2im_int_matmul(self, a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size, padding,
+                          dilation, stride, keep=None, tally=None):
+        args = (a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size, padding, dilation, stride,
+                keep)
+        return self._with_outputs("col2im_int_matmul", args, lambda ops, c: ops.col2im_int_matmul(*args, tally=c),
+                                  tally)
 
     def im2col(self, x, kernel_size, padding, dilation, stride, columns=False):
         args = (x, kernel_size, padding, dilation, stride, columns)

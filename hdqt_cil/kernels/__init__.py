@@ -12,7 +12,8 @@ One module a primitive, as in `hdqt_cil.quant`, over a small runtime:
                   scaled_int_matmul(a, b, scale_a, scale_b, block, ..., sum_batch, config, packed)
                                                          -> the layers' product, its scaling in the GEMM's epilogue
                   sum_entries(t)                         -> the batch of (..., M, N) summed in order from +0
-    im2col.py     im2col(x, ..., columns, out_size), col2im(rows, x_shape, ..., out_size)
+    im2col.py     im2col(x, ..., columns, out_size), col2im(rows, x_shape, ..., out_size, keep)
+                  col2im_int_matmul(a, b, scales, ..., x_shape, ...) -> col2im of the scaled product, fused
     runtime.py    available(), loading and launching, buffers; NotCovered
     compile.py    the sources, NVRTC, the prebuilt bundles and the machine's kernel cache (build.py makes them)
 
@@ -23,10 +24,11 @@ and `hdqt_cil.quant.backend` applies them, calls these functions and runs the re
 elements or more). This package never imports `hdqt_cil.quant`.
 """
 from .hadamard import MAX_HADAMARD_BLOCK, block_hadamard
-from .im2col import col2im, im2col
+from .im2col import col2im, col2im_int_matmul, im2col
 from .intmm import scaled_int_matmul, sum_entries, tiled_int_matmul
 from .quantize import Stats, forward_quantize, hadamard_quantize, quantize
 from .runtime import NotCovered, available, unavailable_reason
 
-__all__ = ["available", "unavailable_reason", "NotCovered", "quantize", "forward_quantize", "Stats", "hadamard_quantize", "block_hadamard",
-           "tiled_int_matmul", "scaled_int_matmul", "sum_entries", "im2col", "col2im", "MAX_HADAMARD_BLOCK"]
+__all__ = ["available", "unavailable_reason", "NotCovered", "quantize", "forward_quantize", "Stats",
+           "hadamard_quantize", "block_hadamard", "tiled_int_matmul", "scaled_int_matmul", "sum_entries", "im2col",
+           "col2im", "col2im_int_matmul", "MAX_HADAMARD_BLOCK"]

@@ -75,7 +75,7 @@ ALL_GEMM_EXPRESSIONS = tuple(gemm_expression(c, sat, count, out) for c in GEMM_C
 
 SOURCES = {"quant.cu": QUANT_KERNELS, "intmm.cu": ALL_GEMM_EXPRESSIONS,
            "im2col.cu": tuple(f"im2col_{layout}_{t}" for layout in ("rows", "columns") for t in ("i8", "f32"))
-           + ("col2im_f32", "col2im_f32_unit")}
+           + ("col2im_f32", "col2im_f32_unit", "col2im_int_matmul")}
 # IEEE single precision throughout: no contraction into FMA, no flush of subnormals, correctly rounded division.
 # (CuPy's own RawModule appends -ftz=true to every compile, which flushes subnormal inputs and maxima: these
 # sources are therefore compiled here with NVRTC directly and only loaded through CuPy.)

@@ -170,3 +170,80 @@ __device__ __forceinline__ void col2im_body(const float* __restrict__ rows, u32 
 
 COL2IM(col2im_f32, false)
 COL2IM(col2im_f32_unit, true)
+
+// ------------------------------------------------------------------------------------- col2im of a product
+// The input gradient of a convolution straight from its integer operands: col2im(scaled_int_matmul(G, Wᵀ)) of
+// quant/backend.py, bit for bit, without the (B, L, K) float rows. G (B, L, O) and W (K, O) are int8 levels with O
+// contiguous (16-byte rows); a thread owns one position (b, c, y, x) of the zero-padded input and, for each kernel
+// offset (i, j) in row-major order that reaches it from an output position l, forms the product's element
+// (l, k = (c, i, j)) as the GEMM does (Σ_o per K tile with dp4a, each tile sum clamped to ±limit where limit > 0,
+// then float(sum) * ((sa * sb) * block_inv)) and adds it to its float total from +0, as col2im does. Positions in
+// the padding ring write nothing but count their products' clamped tile sums, so the count covers every element
+// of the product, as the GEMM's does. `keep` and the output's padding (oph, opw) as in col2im.
+
+__device__ __forceinline__ int dot16(int4 a, int4 b, int s) {
+    s = __dp4a(a.x, b.x, s);
+    s = __dp4a(a.y, b.y, s);
+    s = __dp4a(a.z, b.z, s);
+    return __dp4a(a.w, b.w, s);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    col2im_int_matmul(const signed char* __restrict__ G, long long g_batch, long long g_row,
+                      const signed char* __restrict__ W, long long w_row, int O, int tile, int limit,
+                      const float* __restrict__ sa, long long sa_batch, long long sa_row,
+                      const float* __restrict__ sb, long long sb_col, float block_inv, u32 channels, u32 height,
+                      u32 width, u32 out_h, u32 out_w, int kh, int kw, int ph, int pw, int dh, int dw, int sh,
+                      int sw, const unsigned char* __restrict__ keep, int oph, int opw, float* __restrict__ out,
+                      u64* __restrict__ count, u64* __restrict__ seen, u64 sums) {
+    const u32 padded_w = width + 2 * pw, plane = (height + 2 * ph) * padded_w;
+    const u32 index = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
+    const bool active = index < channels * plane;
+    const u32 c = index / plane, pos = index - c * plane;
+    const int py = (int)(pos / padded_w), px = (int)(pos - (pos / padded_w) * padded_w);  // padded coordinates
+    const signed char* g_sample = G + (long long)b * g_batch;
+    const int steps = O / 16, tile_steps = tile > 0 ? tile / 16 : steps;
+    float acc = 0.0f;
+    u32 clamped = 0u;
+    for (int i = 0; active && i < kh; ++i) {
+        int oy = py - i * dh;  // = output row * sh
+        if (oy < 0 || oy % sh != 0) continue;
+        oy /= sh;
+        if (oy >= (int)out_h) continue;
+        for (int j = 0; j < kw; ++j) {
+            int ox = px - j * dw;
+            if (ox < 0 || ox % sw != 0) continue;
+            ox /= sw;
+            if (ox >= (int)out_w) continue;
+            const long long l = (long long)oy * out_w + ox, k = ((long long)c * kh + i) * kw + j;
+            const int4* g = reinterpret_cast<const int4*>(g_sample + l * g_row);
+            const int4* w = reinterpret_cast<const int4*>(W + k * w_row);
+            int total = 0;
+            for (int t = 0; t < steps; t += tile_steps) {
+                int s = 0;
+                for (int q = t; q < min(t + tile_steps, steps); ++q) s = dot16(__ldg(g + q), __ldg(w + q), s);
+                if (limit > 0) {
+                    const int clamp = min(max(s, -limit), limit);
+                    clamped += clamp != s ? 1u : 0u;
+                    s = clamp;
+                }
+                total += s;
+            }
+            const float scale = __fmul_rn(__fmul_rn(sa[(long long)b * sa_batch + l * sa_row], sb[k * sb_col]),
+                                          block_inv);
+            acc = __fadd_rn(acc, __fmul_rn(__int2float_rn(total), scale));
+        }
+    }
+    const int y = py - ph, x = px - pw;
+    if (active && y >= 0 && y < (int)height && x >= 0 && x < (int)width) {
+        const u64 at = (((u64)b * channels + c) * height + y) * width + x;
+        const u64 o = (((u64)b * channels + c) * (height + 2 * oph) + y + oph) * (width + 2 * opw) + x + opw;
+        out[o] = keep == nullptr ? acc : __fmul_rn(acc, keep[at] ? 1.0f : 0.0f);
+    }
+    if (limit > 0) {
+#pragma unroll
+        for (int d = 16; d > 0; d >>= 1) clamped += __shfl_xor_sync(0xffffffffu, clamped, d);
+        if ((threadIdx.x & 31) == 0 && clamped != 0u) atomicAdd(count, (u64)clamped);
+    }
+    if (seen != nullptr && index == 0 && b == 0) atomicAdd(seen, sums);
+}

@@ -1,7 +1,9 @@
-"""The convolution's layouts on the GPU: `hdqt_cil.quant.im2col`'s im2col and col2im bit for bit (im2col.cu)."""
+"""The convolution's layouts on the GPU: `hdqt_cil.quant.im2col`'s im2col and col2im bit for bit, and col2im of
+the layers' integer product folded into one launch (im2col.cu)."""
 import torch
 
 from . import runtime as rt
+from .intmm import tile_sums
 
 _IM2COL_TYPES = {torch.int8: "i8", torch.float32: "f32"}
 
@@ -67,4 +69,45 @@ def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride, 
                   (rt.ptr(src), *_conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dilation,
                                             stride), rt.u32(lanes), rt.ptr(keep), rt.i32(oph), rt.i32(opw),
                    rt.ptr(out)))
+    return out[:, :, oph:oph + height, opw:opw + width]
+
+
+def col2im_int_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, block: int,
+                      tile, acc_bits, bounds, x_shape, kernel_size, padding, dilation, stride, out_size,
+                      keep: torch.Tensor | None = None, tally: torch.Tensor | None = None) -> torch.Tensor:
+    """col2im(scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits)) (* keep) of quant/backend.py, bit
+    for bit and in col2im's layout, in one launch that never writes the (B, L, K) float rows (im2col.cu
+    col2im_int_matmul): a (B, L, O) and b (O, K) int8 levels with O contiguous in both, scale_a broadcastable to
+    (B, L, 1), scale_b to (1, K), `block` a power of two. tally: an int64 (2,) view to which (saturated tile sums,
+    tile sums) are added, as the product's. NotCovered for O or a tile that is not a multiple of 16, unaligned
+    rows, batched weights, sums beyond int32."""
+    rt.require_cuda(a, b)
+    batch, channels, height, width = x_shape
+    (kh, kw), (ph, pw) = kernel_size, padding
+    out_h, out_w = out_size
+    positions, o, k = out_h * out_w, a.shape[-1], b.shape[-1]
+    aligned = (a.dtype == b.dtype == torch.int8 and a.dim() == 3 and b.dim() == 2 and a.stride(-1) == 1
+               and b.stride(-2) == 1 and a.stride(-2) % 16 == 0 and a.stride(0) % 16 == 0 and b.stride(-1) % 16 == 0
+               and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0)
+    plane = (height + 2 * ph) * (width + 2 * pw)
+    if (not aligned or o % 16 or (tile is not None and tile < o and tile % 16) or a.shape != (batch, positions, o)
+            or k != channels * kh * kw or batch > 65535 or channels * plane >= rt.MAX_ELEMENTS
+            or o * float(bounds[0]) * float(bounds[1]) >= 2**31
+            or (keep is not None and (keep.shape != tuple(x_shape) or not keep.is_contiguous()))):
+        raise rt.NotCovered(f"a convolution's input gradient from operands {tuple(a.shape)} {tuple(b.shape)}")
+    limit = 0 if acc_bits is None or acc_bits >= 32 else 2 ** (acc_bits - 1) - 1
+    sa = scale_a.float().expand(batch, positions, 1)
+    sb = scale_b.float().reshape(1, -1).expand(1, k)
+    with rt.on_device(a):
+        oph, opw = (0, 0) if keep is not None else (ph, pw)
+        out = rt.empty((batch, channels, height + 2 * oph, width + 2 * opw), torch.float32, a.device)
+        counter, seen = (rt.ZEROS_I64.take(1, a.device), None) if tally is None else (tally[0], tally[1])
+        sums = batch * positions * k * tile_sums(tile, acc_bits, o)
+        rt.launch(rt.function("im2col.cu", "col2im_int_matmul"), (-(-channels * plane // 256), batch), (256,),
+                  (rt.ptr(a), rt.i64(a.stride(0)), rt.i64(a.stride(1)), rt.ptr(b), rt.i64(b.stride(-1)), rt.i32(o),
+                   rt.i32(0 if tile is None or tile >= o else tile), rt.i32(limit), rt.ptr(sa), rt.i64(sa.stride(0)),
+                   rt.i64(sa.stride(1)), rt.ptr(sb), rt.i64(sb.stride(-1)), rt.f32(1.0 / block),
+                   *_conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dilation, stride),
+                   rt.ptr(keep), rt.i32(oph), rt.i32(opw), rt.ptr(out), rt.ptr(counter), rt.ptr(seen),
+                   rt.u64(sums)))
     return out[:, :, oph:oph + height, opw:opw + width]

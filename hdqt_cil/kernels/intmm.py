@@ -112,7 +112,7 @@ def _scale_operand(scale: torch.Tensor, batch_shape, batch: int, along_last: boo
     return scale, batch_stride, element
 
 
-def _tile_sums(tile, acc_bits, k: int) -> int:
+def tile_sums(tile, acc_bits, k: int) -> int:
     """Tile sums per output element, as a layer's statistics count them (quant/operands.py product)."""
     return 1 if tile is None or acc_bits is None else max(1, -(-k // tile))
 
@@ -174,7 +174,7 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
             counter, seen, sums_per_entry = rt.ZEROS_I64.take(1, device), None, 0
         else:  # the counts go straight to the caller's (saturated, tile sums) pair
             counter, seen = tally[0], tally[1]
-            sums_per_entry = m * n * _tile_sums(tile, acc_bits, k)
+            sums_per_entry = m * n * tile_sums(tile, acc_bits, k)
         if scales is not None:
             sa, sa_batch, sa_row = _scale_operand(scales[0], batch_shape, batch, along_last=False)
             sb, sb_batch, sb_col = _scale_operand(scales[1], batch_shape, batch, along_last=True)

@@ -2,7 +2,8 @@
 
 Both namespaces have the reference's signatures and give the same bits (docs/numerics.md, "Backends"):
 `block_hadamard`, `quantize`, `tiled_int_matmul`, `im2col`, `col2im`, and the fused `hadamard_quantize`,
-`forward_quantize` and `scaled_int_matmul`, whose torch versions are compositions of the reference functions.
+`forward_quantize`, `scaled_int_matmul` and `col2im_int_matmul`, whose torch versions are compositions of the
+reference functions.
 What a layer records reaches device memory it owns from inside the ops (no launch of its own, docs/quant.md
 "Statistics"): a quantizer given `worst` raises it to its largest scale, `forward_quantize` adds its clipped values
 to a `tally`, and `scaled_int_matmul` its saturated tile sums. KERNEL_OPS resolves and
@@ -78,10 +79,18 @@ def scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, boun
     return (out, saturated) if count_saturated else out
 
 
+def col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size, padding,
+                      dilation, stride, keep=None, tally=None):
+    """masked_col2im(scaled_int_matmul(a, b, ...), x_shape, ...): a convolution's input gradient from its integer
+    operands, in one call so that a backend can fold the product into col2im (no (B, L, K) float rows)."""
+    rows = scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, tally=tally)
+    return masked_col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep)
+
+
 TORCH_OPS = SimpleNamespace(name="torch", block_hadamard=block_hadamard, quantize=reported_quantize,
                             tiled_int_matmul=tiled_int_matmul, hadamard_quantize=hadamard_quantize,
                             forward_quantize=forward_quantize, scaled_int_matmul=scaled_int_matmul, im2col=im2col,
-                            col2im=masked_col2im)
+                            col2im=masked_col2im, col2im_int_matmul=col2im_int_matmul)
 
 
 def _covered(launch, reference):
@@ -162,10 +171,23 @@ def _kernel_col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep=N
                     lambda: masked_col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep))
 
 
+def _kernel_col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size, padding,
+                              dilation, stride, keep=None, tally=None):
+    block = epilogue_block(block)
+    check_product(a, b, tile, acc_bits)
+    out_size = conv_output_size(x_shape, kernel_size, padding, dilation, stride)
+    return _covered(lambda: kernels.col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape,
+                                                      kernel_size, padding, dilation, stride, out_size, keep, tally),
+                    lambda: _kernel_col2im(_kernel_scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits,
+                                                                     bounds, tally=tally),
+                                           x_shape, kernel_size, padding, dilation, stride, keep))
+
+
 KERNEL_OPS = SimpleNamespace(name="cupy", block_hadamard=_kernel_block_hadamard, quantize=_kernel_quantize,
                              tiled_int_matmul=_kernel_tiled_int_matmul, hadamard_quantize=_kernel_hadamard_quantize,
                              forward_quantize=_kernel_forward_quantize, scaled_int_matmul=_kernel_scaled_int_matmul,
-                             im2col=_kernel_im2col, col2im=_kernel_col2im)
+                             im2col=_kernel_im2col, col2im=_kernel_col2im,
+                             col2im_int_matmul=_kernel_col2im_int_matmul)
 
 
 def resolve_ops(backend: str, device: torch.device) -> SimpleNamespace:

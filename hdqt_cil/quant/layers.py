@@ -169,8 +169,8 @@ class _QuantProduct(torch.autograd.Function):
             qa = grad_output_operand(product, g_rows, block, "grad_input.grad_output")
             qb = backward_operand(layer, w_values.transpose(0, 1), product.right, w_op, block, "grad_input.weight",
                                    step, ops, checks)
-            rows = operands.product(ops, qa, qb, block, product, tally=layer._tally("grad_input_saturated"))
-            grad_x = layer._grad_input(rows, ctx.x_shape, ops, x_keep)
+            grad_x = layer._grad_input_of(ops, qa, qb, block, product, ctx.x_shape, x_keep,
+                                          layer._tally("grad_input_saturated"))
         if ctx.needs_input_grad[1]:
             product = scheme.grad_weight
             block = hadamard_block(product, scheme.hadamard_cap, g_cols.shape[-1])
@@ -213,6 +213,10 @@ class QuantLinear(QuantLayer, nn.Linear):
     def _grad_input(self, rows, x_shape, ops, keep=None):
         grad = rows.reshape(x_shape)
         return grad if keep is None else grad * keep
+
+    def _grad_input_of(self, ops, qa, qb, block, product, x_shape, keep, tally):
+        """g_x from the grad_input product's operands, times the estimator's mask `keep` where given."""
+        return self._grad_input(operands.product(ops, qa, qb, block, product, tally=tally), x_shape, ops, keep)
 
 
 class QuantConv2d(QuantLayer, nn.Conv2d):
@@ -261,3 +265,8 @@ class QuantConv2d(QuantLayer, nn.Conv2d):
     def _grad_input(self, rows, x_shape, ops, keep=None):
         """col2im of (B, L, K) (quant/im2col.py), times the estimator's mask `keep` where given."""
         return ops.col2im(rows, x_shape, self.kernel_size, self.padding, self.dilation, self.stride, keep)
+
+    def _grad_input_of(self, ops, qa, qb, block, product, x_shape, keep, tally):
+        """col2im of the product, folded into it where the operands are integers (operands.product_col2im)."""
+        fold = (x_shape, self.kernel_size, self.padding, self.dilation, self.stride)
+        return operands.product_col2im(ops, qa, qb, block, product, fold, keep, tally)

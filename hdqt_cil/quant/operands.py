@@ -45,6 +45,16 @@ def product(ops, a: Operand, bt: Operand, block: int, product: Product, sum_batc
                                  tally=tally)
 
 
+def product_col2im(ops, a: Operand, bt: Operand, block: int, spec: Product, fold: tuple, keep, tally):
+    """A convolution's input gradient: col2im of product(ops, a, bt, block, spec) into the input's shape, times
+    the estimator's mask `keep` where given; `fold` = (x_shape, kernel_size, padding, dilation, stride). Integer
+    operands go to ops.col2im_int_matmul, which a backend can run without the (B, L, K) float rows."""
+    if not (a.is_integer and bt.is_integer):
+        return ops.col2im(product(ops, a, bt, block, spec, tally=tally), *fold, keep)
+    return ops.col2im_int_matmul(a.values, bt.values.transpose(-1, -2), a.scale, swap_last(bt.scale), block,
+                                 spec.tile, spec.acc_bits, (a.bound, bt.bound), *fold, keep, tally)
+
+
 def forward_operand(layer, t, spec: QuantSpec | None, role: str, step, training: bool, ops, checks):
     """Quantize a forward operand per tensor; with training, count its clipped values and build the STE mask (in
     the quantizer's pass where the kernels run). Its scale raises the layer's forward `quant_worst`."""
