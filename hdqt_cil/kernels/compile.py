@@ -73,9 +73,12 @@ GEMM_OUTS = range(4)  # int32, float32, scaled, scaled and summed over the batch
 ALL_GEMM_EXPRESSIONS = tuple(gemm_expression(c, sat, count, out) for c in GEMM_CONFIGS for sat, count in GEMM_MODES
                              for out in GEMM_OUTS)
 
+COL2IM_PRODUCT_WIDTHS = (16, 32, 64)  # im2col.cu col2im_int_matmul_<O>: the contraction widths O it is built for
 SOURCES = {"quant.cu": QUANT_KERNELS, "intmm.cu": ALL_GEMM_EXPRESSIONS,
            "im2col.cu": tuple(f"im2col_{layout}_{t}" for layout in ("rows", "columns") for t in ("i8", "f32"))
-           + ("col2im_f32", "col2im_f32_unit", "col2im_int_matmul")}
+           + ("col2im_f32", "col2im_f32_unit")
+           + tuple(f"col2im_int_matmul_{o}_c{cpt}{unit}" for o in COL2IM_PRODUCT_WIDTHS for cpt in (1, 4)
+                   for unit in ("", "_unit"))}
 # IEEE single precision throughout: no contraction into FMA, no flush of subnormals, correctly rounded division.
 # (CuPy's own RawModule appends -ftz=true to every compile, which flushes subnormal inputs and maxima: these
 # sources are therefore compiled here with NVRTC directly and only loaded through CuPy.)

@@ -174,12 +174,13 @@ COL2IM(col2im_f32_unit, true)
 // ------------------------------------------------------------------------------------- col2im of a product
 // The input gradient of a convolution straight from its integer operands: col2im(scaled_int_matmul(G, Wᵀ)) of
 // quant/backend.py, bit for bit, without the (B, L, K) float rows. G (B, L, O) and W (K, O) are int8 levels with O
-// contiguous (16-byte rows); a thread owns one position (b, c, y, x) of the zero-padded input and, for each kernel
-// offset (i, j) in row-major order that reaches it from an output position l, forms the product's element
-// (l, k = (c, i, j)) as the GEMM does (Σ_o per K tile with dp4a, each tile sum clamped to ±limit where limit > 0,
-// then float(sum) * ((sa * sb) * block_inv)) and adds it to its float total from +0, as col2im does. Positions in
-// the padding ring write nothing but count their products' clamped tile sums, so the count covers every element
-// of the product, as the GEMM's does. `keep` and the output's padding (oph, opw) as in col2im.
+// contiguous (16-byte rows, O = 16 STEPS); a thread owns CPT consecutive channels of one position (b, y, x) of the
+// zero-padded input and, for each kernel offset (i, j) in row-major order that reaches it from an output position
+// l, loads G's row l once and forms the product's elements (l, k = (c, i, j)) of its channels as the GEMM does
+// (Σ_o per K tile with dp4a, each tile sum clamped to ±limit where limit > 0, then float(sum) * ((sa * sb) *
+// block_inv)), adding each to its channel's float total from +0, as col2im does. Positions in the padding ring write
+// nothing but count their products' clamped tile sums, so the count covers every element of the product, as the
+// GEMM's does. `keep` and the output's padding (oph, opw) as in col2im. UNIT: stride 1 (no division by it).
 
 __device__ __forceinline__ int dot16(int4 a, int4 b, int s) {
     s = __dp4a(a.x, b.x, s);
@@ -188,57 +189,81 @@ __device__ __forceinline__ int dot16(int4 a, int4 b, int s) {
     return __dp4a(a.w, b.w, s);
 }
 
-extern "C" __global__ void __launch_bounds__(256)
-    col2im_int_matmul(const signed char* __restrict__ G, long long g_batch, long long g_row,
-                      const signed char* __restrict__ W, long long w_row, int O, int tile, int limit,
-                      const float* __restrict__ sa, long long sa_batch, long long sa_row,
-                      const float* __restrict__ sb, long long sb_col, float block_inv, u32 channels, u32 height,
-                      u32 width, u32 out_h, u32 out_w, int kh, int kw, int ph, int pw, int dh, int dw, int sh,
-                      int sw, const unsigned char* __restrict__ keep, int oph, int opw, float* __restrict__ out,
-                      u64* __restrict__ count, u64* __restrict__ seen, u64 sums) {
+// The output coordinate of input coordinate p (padded) through offset o (already times dilation): -1 if none.
+template <bool UNIT>
+__device__ __forceinline__ int source_of(int p, int o, int stride, int size) {
+    int q = p - o;
+    if (q < 0) return -1;
+    if (!UNIT) {
+        if (q % stride != 0) return -1;
+        q /= stride;
+    }
+    return q < size ? q : -1;
+}
+
+template <int STEPS, int CPT, bool UNIT>
+__device__ __forceinline__ void col2im_int_matmul_body(
+    const signed char* __restrict__ G, u32 g_batch, u32 g_row, const signed char* __restrict__ W, u32 w_row,
+    int tile_steps, int limit, const float* __restrict__ sa, u32 sa_batch, u32 sa_row, const float* __restrict__ sb,
+    u32 sb_col, float block_inv, u32 channels, u32 height, u32 width, u32 out_h, u32 out_w, int kh, int kw, int ph,
+    int pw, int dh, int dw, int sh, int sw, const unsigned char* __restrict__ keep, int oph, int opw,
+    float* __restrict__ out, u64* __restrict__ count, u64* __restrict__ seen, u64 sums) {
     const u32 padded_w = width + 2 * pw, plane = (height + 2 * ph) * padded_w;
     const u32 index = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
-    const bool active = index < channels * plane;
-    const u32 c = index / plane, pos = index - c * plane;
-    const int py = (int)(pos / padded_w), px = (int)(pos - (pos / padded_w) * padded_w);  // padded coordinates
-    const signed char* g_sample = G + (long long)b * g_batch;
-    const int steps = O / 16, tile_steps = tile > 0 ? tile / 16 : steps;
-    float acc = 0.0f;
+    const bool active = index < (channels / CPT) * plane;
+    const u32 c0 = (index / plane) * CPT, pos = index % plane;
+    const int py = (int)(pos / padded_w), px = (int)(pos % padded_w);  // padded coordinates
+    const signed char* g_sample = G + (u64)b * g_batch;
+    const float* sa_sample = sa + (u64)b * sa_batch;
+    const u32 taps = (u32)(kh * kw);
+    float acc[CPT];
+#pragma unroll
+    for (int cc = 0; cc < CPT; ++cc) acc[cc] = 0.0f;
     u32 clamped = 0u;
     for (int i = 0; active && i < kh; ++i) {
-        int oy = py - i * dh;  // = output row * sh
-        if (oy < 0 || oy % sh != 0) continue;
-        oy /= sh;
-        if (oy >= (int)out_h) continue;
+        const int oy = source_of<UNIT>(py, i * dh, sh, (int)out_h);
+        if (oy < 0) continue;
         for (int j = 0; j < kw; ++j) {
-            int ox = px - j * dw;
-            if (ox < 0 || ox % sw != 0) continue;
-            ox /= sw;
-            if (ox >= (int)out_w) continue;
-            const long long l = (long long)oy * out_w + ox, k = ((long long)c * kh + i) * kw + j;
-            const int4* g = reinterpret_cast<const int4*>(g_sample + l * g_row);
-            const int4* w = reinterpret_cast<const int4*>(W + k * w_row);
-            int total = 0;
-            for (int t = 0; t < steps; t += tile_steps) {
-                int s = 0;
-                for (int q = t; q < min(t + tile_steps, steps); ++q) s = dot16(__ldg(g + q), __ldg(w + q), s);
-                if (limit > 0) {
-                    const int clamp = min(max(s, -limit), limit);
-                    clamped += clamp != s ? 1u : 0u;
-                    s = clamp;
+            const int ox = source_of<UNIT>(px, j * dw, sw, (int)out_w);
+            if (ox < 0) continue;
+            const u32 l = (u32)oy * out_w + (u32)ox;
+            const int4* g = reinterpret_cast<const int4*>(g_sample + (u64)l * g_row);
+            int4 gv[STEPS];
+#pragma unroll
+            for (int q = 0; q < STEPS; ++q) gv[q] = __ldg(g + q);
+            const float row_scale = sa_sample[(u64)l * sa_row];
+#pragma unroll
+            for (int cc = 0; cc < CPT; ++cc) {
+                const u32 k = (c0 + cc) * taps + (u32)(i * kw + j);
+                const int4* w = reinterpret_cast<const int4*>(W + (u64)k * w_row);
+                int total = 0, s = 0;
+#pragma unroll
+                for (int q = 0; q < STEPS; ++q) {
+                    s = dot16(gv[q], __ldg(w + q), s);
+                    if ((q + 1) % tile_steps == 0 || q == STEPS - 1) {  // the end of a K tile
+                        if (limit > 0) {
+                            const int clamp = min(max(s, -limit), limit);
+                            clamped += clamp != s ? 1u : 0u;
+                            s = clamp;
+                        }
+                        total += s;
+                        s = 0;
+                    }
                 }
-                total += s;
+                const float scale = __fmul_rn(__fmul_rn(row_scale, sb[(u64)k * sb_col]), block_inv);
+                acc[cc] = __fadd_rn(acc[cc], __fmul_rn(__int2float_rn(total), scale));
             }
-            const float scale = __fmul_rn(__fmul_rn(sa[(long long)b * sa_batch + l * sa_row], sb[k * sb_col]),
-                                          block_inv);
-            acc = __fadd_rn(acc, __fmul_rn(__int2float_rn(total), scale));
         }
     }
     const int y = py - ph, x = px - pw;
     if (active && y >= 0 && y < (int)height && x >= 0 && x < (int)width) {
-        const u64 at = (((u64)b * channels + c) * height + y) * width + x;
-        const u64 o = (((u64)b * channels + c) * (height + 2 * oph) + y + oph) * (width + 2 * opw) + x + opw;
-        out[o] = keep == nullptr ? acc : __fmul_rn(acc, keep[at] ? 1.0f : 0.0f);
+#pragma unroll
+        for (int cc = 0; cc < CPT; ++cc) {
+            const u64 plane_at = (u64)b * channels + c0 + cc;
+            const u64 o = (plane_at * (height + 2 * oph) + y + oph) * (width + 2 * opw) + x + opw;
+            const float v = acc[cc];
+            out[o] = keep == nullptr ? v : __fmul_rn(v, keep[(plane_at * height + y) * width + x] ? 1.0f : 0.0f);
+        }
     }
     if (limit > 0) {
 #pragma unroll
@@ -247,3 +272,25 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     if (seen != nullptr && index == 0 && b == 0) atomicAdd(seen, sums);
 }
+
+#define COL2IM_INT_MATMUL(NAME, STEPS, CPT, UNIT)                                                             \
+    extern "C" __global__ void __launch_bounds__(256) NAME(                                                  \
+        const signed char* G, u32 g_batch, u32 g_row, const signed char* W, u32 w_row, int tile_steps,        \
+        int limit, const float* sa, u32 sa_batch, u32 sa_row, const float* sb, u32 sb_col, float block_inv,   \
+        u32 channels, u32 height, u32 width, u32 out_h, u32 out_w, int kh, int kw, int ph, int pw, int dh,    \
+        int dw, int sh, int sw, const unsigned char* keep, int oph, int opw, float* out, u64* count, u64* seen, \
+        u64 sums) {                                                                                           \
+        col2im_int_matmul_body<STEPS, CPT, UNIT>(G, g_batch, g_row, W, w_row, tile_steps, limit, sa, sa_batch,  \
+                                                 sa_row, sb, sb_col, block_inv, channels, height, width, out_h, \
+                                                 out_w, kh, kw, ph, pw, dh, dw, sh, sw, keep, oph, opw, out,    \
+                                                 count, seen, sums);                                          \
+    }
+// Named col2im_int_matmul_<O>_c<CPT>[_unit]: O = 16 STEPS, CPT channels a thread, stride 1.
+#define COL2IM_INT_MATMUL_O(O, STEPS)                                                                         \
+    COL2IM_INT_MATMUL(col2im_int_matmul_##O##_c1, STEPS, 1, false)                                            \
+    COL2IM_INT_MATMUL(col2im_int_matmul_##O##_c1_unit, STEPS, 1, true)                                        \
+    COL2IM_INT_MATMUL(col2im_int_matmul_##O##_c4, STEPS, 4, false)                                            \
+    COL2IM_INT_MATMUL(col2im_int_matmul_##O##_c4_unit, STEPS, 4, true)
+COL2IM_INT_MATMUL_O(16, 1)
+COL2IM_INT_MATMUL_O(32, 2)
+COL2IM_INT_MATMUL_O(64, 4)

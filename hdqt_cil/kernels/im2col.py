@@ -3,6 +3,7 @@ the layers' integer product folded into one launch (im2col.cu)."""
 import torch
 
 from . import runtime as rt
+from .compile import COL2IM_PRODUCT_WIDTHS
 from .intmm import tile_sums
 
 _IM2COL_TYPES = {torch.int8: "i8", torch.float32: "f32"}
@@ -79,8 +80,8 @@ def col2im_int_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
     for bit and in col2im's layout, in one launch that never writes the (B, L, K) float rows (im2col.cu
     col2im_int_matmul): a (B, L, O) and b (O, K) int8 levels with O contiguous in both, scale_a broadcastable to
     (B, L, 1), scale_b to (1, K), `block` a power of two. tally: an int64 (2,) view to which (saturated tile sums,
-    tile sums) are added, as the product's. NotCovered for O or a tile that is not a multiple of 16, unaligned
-    rows, batched weights, sums beyond int32."""
+    tile sums) are added, as the product's. NotCovered for O other than COL2IM_PRODUCT_WIDTHS, a tile that is not
+    a multiple of 16, unaligned rows, batched weights, sums beyond int32."""
     rt.require_cuda(a, b)
     batch, channels, height, width = x_shape
     (kh, kw), (ph, pw) = kernel_size, padding
@@ -90,7 +91,8 @@ def col2im_int_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
                and b.stride(-2) == 1 and a.stride(-2) % 16 == 0 and a.stride(0) % 16 == 0 and b.stride(-1) % 16 == 0
                and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0)
     plane = (height + 2 * ph) * (width + 2 * pw)
-    if (not aligned or o % 16 or (tile is not None and tile < o and tile % 16) or a.shape != (batch, positions, o)
+    if (not aligned or o not in COL2IM_PRODUCT_WIDTHS or (tile is not None and tile < o and tile % 16)
+            or a.shape != (batch, positions, o) or max(a.stride(0), b.stride(-1) * k) >= 2**32
             or k != channels * kh * kw or batch > 65535 or channels * plane >= rt.MAX_ELEMENTS
             or o * float(bounds[0]) * float(bounds[1]) >= 2**31
             or (keep is not None and (keep.shape != tuple(x_shape) or not keep.is_contiguous()))):
@@ -103,10 +105,14 @@ def col2im_int_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
         out = rt.empty((batch, channels, height + 2 * oph, width + 2 * opw), torch.float32, a.device)
         counter, seen = (rt.ZEROS_I64.take(1, a.device), None) if tally is None else (tally[0], tally[1])
         sums = batch * positions * k * tile_sums(tile, acc_bits, o)
-        rt.launch(rt.function("im2col.cu", "col2im_int_matmul"), (-(-channels * plane // 256), batch), (256,),
-                  (rt.ptr(a), rt.i64(a.stride(0)), rt.i64(a.stride(1)), rt.ptr(b), rt.i64(b.stride(-1)), rt.i32(o),
-                   rt.i32(0 if tile is None or tile >= o else tile), rt.i32(limit), rt.ptr(sa), rt.i64(sa.stride(0)),
-                   rt.i64(sa.stride(1)), rt.ptr(sb), rt.i64(sb.stride(-1)), rt.f32(1.0 / block),
+        per_thread = 4 if channels % 4 == 0 else 1  # channels a thread: G's row loaded once for them
+        unit = "_unit" if tuple(stride) == (1, 1) else ""
+        fn = rt.function("im2col.cu", f"col2im_int_matmul_{o}_c{per_thread}{unit}")
+        tile_steps = (o if tile is None or tile >= o else tile) // 16
+        rt.launch(fn, (-(-(channels // per_thread) * plane // 256), batch), (256,),
+                  (rt.ptr(a), rt.u32(a.stride(0)), rt.u32(a.stride(1)), rt.ptr(b), rt.u32(b.stride(-1)),
+                   rt.i32(tile_steps), rt.i32(limit), rt.ptr(sa), rt.u32(sa.stride(0)), rt.u32(sa.stride(1)),
+                   rt.ptr(sb), rt.u32(sb.stride(-1)), rt.f32(1.0 / block),
                    *_conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dilation, stride),
                    rt.ptr(keep), rt.i32(oph), rt.i32(opw), rt.ptr(out), rt.ptr(counter), rt.ptr(seen),
                    rt.u64(sums)))

@@ -21,6 +21,7 @@ Rows (one table at the end, JSON with every number to OUT/bench_kernels_<device>
 Times are medians of CUDA-event timings after warm-up; GEMM inputs rotate among several buffer sets (beyond L2).
 """
 import argparse
+import contextlib
 import dataclasses
 import math
 import sys
@@ -333,6 +334,21 @@ def step_work(model_name: str, scheme_name: str, backend: str) -> dict:
     return dict(kernels=kernels_launched, device_ms=device_seconds * 1e3)
 
 
+@contextlib.contextmanager
+def grad_input_unfused():
+    """Convolutions' input gradients as the GEMM's (B, L, K) float rows and col2im, not col2im_int_matmul: the
+    design it replaces, timed beside it."""
+    fused = kernels.col2im_int_matmul
+
+    def not_covered(*args, **kwargs):
+        raise rt.NotCovered("timed unfused")
+    kernels.col2im_int_matmul = not_covered
+    try:
+        yield
+    finally:
+        kernels.col2im_int_matmul = fused
+
+
 def profile_steps(model_name: str = "resnet32") -> None:
     """Where a step's device time goes: two eager steps by kernel, FP32 and HDQT on the kernels."""
     for scheme, backend in (("fp32", "torch"), ("hdqt", "cupy")):
@@ -367,6 +383,12 @@ def training_steps(quick: bool):
             row("step", f"{model_name} {scheme} kernels, CUDA graph", graphed, "x fp32", graphed / fp32, "x fp32",
                 baseline="vs fp32 CUDA graph", ratio=graphed / fp32_graph, vs_fp32_compiled=graphed / fp32_compiled,
                 speedup_vs_reference=ref / graphed, target="<= 1.0x fp32 CUDA graph" if scheme == "hdqt" else None)
+            if model_name == "resnet32":
+                with grad_input_unfused():
+                    work = step_work(model_name, scheme, "cupy")
+                    unfused = step_time(model_name, scheme, "cupy", steps, graph=True)
+                row("step", f"  the same, g_x as GEMM rows + col2im", unfused, "x fp32", unfused / fp32, "x fp32",
+                    baseline="vs fp32 CUDA graph", ratio=unfused / fp32_graph, **work)
 
 
 def repeat_case(spec: str, times: int = 3) -> None:
