@@ -489,7 +489,7 @@ def test_col2im_bit_identical(x_shape, kernel, padding, dilation, stride):
 
 
 @pytest.mark.parametrize("x_shape, out_channels, stride", [((8, 16, 32, 32), 16, 1), ((6, 16, 32, 32), 32, 2),
-                                                             ((4, 64, 8, 8), 64, 1), ((3, 5, 7, 9), 48, 1),
+                                                             ((4, 64, 8, 8), 64, 1), ((3, 5, 7, 9), 64, 1),
                                                              ((2, 3, 11, 6), 16, 2)], ids=str)
 @pytest.mark.parametrize("tile, acc_bits", [(None, 8), (32, 8), (16, 6), (None, None)], ids=str)
 def test_col2im_of_the_product_bit_identical(x_shape, out_channels, stride, tile, acc_bits):
