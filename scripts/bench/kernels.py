@@ -387,8 +387,8 @@ def training_steps(quick: bool):
                 with grad_input_unfused():
                     work = step_work(model_name, scheme, "cupy")
                     unfused = step_time(model_name, scheme, "cupy", steps, graph=True)
-                row("step", f"  the same, g_x as GEMM rows + col2im", unfused, "x fp32", unfused / fp32, "x fp32",
-                    baseline="vs fp32 CUDA graph", ratio=unfused / fp32_graph, **work)
+                row("step", f"{model_name} {scheme} kernels, CUDA graph, g_x as GEMM rows + col2im", unfused, "x fp32",
+                    unfused / fp32, "x fp32", baseline="vs fp32 CUDA graph", ratio=unfused / fp32_graph, **work)
 
 
 def repeat_case(spec: str, times: int = 3) -> None:

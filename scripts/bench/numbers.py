@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "kernels.md"
 BEGIN = "<!-- numbers: python -m scripts.bench.numbers (from results/bench) -->"
 END = "<!-- end of numbers -->"
-KERNELS, HOT = "kernels_h100.json", "hot_h100.json"
+KERNELS, STEPS, HOT = "kernels_h100.json", "steps_h200.json", "hot_h100.json"
 
 
 def load(name: str, folder: Path) -> dict:
@@ -28,16 +28,20 @@ def hot_row(record: dict, variant: str, metric: str) -> dict:
 
 
 def lines(folder: Path) -> list[tuple[str, str, str]]:
-    """(measurement, value, record) rows."""
-    k, hot = load(KERNELS, folder), load(HOT, folder)
+    """(measurement, value, record) rows: training steps from the steps record, kernels from the kernels record."""
+    k, steps, hot = load(KERNELS, folder), load(STEPS, folder), load(HOT, folder)
 
     def ms(name):
-        return kernel_row(k, name)["seconds"] * 1e3
+        return kernel_row(steps, name)["seconds"] * 1e3
 
     def step(model, scheme):
         fp32_graph = ms(f"{model} fp32 (TF32 off), CUDA graph")
         graph, ref = ms(f"{model} {scheme} kernels, CUDA graph"), ms(f"{model} {scheme} torch reference")
         return graph, graph / fp32_graph, fp32_graph, ref / graph, ref
+
+    def work(model, scheme):
+        r = kernel_row(steps, f"{model} {scheme} kernels")
+        return f"{r['kernels']:.0f} kernels, {r['device_ms']:.2f} ms of device time"
 
     def rate(name):
         r = kernel_row(k, name)
@@ -50,20 +54,29 @@ def lines(folder: Path) -> list[tuple[str, str, str]]:
     graph, vs_fp32, fp32_graph, speedup, ref = step("resnet32", "hdqt")
     rows.append(("ResNet-32 HDQT training step from CUDA graphs",
                  f"{graph:.2f} ms: {vs_fp32:.2f}× FP32 from CUDA graphs ({fp32_graph:.2f} ms), {speedup:.1f}× faster "
-                 f"than the torch reference ({ref:.1f} ms)", KERNELS))
+                 f"than the torch reference ({ref:.1f} ms)", STEPS))
+    fp32 = kernel_row(steps, "resnet32 fp32 (TF32 off)")
+    rows.append(("ResNet-32 step's work (eager profile): HDQT / FP32",
+                 f"{work('resnet32', 'hdqt')} / {fp32['kernels']:.0f} kernels, {fp32['device_ms']:.2f} ms", STEPS))
+    compiled = ms("resnet32 fp32 (TF32 off), torch.compile")
+    rows.append(("ResNet-32 FP32 step under torch.compile (mode reduce-overhead)",
+                 f"{compiled:.2f} ms; HDQT from CUDA graphs is {graph / compiled:.2f}× it", STEPS))
+    unfused = ms("resnet32 hdqt kernels, CUDA graph, g_x as GEMM rows + col2im")
+    rows.append(("ResNet-32 HDQT step with g_x as the GEMM's float rows + col2im (not folded)",
+                 f"{unfused:.2f} ms ({unfused / fp32_graph:.2f}× FP32 from CUDA graphs)", STEPS))
     rows.append(("ResNet-32 HDQT step, kernels eagerly",
                  f"{ms('resnet32 hdqt kernels'):.2f} ms (FP32 eagerly {ms('resnet32 fp32 (TF32 off)'):.2f} ms)",
-                 KERNELS))
+                 STEPS))
     int4, luq = step("resnet32", "int4"), step("resnet32", "luq")
     rows.append(("ResNet-32 INT4 / LUQ step from CUDA graphs",
-                 f"{int4[0]:.2f} / {luq[0]:.2f} ms ({int4[1]:.2f}× / {luq[1]:.2f}× FP32 from CUDA graphs)", KERNELS))
+                 f"{int4[0]:.2f} / {luq[0]:.2f} ms ({int4[1]:.2f}× / {luq[1]:.2f}× FP32 from CUDA graphs)", STEPS))
     graph, vs_fp32, fp32_graph, speedup, ref = step("mlp", "hdqt")
     rows.append(("MLP (561-561-561-11) HDQT step from CUDA graphs",
                  f"{graph:.2f} ms: {vs_fp32:.2f}× FP32 from CUDA graphs ({fp32_graph:.2f} ms), {speedup:.1f}× faster "
-                 f"than the torch reference ({ref:.2f} ms)", KERNELS))
+                 f"than the torch reference ({ref:.2f} ms)", STEPS))
     int4, luq = step("mlp", "int4"), step("mlp", "luq")
     rows.append(("MLP INT4 / LUQ step from CUDA graphs",
-                 f"{int4[0]:.2f} / {luq[0]:.2f} ms ({int4[1]:.2f}× / {luq[1]:.2f}× FP32 from CUDA graphs)", KERNELS))
+                 f"{int4[0]:.2f} / {luq[0]:.2f} ms ({int4[1]:.2f}× / {luq[1]:.2f}× FP32 from CUDA graphs)", STEPS))
     bf16 = kernel_row(k, "torch bf16 matmul 4096^3")["value"]
     tops, ratio = rate("tiled GEMM 4096^3 (tile 32, acc 8)")
     rows.append(("GEMM 4096³, tile 32, 8-bit accumulator (4-bit operands)",
@@ -94,9 +107,12 @@ def lines(folder: Path) -> list[tuple[str, str, str]]:
     return rows
 
 
+MACHINES = {KERNELS: "one H100", STEPS: "one H200", HOT: "one H100"}
+
+
 def table(folder: Path) -> str:
-    out = ["| measurement (one H100; steps at batch 128) | value | record |", "|---|---|---|"]
-    out += [f"| {what} | {value} | `{record}` |" for what, value, record in lines(folder)]
+    out = ["| measurement (steps at batch 128) | value | record (machine) |", "|---|---|---|"]
+    out += [f"| {what} | {value} | `{record}` ({MACHINES[record]}) |" for what, value, record in lines(folder)]
     return "\n".join(out)
 
 
