@@ -1,5 +1,7 @@
 """Entry point: `python run.py strategy=icarl quant=hdqt benchmark=hapt` (see README.md)."""
 import logging
+import os
+import sys
 import warnings
 
 import hydra
@@ -13,6 +15,24 @@ register_schemas()
 warnings.filterwarnings("ignore", message="no QP solver found")
 warnings.filterwarnings("ignore", message="No loggers specified")
 warnings.filterwarnings("ignore", category=DeprecationWarning, module="avalanche")
+
+
+# What a user's input can be refused with: the message names the bad value or file and what is allowed.
+REFUSALS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError)
+
+
+def end_single_run(error: BaseException) -> None:
+    """A refused value or file, or Ctrl-C, ends the process with one message and no traceback (exit 2, 130);
+    anything else, and everything under HYDRA_FULL_ERROR=1, returns so that the caller re-raises it."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        return
+    if isinstance(error, KeyboardInterrupt):
+        print("interrupted: the run folder records it; the same command resumes from its last checkpoint",
+              file=sys.stderr)
+        sys.exit(130)
+    if isinstance(error, REFUSALS):
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
@@ -29,8 +49,9 @@ def main(cfg):
     if hydra_cfg.mode != RunMode.MULTIRUN:
         try:
             run(cfg, run_dir)
-        except BaseException:
+        except BaseException as error:
             discard_unclaimed(run_dir, cfg.results_root)  # a refused config leaves nothing behind
+            end_single_run(error)
             raise
         print(run_table(run_dir))
         return

@@ -1,17 +1,25 @@
 """run.py as a user calls it: a real process, real Hydra."""
+import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_cli(*args, tmp_path):
+def cli_args(*args, tmp_path) -> list[str]:
     flags = [a for a in args if a.startswith("-")]
     overrides = [a for a in args if not a.startswith("-")]
     overrides += [] if any(a.startswith("quant=") for a in overrides) else ["quant=fp32"]
-    return subprocess.run([sys.executable, "run.py", *flags, f"results_root={tmp_path}", *overrides], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    return [sys.executable, "run.py", *flags, f"results_root={tmp_path}", *overrides]
+
+
+def run_cli(*args, tmp_path, env=None):
+    return subprocess.run(cli_args(*args, tmp_path=tmp_path), cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=env)
 
 
 def test_run_prints_its_table(tmp_path):
@@ -36,8 +44,27 @@ def test_unknown_strategy_lists_the_choices(tmp_path):
 
 def test_bad_value_fails_before_writing_anything(tmp_path):
     out = run_cli("trainer.epochs=0", tmp_path=tmp_path)
-    assert out.returncode != 0 and "trainer.epochs=0 must be a positive integer" in out.stderr
+    assert out.returncode == 2 and "error: trainer.epochs=0 must be a positive integer" in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert not list(tmp_path.iterdir())
+    full = run_cli("trainer.epochs=0", tmp_path=tmp_path, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+    assert full.returncode == 1 and "Traceback" in full.stderr
+
+
+def test_ctrl_c_ends_a_run_with_one_line_and_records_it(tmp_path):
+    proc = subprocess.Popen(cli_args("strategy=naive", "trainer.epochs=500", tmp_path=tmp_path), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    summary = tmp_path / "digits-mlp" / "naive" / "fp32" / "seed0" / "run.log"
+    deadline = time.time() + 120
+    while not summary.exists() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # into training
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err.strip().splitlines()[-1], err
+    status = json.loads((summary.parent / "summary.json").read_text())["status"]
+    assert status == "interrupted"
 
 
 def test_a_config_refused_while_building_leaves_nothing_but_a_claimed_folder_stays(tmp_path):

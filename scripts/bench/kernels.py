@@ -219,7 +219,8 @@ def layers(quick: bool):
         bt = torch.randint(-7, 8, bt_shape, device="cuda", dtype=torch.int8)
         b = bt.transpose(-1, -2)
         af, bf = a.float(), b.float()
-        call = (lambda: kernels.tiled_int_matmul(a, b, tile, acc_bits, bounds=(7, 7), count_saturated=True))
+        def call():
+            return kernels.tiled_int_matmul(a, b, tile, acc_bits, bounds=(7, 7), count_saturated=True)
         t = cuda_time(call, reps=10 if quick else 30)
         host = host_time(call)
         t_ref = cuda_time(lambda: reference(af, bf, tile, acc_bits, bounds=(7, 7), count_saturated=True), reps=5)
