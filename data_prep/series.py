@@ -127,6 +127,10 @@ def read_csv(path: Path):
     return X, labels, subjects
 
 
+# The input formats, in one place for the reader's refusal and the command's help.
+FORMATS = ".ts or .arff (UEA/UCR), .npz of X (cases, channels, samples), y and optional subject, or .csv of a row a sample"
+
+
 def read_series(path: Path):
     """(X (cases, channels, samples), labels, subjects or None) of a `.ts` or an NPZ file."""
     if not path.is_file():
@@ -146,8 +150,7 @@ def read_series(path: Path):
         return X.astype(np.float64), np.asarray(y), subject
     if path.suffix.lower() == ".csv":
         return read_csv(path)
-    raise SeriesError(f"{path}: unknown format {path.suffix!r}; use a .ts or .arff file (UEA/UCR), an .npz of X, y, "
-                      "or a .csv of a row a sample")
+    raise SeriesError(f"{path}: unknown format {path.suffix!r}; use {FORMATS}")
 
 
 def windows(X: np.ndarray, window: int | None, step: int | None):
@@ -229,8 +232,9 @@ def build(args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_prep.series", description=__doc__.splitlines()[0])
-    p.add_argument("--train", type=Path, required=True, help="the cases (.ts, or .npz of X, y, subject)")
+    p = argparse.ArgumentParser(prog="python -m data_prep.series", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--train", type=Path, required=True, help=f"the cases: {FORMATS}")
     p.add_argument("--test", type=Path, help="the release's own test cases: kept as the split column")
     p.add_argument("--rate", type=float, required=True, help="sampling rate in Hz")
     p.add_argument("--window", type=int, help="samples a window [the whole case]")

@@ -116,3 +116,10 @@ def test_a_csv_of_a_row_a_sample_reads_as_the_npz_arrays(tmp_path):
     pd.DataFrame(rows[:-1]).to_csv(tmp_path / "short.csv", index=False)
     with pytest.raises(series.SeriesError, match="cases of different lengths"):
         series.read_series(tmp_path / "short.csv")
+
+
+def test_help_lists_every_format_it_reads(capsys):
+    with pytest.raises(SystemExit):
+        series.main(["--help"])
+    shown = capsys.readouterr().out
+    assert all(suffix in shown for suffix in (".ts", ".arff", ".npz", ".csv")), shown
