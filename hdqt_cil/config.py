@@ -120,6 +120,18 @@ def comparable_config(cfg_dict: dict) -> dict:
     return out
 
 
+def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """`key: old -> new` for each dotted setting whose value differs between two (comparable) configs."""
+    out = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out
+
+
 def scaled_milestones(milestones, full_epochs, epochs) -> list:
     """A schedule's milestones (for `full_epochs` a task) moved to the same fractions of `epochs`, so that
     shortening a paper schedule with `trainer.epochs=N` alone keeps where its learning rate drops."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from .trainer.checkpoint import EpochCheckpoints, ExperienceCheckpoints
-from .config import comparable_config
+from .config import comparable_config, config_differences
 from .files import read_json, write_atomic, write_json
 from .results.metrics import AccuracyHistory
 
@@ -116,9 +116,10 @@ class RunFolder:
         state = "new"
         if config_file.exists() and not overwrite:
             previous = OmegaConf.to_container(OmegaConf.load(config_file), resolve=True)
-            if comparable_config(previous) != comparable_config(cfg_dict):
-                raise FileExistsError(f"{self.path} holds a run with a different config; set tag=<name> to write this "
-                                      "one elsewhere, or overwrite=true to replace it")
+            changed = config_differences(comparable_config(previous), comparable_config(cfg_dict))
+            if changed:
+                raise FileExistsError(f"{self.path} holds a run with a different config ({'; '.join(changed)}); set "
+                                      "tag=<name> to write this one elsewhere, or overwrite=true to replace it")
             recorded = read_json(self.data_file)["fingerprint"] if self.data_file.exists() else data_fingerprint
             if recorded != data_fingerprint:
                 raise FileExistsError(f"{self.path} holds a run of this config on other data (contents fingerprint "
@@ -139,6 +140,9 @@ class RunFolder:
         first = 0
         if self.checkpoints.exists():
             strategy, first, history = self.checkpoints.load(strategy, device)
+        elif (missing := self.checkpoints.missing()) is not None:
+            log.warning("%s names %s, which is missing (removed or cut short by the file system): this run starts "
+                        "again from its first experience", missing.parent / "latest", missing)
         epochs = next(p for p in strategy.plugins if isinstance(p, EpochCheckpoints))
         epochs.every = checkpoint_every
         start = Start(first, history, epochs.arm(first, device))

@@ -50,8 +50,21 @@ def test_finished_run_is_reused_and_different_config_refused(make_cfg, tmp_path)
     first = run(make_cfg("strategy=naive", "trainer.epochs=1"), run_dir)
     again = run(make_cfg("strategy=naive", "trainer.epochs=1", "logging.progress=on"), run_dir)
     assert again == first
-    with pytest.raises(FileExistsError, match="different config.*tag="):
+    with pytest.raises(FileExistsError, match=r"different config \(trainer.epochs: 1 -> 2\).*tag="):
         run(make_cfg("strategy=naive", "trainer.epochs=2"), run_dir)
+
+
+def test_a_checkpoint_pointer_to_a_missing_folder_is_named_and_the_run_starts_over(make_cfg, tmp_path, caplog):
+    run_dir, cfg = tmp_path / "run", make_cfg("strategy=naive", "trainer.epochs=1")
+    first = run(cfg, run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "latest").write_text("exp003\n")  # its folder is gone
+    with caplog.at_level("WARNING"):
+        again = run(cfg, run_dir)
+    assert "checkpoints/latest names" in caplog.text and "exp003, which is missing" in caplog.text
+    assert again["acc_matrix"] == first["acc_matrix"] and again["status"] == "complete"
 
 
 def test_a_run_folder_is_written_by_one_process_at_a_time(make_cfg, tmp_path):

@@ -36,6 +36,11 @@ class ExperienceCheckpoints:
         latest = self._latest()
         return latest is not None and latest.is_dir()
 
+    def missing(self) -> Path | None:
+        """The checkpoint folder `latest` names where that folder is gone, else None."""
+        latest = self._latest()
+        return latest if latest is not None and not latest.is_dir() else None
+
     def save(self, strategy, next_exp: int, history: AccuracyHistory) -> None:
         name = f"exp{next_exp:03d}"
 
