@@ -5,11 +5,12 @@ Every group member (strategy, benchmark, model, quant) brings its own schema thr
 module holds the settings that belong to the run itself. `register_schemas()` must run before Hydra composes.
 """
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
+from difflib import get_close_matches
 from typing import Any, List
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from .cost.energy import EnergyTable
@@ -164,9 +165,28 @@ def register_schemas() -> None:
     load_members()
 
 
+def refuse_unknown_keys(node, path: str = "") -> None:
+    """Refuse a key that no schema declares (an added `+trainer.epoch=5` would be stored and ignored), naming the
+    nearest settings of its node."""
+    declared = OmegaConf.get_type(node)
+    if is_dataclass(declared):
+        known = [f.name for f in fields(declared)]
+        for key in node.keys():
+            if key not in known:
+                near = get_close_matches(str(key), known, n=3, cutoff=0.5)
+                hint = f"did you mean {' or '.join(path + k for k in near)}? " if near else ""
+                raise ValueError(f"{path}{key} is not a setting; {hint}the settings of {path.rstrip('.') or 'a run'} "
+                                 f"are {', '.join(known)}")
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            refuse_unknown_keys(child, f"{path}{key}.")
+
+
 def validate(cfg) -> None:
     """Refuse bad values before any data is loaded or any training starts, naming the key, the value and what
     is allowed (types were enforced when the config was composed)."""
+    refuse_unknown_keys(cfg)
     try:
         settings = OmegaConf.to_object(cfg)
     except MissingMandatoryValue as err:

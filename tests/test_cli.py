@@ -51,6 +51,12 @@ def test_bad_value_fails_before_writing_anything(tmp_path):
     assert full.returncode == 1 and "Traceback" in full.stderr
 
 
+def test_an_added_key_no_schema_declares_is_refused_with_the_nearest_names(tmp_path):
+    out = run_cli("+trainer.epoch=5", tmp_path=tmp_path)
+    assert out.returncode == 2 and "trainer.epoch is not a setting; did you mean trainer.epochs?" in out.stderr
+    assert not list(tmp_path.iterdir())
+
+
 def test_ctrl_c_ends_a_run_with_one_line_and_records_it(tmp_path):
     proc = subprocess.Popen(cli_args("strategy=naive", "trainer.epochs=500", tmp_path=tmp_path), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
