@@ -50,6 +50,8 @@ def test_class_names_and_no_subject(tmp_path):
      r"\['gyro_std'\] are not numeric; e.g. column 'gyro_std' row 6 holds 'high'"),
     (lambda f: f.assign(acc_mean=f.acc_mean.where(f.index != 7, np.inf)), "'acc_mean' is inf in row 8"),
     (lambda f: f.assign(label=f.label + 0.5), "label must hold whole numbers"),
+    (lambda f: f.assign(label=f.label.astype(object).where(f.index != 9, "x")),
+     r"the `label` column holds numbers and also \['x'\] \(first in row 10\)"),
 ])
 def test_bad_csv_is_refused(tmp_path, edit, message):
     edit(_frame()).to_csv(tmp_path / "bad.csv", index=False)
@@ -157,6 +159,15 @@ def test_unreadable_tables_name_the_file_and_what_is_wrong(tmp_path, name, conte
     path = tmp_path / name
     path.write_text(content)
     with pytest.raises(ValueError, match=message):
+        features.load_feature_table(path)
+
+
+def test_a_cut_short_npz_is_named(tmp_path):
+    path = tmp_path / "features.npz"
+    np.savez(path, X=np.random.default_rng(0).normal(size=(400, 30)), y=np.arange(400) % 4)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"features.npz is (not a NumPy .npz archive .*or is cut short|damaged or "
+                                         r"cut short)"):
         features.load_feature_table(path)
 
 

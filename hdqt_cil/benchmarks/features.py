@@ -8,6 +8,8 @@ CSV/Parquet), so data preparation can use it without torch.
 """
 import hashlib
 import math
+import zipfile
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -77,14 +79,33 @@ def _read_frame(path: Path, suffix: str):
         raise ImportError(f"reading {path} needs a Parquet engine: pip install pyarrow (or save it as CSV)") from err
 
 
+# What a damaged or cut-short archive raises while it is opened or its arrays are read.
+_DAMAGED = (zipfile.BadZipFile, EOFError, zlib.error)
+
+
 def _from_npz(path: Path) -> FeatureTable:
     try:
         npz = np.load(path, allow_pickle=False)
-    except (ValueError, OSError) as err:  # numpy's message for a non-archive advises unpickling: not for us
-        raise ValueError(f"{path} is not a NumPy .npz archive ({type(err).__name__}); a feature NPZ is written by "
-                         "numpy.savez with X (N, d), y (N,) and optionally subject (N,) and feature_names (d,)") from err
+    except (ValueError, OSError, *_DAMAGED) as err:  # numpy's message for a non-archive advises unpickling
+        raise ValueError(f"{path} is not a NumPy .npz archive ({type(err).__name__}) or is cut short; a feature NPZ "
+                         "is written by numpy.savez with X (N, d), y (N,) and optionally subject (N,) and "
+                         "feature_names (d,)") from err
     if not isinstance(npz, np.lib.npyio.NpzFile):
         raise ValueError(f"{path} holds a single .npy array, not an .npz archive of X, y (and subject)")
+    try:
+        X, y, subject, split, names, classes = _npz_arrays(npz, path)
+    except _DAMAGED as err:
+        raise ValueError(f"{path} is damaged or cut short ({type(err).__name__}: {err}); write it again") from err
+    if X.ndim != 2:
+        raise ValueError(f"{path}: X must be 2-D (windows × features), found shape {X.shape}")
+    y = _integer_labels(y, path, "y")
+    subject = None if subject is None else _integer_labels(subject, path, "subject")
+    return FeatureTable(X.astype(np.float32), y, subject, names or [f"f{i}" for i in range(X.shape[1])], classes,
+                        None if split is None else _test_rows(split, path))
+
+
+def _npz_arrays(npz, path):
+    """(X, y, subject, split, feature names, class names) of an open feature NPZ; what is optional may be None."""
     with npz:
         missing = [k for k in ("X", "y") if k not in npz.files]
         if missing:
@@ -99,12 +120,7 @@ def _from_npz(path: Path) -> FeatureTable:
         classes = None
         if "class_ids" in npz.files and "class_names" in npz.files:
             classes = {int(i): str(n) for i, n in zip(npz["class_ids"], npz["class_names"])}
-    if X.ndim != 2:
-        raise ValueError(f"{path}: X must be 2-D (windows × features), found shape {X.shape}")
-    y = _integer_labels(y, path, "y")
-    subject = None if subject is None else _integer_labels(subject, path, "subject")
-    return FeatureTable(X.astype(np.float32), y, subject, names or [f"f{i}" for i in range(X.shape[1])], classes,
-                        None if split is None else _test_rows(split, path))
+    return X, y, subject, split, names, classes
 
 
 def _integer_labels(values, path, what):
@@ -116,6 +132,19 @@ def _integer_labels(values, path, what):
     if values.dtype.kind == "f" and np.isfinite(values).all() and (values == np.round(values)).all():
         return values.astype(np.int64)
     raise ValueError(f"{path}: {what} must hold whole numbers, found dtype {values.dtype} (e.g. {values[:3]})")
+
+
+def _refuse_mixed_labels(labels, path) -> None:
+    """A label column holds class numbers or class names: numbers with a few other entries (a typo, a stray
+    header line) would otherwise become classes of their own, with a sample or two each."""
+    import pandas as pd
+
+    numeric = pd.to_numeric(pd.Series(labels), errors="coerce").notna().to_numpy()
+    if numeric.any() and not numeric.all():
+        rows = np.flatnonzero(~numeric)
+        odd = sorted({str(labels[r]) for r in rows})
+        raise ValueError(f"{path}: the `{LABEL}` column holds numbers and also {odd[:5]} (first in row {rows[0] + 1}); "
+                         "a label column holds class numbers or class names, not both")
 
 
 def _test_rows(values, path) -> np.ndarray:
@@ -146,6 +175,7 @@ def _from_frame(frame, path: Path) -> FeatureTable:
                          f"{row + 1} holds {column.iloc[row]!r}")
     labels, class_names = frame[LABEL].to_numpy(), None
     if labels.dtype.kind in "OSU":  # class names: number them in sorted order
+        _refuse_mixed_labels(labels, path)
         names, labels = np.unique(labels.astype(str), return_inverse=True)
         class_names = dict(enumerate(names.tolist()))
     y = _integer_labels(labels, path, LABEL)
