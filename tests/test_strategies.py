@@ -54,6 +54,25 @@ def test_finished_run_is_reused_and_different_config_refused(make_cfg, tmp_path)
         run(make_cfg("strategy=naive", "trainer.epochs=2"), run_dir)
 
 
+@pytest.mark.parametrize("damaged", ["strategy.pkl", "progress.pt"])
+def test_a_damaged_checkpoint_is_named_with_the_way_out(make_cfg, tmp_path, damaged):
+    run_dir, cfg = tmp_path / "run", make_cfg("strategy=naive", "trainer.epochs=1")
+    run(cfg, run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
+    folder = run_dir / "checkpoints" / "exp002"
+    folder.mkdir(parents=True)
+    (run_dir / "checkpoints" / "latest").write_text("exp002\n")
+    torch.save({"next_exp": 2}, folder / "progress.pt")
+    (folder / "strategy.pkl").write_bytes(b"\x80\x04not a pickle")
+    if damaged == "progress.pt":
+        (folder / "strategy.pkl").unlink()
+        (folder / "progress.pt").write_bytes((folder / "progress.pt").read_bytes()[:40])
+    with pytest.raises(ValueError, match=rf"exp002/{damaged} is damaged or cut short .*resume=false starts the run "
+                                         "over"):
+        run(cfg, run_dir)
+
+
 def test_a_checkpoint_pointer_to_a_missing_folder_is_named_and_the_run_starts_over(make_cfg, tmp_path, caplog):
     run_dir, cfg = tmp_path / "run", make_cfg("strategy=naive", "trainer.epochs=1")
     first = run(cfg, run_dir)

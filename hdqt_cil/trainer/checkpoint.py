@@ -6,8 +6,10 @@ iCaRL's class means, BiC's bias layer and old model, LwF's old model) and its RN
 torch and CUDA generators). We add the run's progress beside it and make the pair atomic: each checkpoint is written into a fresh folder, then a one-line `latest` file is atomically switched
 to it, and only then is the previous folder removed. A kill at any moment leaves the last good checkpoint.
 """
+import pickle
 import random
 import shutil
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,6 +24,19 @@ from ..results.metrics import AccuracyHistory
 
 _CLOCK_COUNTERS = ("train_iterations", "train_exp_counter", "train_exp_epochs", "train_exp_iterations",
                    "train_epoch_iterations", "total_iterations")
+
+
+# What torch.load and pickle raise on a damaged or cut-short file (torch's zip reader raises RuntimeError).
+_DAMAGED = (RuntimeError, pickle.UnpicklingError, EOFError, zipfile.BadZipFile)
+
+
+def read_checkpoint(path: Path, load):
+    """load() of the checkpoint file `path`; a damaged or cut-short file is refused naming it and the way out."""
+    try:
+        return load()
+    except _DAMAGED as err:
+        raise ValueError(f"{path} is damaged or cut short ({type(err).__name__}: {str(err).splitlines()[0]}); "
+                         f"resume=false starts the run over (or delete {path.parent})") from err
 
 
 class ExperienceCheckpoints:
@@ -61,12 +76,14 @@ class ExperienceCheckpoints:
         """Restore `strategy` in place; return it, the next experience to train and the history so far."""
         latest = self._latest()
         try:
-            strategy, _ = maybe_load_checkpoint(strategy, str(latest / "strategy.pkl"), map_location=device)
+            strategy, _ = read_checkpoint(latest / "strategy.pkl", lambda: maybe_load_checkpoint(
+                strategy, str(latest / "strategy.pkl"), map_location=device))
         except (AttributeError, ModuleNotFoundError) as err:  # pickles name classes; a mended one may be renamed
             raise RuntimeError(f"{latest}: this checkpoint names a class the code no longer has ({err}); it was "
                                "written by an earlier version of a strategy or plugin, whose training this code "
                                "would not continue. resume=false starts the run over") from err
-        progress = torch.load(latest / "progress.pt", weights_only=False, map_location=onto(device))
+        progress = read_checkpoint(latest / "progress.pt", lambda: torch.load(
+            latest / "progress.pt", weights_only=False, map_location=onto(device)))
         _restore_rng_states(progress["rng"])
         return strategy, progress["next_exp"], AccuracyHistory(**progress["history"])
 
@@ -94,8 +111,9 @@ class EpochCheckpoints(SupervisedPlugin):
         """Resume into `experience` on `device` from its latest epoch checkpoint, if any; return how many epochs it
         holds."""
         found = sorted(self.root.glob(f"exp{experience:03d}_epoch*"))
-        self.pending = (torch.load(found[-1] / "state.pt", weights_only=False, map_location=onto(device))
-                        if found else None)
+        state = found[-1] / "state.pt" if found else None
+        self.pending = (read_checkpoint(state, lambda: torch.load(state, weights_only=False,
+                                                                  map_location=onto(device))) if found else None)
         return self.pending["clock"]["train_exp_epochs"] if found else 0
 
     def before_training_exp(self, strategy, **kwargs):
