@@ -103,8 +103,12 @@ class RunFolder:
         """Make the folder this run's and hold it (`release`). Returns 'done' (this exact run finished there),
         'again' (this run started there before) or 'new'. A folder holding a different config, or the same config
         on other data (by the fingerprint of the data's contents, wherever they lie), or one that another process
-        holds (RunInUse), is refused."""
-        self._hold()
+        holds (RunInUse), is refused; so is a folder that cannot be written (a read-only file system, say)."""
+        try:
+            self._hold()
+        except OSError as err:
+            raise ValueError(f"{self.path} cannot be written ({err.strerror or err}); give the results another "
+                             "place: results_root=PATH") from err
         try:
             return self._claim(cfg_dict, overwrite, data_fingerprint)
         except BaseException:

@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -71,6 +72,14 @@ def test_a_damaged_checkpoint_is_named_with_the_way_out(make_cfg, tmp_path, dama
     with pytest.raises(ValueError, match=rf"exp002/{damaged} is damaged or cut short .*resume=false starts the run "
                                          "over"):
         run(cfg, run_dir)
+
+
+def test_a_results_folder_that_cannot_be_written_is_named_with_the_way_out(make_cfg, tmp_path, monkeypatch):
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    with pytest.raises(ValueError, match=r"run cannot be written \(Read-only file system\); .*results_root=PATH"):
+        run(make_cfg("strategy=naive", "trainer.epochs=1"), tmp_path / "run")
 
 
 def test_a_checkpoint_pointer_to_a_missing_folder_is_named_and_the_run_starts_over(make_cfg, tmp_path, caplog):
