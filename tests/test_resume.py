@@ -100,6 +100,7 @@ def test_divergence_is_recorded_and_optionally_lets_a_sweep_go_on(tmp_path):
     assert summary["status"] == "diverged"
     assert summary["error"]["experience"] == 0 and summary["error"]["epoch"] == 1
     assert "non-finite" in summary["error"]["message"]
+    assert "training diverged in experience 1, epoch 1" in stopped.stderr  # as the progress lines count
 
     going_on = subprocess.run(_cmd(tmp_path / "b", *bad, "on_divergence=continue"), cwd=ROOT,
                               capture_output=True, text=True, timeout=600)

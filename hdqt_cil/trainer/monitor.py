@@ -17,10 +17,11 @@ RUNAWAY_FACTOR = 1e3
 
 
 class Diverged(RuntimeError):
-    """`experience` is 0-based (as the rows of the accuracy matrix), `epoch` counts from 1 within it."""
+    """`experience` is 0-based (as the rows of the accuracy matrix, and in `details`), `epoch` counts from 1 within
+    it; the message counts both from 1, as the progress lines do."""
 
     def __init__(self, experience: int, epoch: int, what: str):
-        super().__init__(f"training diverged in experience {experience}, epoch {epoch}: {what}")
+        super().__init__(f"training diverged in experience {experience + 1}, epoch {epoch}: {what}")
         self.details = {"experience": experience, "epoch": epoch, "where": what}
 
 
