@@ -8,12 +8,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
-
-def progress(iterable=None, **kwargs):
-    """A tqdm bar on an interactive terminal; silent in logs, CI and pipes."""
-    return tqdm(iterable, disable=not sys.stderr.isatty(), leave=False, **kwargs)
+from . import sources
+from .progress import progress
 
 
 def parallel_map(function, calls, desc: str, max_jobs: int = 8) -> list:
@@ -61,7 +57,7 @@ def parser(dataset: Dataset, description: str) -> argparse.ArgumentParser:
 
 def run(dataset: Dataset, args, build) -> int:
     """Reuse `args.out` if valid, else build it from the chosen source; `build(root)` returns `save`'s arguments."""
-    from . import feature_file, sources
+    from . import feature_file  # it imports torch (through the benchmarks): not needed for --help
 
     if not args.force and feature_file.reusable(args.out, dataset.extractor, dataset.n_features):
         print(f"{args.out} is present and valid; reusing it (--force recomputes)")

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .cli import progress
+from .progress import progress
 
 
 class RawDataError(ValueError):

@@ -1,19 +1,21 @@
-"""The package's import graph (every import statement, at module level or inside a function): no cycle, and the
-layering of docs' house plan (kernels know nothing of quant; the numerics nothing of continual learning)."""
+"""The packages' import graph (hdqt_cil and data_prep; every import statement, at module level or inside a
+function): no cycle, and the layering of docs' house plan (kernels know nothing of quant; the numerics nothing of
+continual learning)."""
 import ast
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "hdqt_cil"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = (ROOT / "hdqt_cil", ROOT / "data_prep")
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+MODULES = {module_name(p): p for package in PACKAGES for p in package.rglob("*.py")}
 
 
 def imported(name: str, path: Path) -> set[str]:
@@ -39,8 +41,9 @@ def imported(name: str, path: Path) -> set[str]:
 GRAPH = {name: imported(name, path) for name, path in MODULES.items()}
 
 
-def test_the_graph_reads_the_package():
+def test_the_graph_reads_the_packages():
     assert "hdqt_cil.quant.backend" in GRAPH and "hdqt_cil.kernels" in GRAPH["hdqt_cil.quant.backend"]
+    assert "data_prep.sources" in GRAPH["data_prep.hapt"]
     assert "hdqt_cil.quant.quantizers" in GRAPH["hdqt_cil.quant.backend"]  # a relative import, resolved
 
 
