@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 
 from omegaconf import OmegaConf
@@ -221,3 +222,18 @@ def test_domain_incremental_runs_are_plotted_against_the_experiences_seen(tmp_pa
     assert sorted((ax.get_title(), ax.get_xlabel(), x, y) for ax, x, y in drawn) == [
         ("hapt", "classes seen", [2, 4], [90.0, 70.0]),
         ("hapt (domain)", "experiences (domains) seen", [1, 2], [100.0, 80.0])]
+
+
+def test_load_runs_gives_a_row_a_run_with_its_settings_and_accuracy_matrix(make_cfg, tmp_path):
+    from hdqt_cil.experiment import run
+    from hdqt_cil.results import load_runs
+
+    for seed in (0, 1):
+        run(make_cfg("strategy=naive", "trainer.epochs=1", f"seed={seed}"), tmp_path / f"seed{seed}")
+    runs = load_runs(tmp_path)
+    assert list(runs.seed) == [0, 1] and set(runs.status) == {"complete"}
+    assert (runs["trainer.epochs"] == 1).all() and (runs["quant.name"] == runs["quant"]).all()
+    for matrix, path in zip(runs.acc_matrix, runs.path):
+        written = np.loadtxt(f"{path}/accuracy_matrix.csv", delimiter=",", skiprows=1)[:, 1:]
+        assert matrix.shape == (5, 5) and np.isnan(matrix[0, 1]) and np.isfinite(matrix[-1]).all()
+        np.testing.assert_array_equal(np.round(matrix, 2), written)

@@ -108,6 +108,19 @@ def collect_runs(*roots) -> pd.DataFrame:
     return df
 
 
+def load_runs(*roots) -> pd.DataFrame:
+    """Every run folder under `roots`, for a notebook: collect_runs' row (run identity, status, metrics, cost, wall
+    time, peak memory, path) with each setting of the run's config as a column of its dotted name
+    (`trainer.epochs`, `quant.acc_bits`, ...) and its accuracy matrix in `acc_matrix` (a float array, row k: after
+    experience k, NaN for experiences not yet seen)."""
+    df = collect_runs(*roots)
+    settings = pd.DataFrame([_flat(_run_config(Path(path))) for path in df.path], index=df.index)
+    df = pd.concat([df, settings[[c for c in settings.columns if c not in df.columns]]], axis=1)
+    df["acc_matrix"] = [np.array(read_json(Path(path) / "summary.json")["acc_matrix"], dtype=float)
+                        for path in df.path]
+    return df
+
+
 def mean_std(values, form: str = ".1f") -> str:
     """'mean ± std' over seeds (std with ddof 1; 0 for one value); a '+' in `form` signs the mean only."""
     values = np.asarray(values, dtype=float)
