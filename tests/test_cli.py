@@ -111,3 +111,16 @@ def test_ablation_preset_sweeps_into_tagged_folders(tmp_path):
     assert out.returncode == 0, out.stderr
     runs = sorted(str(p.parent.relative_to(tmp_path)) for p in tmp_path.rglob("summary.json"))
     assert runs == ["digits-mlp/naive/hdqt-acc16/seed0", "digits-mlp/naive/hdqt-acc8/seed0"]
+
+
+def test_help_is_the_products_and_names_every_member_and_default():
+    out = subprocess.run([sys.executable, "run.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "schema/" not in out.stdout
+    for group in ("strategy", "quant", "benchmark", "model", "cost", "experiment", "hydra/launcher"):
+        for member in (ROOT / "configs" / group).glob("*.yaml"):
+            assert member.stem in out.stdout, f"{group}={member.stem} missing from --help"
+    from hdqt_cil.config import TrainerConfig
+
+    defaults = TrainerConfig()
+    for key in ("epochs", "batch_size", "lr", "memory_size", "gamma", "device", "cuda_graph"):
+        assert f"trainer.{key} [{getattr(defaults, key)}]" in out.stdout, key
