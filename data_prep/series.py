@@ -128,7 +128,8 @@ def read_csv(path: Path):
 
 
 # The input formats, in one place for the reader's refusal and the command's help.
-FORMATS = ".ts or .arff (UEA/UCR), .npz of X (cases, channels, samples), y and optional subject, or .csv of a row a sample"
+FORMATS = (".ts or .arff (UEA/UCR), .npz of X (cases, channels, samples), y and optional subject, or .csv of a row "
+           "a sample")
 
 
 def read_series(path: Path):
