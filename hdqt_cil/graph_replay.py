@@ -1,6 +1,6 @@
 """A module's training forward and backward replayed from CUDA graphs: one launch each instead of thousands.
 
-A quantized layer issues ~80 small kernels and torch ops a step, each costing host time; on a fast GPU the step is
+A quantized layer issues ~35 small kernels and torch ops a step, each costing host time; on a fast GPU the step is
 bound by the host (docs/kernels.md, "The training step: CUDA graphs"). A captured step runs the same kernels with the same arguments, so the
 results are bit-identical to eager execution: everything a step changes or draws from (rounding steps, statistics,
 BatchNorm's running stats) is device memory the graph updates in place (quant/layers.py).
