@@ -28,7 +28,7 @@ def fresh(experience=0):
 
 def test_a_loss_running_away_by_orders_of_magnitude_is_divergence():
     monitor, strategy = fresh(experience=2)
-    with pytest.raises(Diverged, match=r"experience 2, epoch 3: runaway loss 2.4e\+03") as caught:
+    with pytest.raises(Diverged, match=r"experience 3, epoch 3: runaway loss 2.4e\+03") as caught:  # counted from 1
         run_epochs(monitor, strategy, [0.06, 0.5, 2.4e3])
     assert caught.value.details == {"experience": 2, "epoch": 3, "where": caught.value.details["where"]}
     assert monitor.losses == [[pytest.approx(0.06), pytest.approx(0.5)]]
