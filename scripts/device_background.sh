@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs ON the lent GPU machine. A device call ends the processes it leaves behind, except those in a session of
-# their own: `start` runs scripts/device_sweep.sh that way, so a sweep longer than one call's limit trains on
-# without restarts through the calls that follow (each made within the machine's idle release), and `wait` is
-# what those calls run.
+# Runs ON a GPU node without network access. A remote command ends the processes it leaves behind, except
+# those in a session of their own: `start` runs scripts/device_sweep.sh that way, so a sweep longer than one
+# command's time limit trains on without restarts through the commands that follow (each made before the node is
+# released), and `wait` is what those commands run.
 #   [ENV=value ...] bash scripts/device_background.sh start NAME <device_sweep.sh overrides...>
 #       starts sweep NAME (its log, tables and run archive in /tmp/sweeps/NAME; results under /tmp/runs, shared by
 #       every sweep) and returns; environment variables reach the sweep (CUDA_VISIBLE_DEVICES: its GPUs).

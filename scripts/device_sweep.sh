@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs ON the lent GPU machine, from the repository root (after scripts/prepare_device.sh here, with .whl and
-# .device_data carried): installs the wheels, makes the HAR feature files from the carried raw archives, runs one
+# Runs ON a GPU node without network access, from the repository root (after scripts/prepare_device.sh here, with
+# .whl and .device_data copied along): installs the wheels, makes the HAR feature files from the raw archives, runs one
 # Hydra sweep packed onto the GPU (hydra/launcher=gpus: jobs_per_gpu from its config, or $JOBS_PER_GPU; CUDA MPS),
 # and leaves the run folders (runs.tgz, without checkpoints), the tables (tables.tgz) and the log under $OUT.
 #   Usage: [JOBS_PER_GPU=N] [SWEEP_TIMEOUT=s] bash scripts/device_sweep.sh <run.py overrides...>

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build, check and time the CuPy kernels in one call on the GPU machine (the device tool's `run`):
-#   run(command="bash scripts/gpu_check.sh", carry=[".whl"])
+# Build, check and time the CuPy kernels in one command on a GPU node (without network access: the
+# wheels in .whl, from scripts/prepare_device.sh, are installed from there):
+#   bash scripts/gpu_check.sh
 #   (the CPU compile and prebuilt-bundle tests, tests/test_kernels_*.py, run in CI, not here)
 # .whl holds the project's wheels (scripts/prepare_device.sh), installed from it (hdqt_cil.quant reads its config
 # with omegaconf; the tests' conftest composes configs with hydra; the CUDA-graph tests run whole experiments).

@@ -1,5 +1,5 @@
 """Pack the checkpoints of the unfinished runs under a results root into ckpt_<k>.tgz files of at most 15 MiB
-each (a device call returns at most 8 files of 16 MiB), so that a sweep cut by a call's end resumes on the next
+each (a remote command returns at most 8 files of 16 MiB), so that a sweep cut by a call's end resumes on the next
 machine (scripts/device_sweep.sh unpacks .device_data/ckpt_*.tgz under the results root).
 
     python3 scripts/pack_checkpoints.py OUT [FILES [SKIP]] [--root /tmp/runs] [--stage /tmp/ckpt_stage]

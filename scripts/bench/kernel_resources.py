@@ -1,7 +1,7 @@
 """Registers, spills and shared memory of every kernel, from ptxas through NVRTC: no GPU needed.
 
 A kernel that spills, or needs more registers than two CTAs of its block size leave, runs one CTA a
-multiprocessor; this tells which before a device call measures anything.
+multiprocessor; this tells which before a remote command measures anything.
 
     python -m scripts.bench.kernel_resources              # quant.cu and peak.cu, and the GEMM in config 256x128s4
     python -m scripts.bench.kernel_resources --gemm 64x64 128x128 --arch sm_90
