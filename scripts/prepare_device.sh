@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Stage what a GPU node without network access lacks into ignored folders of this checkout, to copy there with
 # the repository: the Python wheels (avalanche, hydra, launchers; ../shared/tools/device_wheels.sh) in .whl/,
-# the kernels compiled for the H100/H200 (sm_90) in hdqt_cil/kernels/prebuilt/ (python -m hdqt_cil.kernels.build) and the
-# raw data archives in .device_data/ (DSADS's 137 MB archive is large to copy: its feature file is made here
+# the kernels compiled for the H100/H200 (sm_90) in hdqt_cil/kernels/prebuilt/ (python -m hdqt_cil.kernels.build)
+# and the raw data archives in .device_data/ (DSADS's 137 MB archive is large to copy: its feature file is made here
 # instead). Usage: scripts/prepare_device.sh [hapt] [cifar10] [dsads]
 set -euo pipefail
 cd "$(dirname "$0")/.."
