@@ -83,13 +83,14 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, given_scale
     levels = rt.empty(shape, torch.int8, device)
     keep = rt.empty(shape, torch.bool, device) if stats is not None and stats.ste != "none" else None
     report = _report_args(worst, stats, keep)
-    kind = "stats_" if stats is not None else flat.transform(logn, _GROUP_PER_THREAD)
+    counted = "stats_" if stats is not None else ""  # quant.cu's forward-operand kernels (no transform)
     single_pass = (spec.scale == "max" and group <= GROUP_MAX and (group >= GROUP_MIN or groups == 1)
                    and (sign_mode != 2 or groups == 1))
     if single_pass:
         scale = rt.empty(groups, torch.float32, device)
         threads = _group_threads(group)
-        fn = rt.function("quant.cu", f"group_{kind}{rt.dtype_suffix(x)}_{rounding}")
+        transform = flat.transform(logn, _GROUP_PER_THREAD)
+        fn = rt.function("quant.cu", f"group_{counted}{transform}{rt.dtype_suffix(x)}_{rounding}")
         rt.launch(fn, (groups,), (threads,),
                   (rt.ptr(x), rt.u32(group), rt.i32(logn), rt.i32(sign_mode), rt.f32(spec.signed_max),
                    rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key, rt.ptr(levels), rt.ptr(scale), *report),
@@ -101,8 +102,7 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, given_scale
     elements = flat.per_thread(n_el, logn)
     suffix = flat.transform(logn, elements) + rt.dtype_suffix(x)
     absmax = rt.function("quant.cu", f"{flat.kernel_name('absmax', elements)}_{suffix}")
-    quantize_name = f"{flat.kernel_name('quantize', elements)}_{'stats_' if stats is not None else ''}{suffix}"
-    quantize_levels = rt.function("quant.cu", f"{quantize_name}_{rounding}")
+    quantize_levels = rt.function("quant.cu", f"{flat.kernel_name('quantize', elements)}_{counted}{suffix}_{rounding}")
     ctas, threads, span, smem = flat.grid(n_el, logn, elements, absmax, quantize_levels)
     rt.launch(absmax, (ctas,), (threads,),
               (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks), rt.ptr(negative)),
@@ -144,8 +144,8 @@ def forward_quantize(t: torch.Tensor, spec, counter, scale: torch.Tensor | None,
     rt.require_cuda(t)
     _check_covered(t, spec)
     _needs_scale(spec, scale)
-    if t.dtype != torch.float32 or spec.rounding not in ("nearest", "stochastic") or spec.grid != "uniform":
-        raise rt.NotCovered(f"forward statistics of a {t.dtype} tensor, {spec.rounding} rounding on a {spec.grid} grid")
+    if t.dtype != torch.float32 or spec.grid != "uniform":
+        raise rt.NotCovered(f"forward statistics of a {t.dtype} tensor on a {spec.grid} grid")
     with rt.on_device(t):
         return _quantize_flat(rt.flat_input(t), t.shape, spec, counter, 0, scale, worst, stats)
 

@@ -40,16 +40,15 @@ def hadamard_quantize(x, spec, counter=None, block=None, dim=-1, worst=None):
     return reported_quantize(block_hadamard(x, dim, block), spec, counter, worst)
 
 
-def forward_quantize(t, spec, counter=None, ste="none", tally=None, worst=None):
+def forward_quantize(t, spec, counter, ste, tally, worst=None):
     """(levels, scale, keep): quantize(t, spec, counter) with what a training forward needs beside its levels,
     in one call so that a backend can do it in the quantizer's own pass: the straight-through estimator's keep
-    mask (`quantizers.ste_keep`; None for 'none'), and, where `tally` (an int64 (2,) tensor) is given, the values
-    outside the level range and the values seen added to it."""
+    mask (`quantizers.ste_keep`; None for 'none'), and the values outside the level range and the values seen added
+    to `tally` (an int64 (2,) tensor)."""
     levels, scale = reported_quantize(t, spec, counter, worst)
-    inside = within_levels(t, scale, spec) if tally is not None or ste == "clip" else None
-    if tally is not None:
-        tally[0].add_((~inside).sum())
-        tally[1].add_(t.numel())
+    inside = within_levels(t, scale, spec)
+    tally[0].add_((~inside).sum())
+    tally[1].add_(t.numel())
     return levels, scale, ste_keep(t, inside, spec, ste)
 
 
@@ -119,11 +118,8 @@ def _kernel_quantize(t, spec, counter=None, worst=None):
                     lambda: reported_quantize(t, spec, counter, worst))
 
 
-def _kernel_forward_quantize(t, spec, counter=None, ste="none", tally=None, worst=None):
+def _kernel_forward_quantize(t, spec, counter, ste, tally, worst=None):
     require_counter(spec, counter)
-    if tally is None:  # the kernels count as they mask: without a tally, the levels and the mask separately
-        levels, scale = _kernel_quantize(t, spec, counter, worst)
-        return levels, scale, ste_keep(t, within_levels(t, scale, spec) if ste == "clip" else None, spec, ste)
     stats = kernels.Stats(tally, ste, ste_threshold(spec))
     return _covered(lambda: kernels.forward_quantize(t, spec, counter, _given_scale(t, spec), stats, worst),
                     lambda: forward_quantize(t, spec, counter, ste, tally, worst))

@@ -106,11 +106,12 @@ class QuantLayer:
         if not checks:
             return
         device = checks[0][2].device
-        if reported and device.type == "cuda" and _capturing(device):
+        capturing = device.type == "cuda" and _capturing(device)
+        if capturing and reported:
             return
         # scales are positive, and amax keeps a NaN: the largest scale is finite iff all are
         worst = torch.cat([scale.reshape(-1) for _, _, scale in checks]).amax()
-        if worst.is_cuda and _capturing(worst.device):
+        if capturing:
             slot = self.quant_worst[int(backward)]
             torch.maximum(slot, worst, out=slot)
             return

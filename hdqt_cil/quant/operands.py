@@ -31,6 +31,12 @@ def swap_last(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(-1, -2) if t.dim() >= 2 else t
 
 
+def _integer_product(a: Operand, bt: Operand, block: int, spec: Product) -> tuple:
+    """The arguments (a, b, scale_a, scale_b, block, tile, acc_bits, bounds) of the ops' integer products."""
+    return (a.values, bt.values.transpose(-1, -2), a.scale, swap_last(bt.scale), block, spec.tile, spec.acc_bits,
+            (a.bound, bt.bound))
+
+
 def product(ops, a: Operand, bt: Operand, block: int, product: Product, sum_batch: bool = False, tally=None):
     """a (..., M, K) times btᵀ (K along bt's last dim too), scaled back by s_a · s_b / block; with sum_batch,
     summed over the leading dims (in order, `sum_entries`, for the integer product). `tally`: an int64 (2,) view
@@ -40,9 +46,7 @@ def product(ops, a: Operand, bt: Operand, block: int, product: Product, sum_batc
         out = torch.matmul(a.dequantized(), bt.dequantized().transpose(-1, -2))
         out = out / block if block > 1 else out
         return out.sum(dim=0) if sum_batch else out
-    return ops.scaled_int_matmul(a.values, bt.values.transpose(-1, -2), a.scale, swap_last(bt.scale), block,
-                                 product.tile, product.acc_bits, bounds=(a.bound, bt.bound), sum_batch=sum_batch,
-                                 tally=tally)
+    return ops.scaled_int_matmul(*_integer_product(a, bt, block, product), sum_batch=sum_batch, tally=tally)
 
 
 def product_col2im(ops, a: Operand, bt: Operand, block: int, spec: Product, fold: tuple, keep, tally):
@@ -51,8 +55,7 @@ def product_col2im(ops, a: Operand, bt: Operand, block: int, spec: Product, fold
     operands go to ops.col2im_int_matmul, which a backend can run without the (B, L, K) float rows."""
     if not (a.is_integer and bt.is_integer):
         return ops.col2im(product(ops, a, bt, block, spec, tally=tally), *fold, keep)
-    return ops.col2im_int_matmul(a.values, bt.values.transpose(-1, -2), a.scale, swap_last(bt.scale), block,
-                                 spec.tile, spec.acc_bits, (a.bound, bt.bound), *fold, keep, tally)
+    return ops.col2im_int_matmul(*_integer_product(a, bt, block, spec), *fold, keep, tally)
 
 
 def forward_operand(layer, t, spec: QuantSpec | None, role: str, step, training: bool, ops, checks):
