@@ -134,13 +134,37 @@ def test_quantize_extreme_magnitudes(spec):
         assert_same(got[1], ref[1], f"scale {label}")
 
 
-def test_quantize_propagates_nan_into_the_scale():
+@pytest.mark.parametrize("rule", ["max", "sawb"])
+def test_quantize_propagates_nan_into_the_scale(rule):
     t = torch.randn(4, 100, device="cuda")
     t[1, 7] = float("nan")
     for granularity in ("tensor", "sample"):
-        scale = CUPY.quantize(t, QuantSpec(4, "signed", "max", 1.0, granularity), None)[1]
+        spec = QuantSpec(4, "signed", rule, 1.0, granularity)
+        scale = CUPY.quantize(t, spec, None)[1]
+        assert_same(scale.nan_to_num(7.0), quantize(t, spec)[1].nan_to_num(7.0), f"{rule} {granularity}")
         assert not torch.isfinite(scale).all()
         assert torch.isfinite(scale.flatten()[0]) == (granularity == "sample")
+
+
+@pytest.mark.parametrize("spec", [QuantSpec(4, "auto", "max", 0.975), QuantSpec(4, "signed", "sawb"),
+                                  QuantSpec(4, "signed", "max", 1.0, "sample", "stochastic")], ids=str)
+def test_quantize_reads_a_channels_last_tensor_where_it_lies(spec):
+    """A BatchNorm's channels-last output is quantized as it lies where the order cannot change a level (one
+    scale, nearest rounding): levels and mask come back in its layout, as the reference's elementwise ops leave
+    them; otherwise from a contiguous copy. Either way the reference's bits."""
+    from hdqt_cil.quant.backend import TORCH_OPS
+
+    t = (torch.randn(16, 24, 9, 7, generator=gen(3), device="cuda") * 5).contiguous(memory_format=torch.channels_last)
+    counter = Counter(1, 2, 3)
+    tallies = [torch.zeros(2, dtype=torch.int64, device="cuda") for _ in range(2)]
+    got = CUPY.forward_quantize(t, spec, counter, "authors", tallies[0])
+    ref = TORCH_OPS.forward_quantize(t, spec, counter, "authors", tallies[1])
+    for what, kernel, reference in zip(("levels", "scale", "keep"), got, ref):
+        assert_same(kernel, reference.to(kernel.dtype) if what == "keep" else reference, what)
+    in_place = spec.granularity == "tensor" and spec.rounding == "nearest"
+    assert got[0].is_contiguous(memory_format=torch.channels_last) == in_place
+    assert got[2].stride() == got[0].stride()
+    assert torch.equal(tallies[0], tallies[1])
 
 
 DIVIDE_SOURCE = str(Path(__file__).resolve().parent / "cuda" / "divide.cu")
@@ -455,13 +479,16 @@ def test_im2col_bit_identical(x_shape, kernel, padding, dilation, stride, dtype,
     x = (torch.randn(x_shape, generator=gen(43), device="cuda") * 40).clamp(-100, 100).to(dtype)  # < 0x7f poison
     if dtype.is_floating_point:
         x[0, 0, 0, 0] = -0.0
-    x = x.transpose(2, 3).contiguous().transpose(2, 3)  # a non-contiguous input
-    got = CUPY.im2col(x, kernel, padding, dilation, stride, columns)
-    ref = im2col(x, kernel, padding, dilation, stride, columns)
-    assert got.is_contiguous() and got.dtype == dtype
-    assert_same(got, ref, f"{x_shape} {kernel} columns={columns}")
-    if dtype.is_floating_point:
-        assert torch.equal(torch.signbit(got), torch.signbit(ref))
+    layouts = {"contiguous": x, "transposed": x.transpose(2, 3).contiguous().transpose(2, 3),
+               "channels-last": x.contiguous(memory_format=torch.channels_last),
+               "a batch slice": torch.cat([x, x]).contiguous(memory_format=torch.channels_last)[x_shape[0]:]}
+    for layout, x in layouts.items():  # read where it lies, without a copy
+        got = CUPY.im2col(x, kernel, padding, dilation, stride, columns)
+        ref = im2col(x, kernel, padding, dilation, stride, columns)
+        assert got.is_contiguous() and got.dtype == dtype
+        assert_same(got, ref, f"{x_shape} {kernel} columns={columns} {layout}")
+        if dtype.is_floating_point:
+            assert torch.equal(torch.signbit(got), torch.signbit(ref))
 
 
 @pytest.mark.parametrize("x_shape, kernel, padding, dilation, stride", CONV_CASES)
@@ -481,11 +508,12 @@ def test_col2im_bit_identical(x_shape, kernel, padding, dilation, stride):
     assert torch.equal(torch.signbit(got), torch.signbit(ref))
     keep = torch.rand(x_shape, generator=g, device="cuda") < 0.7
     rows[0, 1, 1] = float("inf")  # inf * 0 is NaN, as in the reference's product
-    masked = CUPY.col2im(rows, x_shape, kernel, padding, dilation, stride, keep)
     expected = col2im(rows, x_shape, kernel, padding, dilation, stride) * keep
-    assert masked.stride() == expected.stride()
-    assert torch.equal(masked.nan_to_num(7.0), expected.nan_to_num(7.0)), f"{x_shape} {kernel} with a mask"
-    assert torch.equal(torch.signbit(masked), torch.signbit(expected))
+    for layout in (torch.contiguous_format, torch.channels_last):  # the mask as the forward's quantizer left it
+        masked = CUPY.col2im(rows, x_shape, kernel, padding, dilation, stride, keep.contiguous(memory_format=layout))
+        assert masked.stride() == expected.stride()
+        assert torch.equal(masked.nan_to_num(7.0), expected.nan_to_num(7.0)), f"{x_shape} {kernel} {layout} mask"
+        assert torch.equal(torch.signbit(masked), torch.signbit(expected))
 
 
 @pytest.mark.parametrize("x_shape, out_channels, stride", [((8, 16, 32, 32), 16, 1), ((6, 16, 32, 32), 32, 2),
@@ -507,12 +535,14 @@ def test_col2im_of_the_product_bit_identical(x_shape, out_channels, stride, tile
     scale_sets = ((torch.rand(batch, 1, 1, generator=g, device="cuda"), torch.rand((), device="cuda")),
                   (torch.rand((), device="cuda"), torch.rand(1, channels * 9, generator=g, device="cuda")),
                   (torch.rand(batch, out_h * out_w, 1, generator=g, device="cuda"), torch.rand((), device="cuda")))
-    for (sa, sb), keep in zip(scale_sets, (None, torch.rand(x_shape, generator=g, device="cuda") < 0.8, None)):
+    mask = torch.rand(x_shape, generator=g, device="cuda") < 0.8
+    for (sa, sb), keep in zip(scale_sets, (None, mask, mask.contiguous(memory_format=torch.channels_last))):
         tallies = [torch.full((2,), 2, dtype=torch.int64, device="cuda") for _ in range(2)]
-        args = (sa, sb, 16, tile, acc_bits, (7, 7), x_shape, *geometry, keep)
-        got = kernels.col2im_int_matmul(a, w.t(), *args[:11], conv_output_size(x_shape, *geometry), keep,
-                                        tallies[0])
-        ref = TORCH_OPS.col2im_int_matmul(a.float(), w.t().float(), *args, tallies[1])
+        args = (sa, sb, 16, tile, acc_bits, (7, 7), x_shape, *geometry)
+        got = kernels.col2im_int_matmul(a, w.t(), *args, conv_output_size(x_shape, *geometry), keep, tallies[0])
+        # a mask in any layout; the gradient comes back contiguous, as the product with a contiguous mask is
+        ref = TORCH_OPS.col2im_int_matmul(a.float(), w.t().float(), *args, None if keep is None else keep.contiguous(),
+                                          tallies[1])
         assert got.stride() == ref.stride()
         assert_same(got, ref, f"scales {tuple(sa.shape)} {tuple(sb.shape)}, mask {keep is not None}")
         assert torch.equal(tallies[0], tallies[1]), f"{tallies[0].tolist()} against {tallies[1].tolist()}"

@@ -5,8 +5,9 @@
 #include "common.cuh"
 
 // ------------------------------------------------------------------------------------------------------ im2col
-// x (B, C, H, W) contiguous to rows (B, out_h, out_w, C, kh, kw) or columns (B, C, kh, kw, out_h, out_w), zeros
-// where a patch reaches into the padding. A thread writes VEC consecutive outputs (16 bytes, one vector store):
+// x (B, C, H, W), elements at b * sb + c * sc + y * sy + x * sx (any layout: contiguous, or channels-last as the
+// levels of a BatchNorm's output are), to rows (B, out_h, out_w, C, kh, kw) or columns (B, C, kh, kw, out_h,
+// out_w), zeros where a patch reaches into the padding. A thread writes VEC consecutive outputs (16 bytes, one vector store):
 // it splits the index of the first into its six coordinates once, then steps the innermost one with carries,
 // tracking the input row and column it reads (y, x) and the offset of the (sample, channel) plane.
 
@@ -15,14 +16,18 @@ struct Geometry {
     int kh, kw, ph, pw, dh, dw, sh, sw;
 };
 
+struct Strides {  // of the input, in elements
+    u32 b, c, y, x;
+};
+
 struct Cursor {
     u32 c, i, j, oy, ox;
     int y, x;   // the input position read: oy * sh - ph + i * dh, ox * sw - pw + j * dw
-    u64 plane;  // (b * C + c) * H * W
+    u64 plane;  // b * sb + c * sc
 };
 
 template <bool COLUMNS>
-__device__ __forceinline__ Cursor cursor_at(u32 e, const Geometry& g) {
+__device__ __forceinline__ Cursor cursor_at(u32 e, const Geometry& g, const Strides& st) {
     Cursor p;
     u32 b;
     if (COLUMNS) {  // (b, c, i, j, oy, ox), ox fastest
@@ -40,15 +45,14 @@ __device__ __forceinline__ Cursor cursor_at(u32 e, const Geometry& g) {
     }
     p.y = (int)(p.oy * g.sh + p.i * g.dh) - g.ph;
     p.x = (int)(p.ox * g.sw + p.j * g.dw) - g.pw;
-    p.plane = ((u64)b * g.channels + p.c) * g.height * g.width;
+    p.plane = (u64)b * st.b + (u64)p.c * st.c;
     return p;
 }
 
 // The next output's coordinates. A wrap of the channel moves the plane back to the sample's first one; the wrap
 // of the outermost output coordinate moves it on to the next sample.
 template <bool COLUMNS>
-__device__ __forceinline__ void advance(Cursor& p, const Geometry& g) {
-    const u64 plane = (u64)g.height * g.width;
+__device__ __forceinline__ void advance(Cursor& p, const Geometry& g, const Strides& st) {
     if (COLUMNS) {
         p.x += g.sw;
         if (++p.ox < g.out_w) return;
@@ -58,35 +62,39 @@ __device__ __forceinline__ void advance(Cursor& p, const Geometry& g) {
         if (++p.j < (u32)g.kw) return;
         p.j = 0; p.x -= g.kw * g.dw; p.y += g.dh;
         if (++p.i < (u32)g.kh) return;
-        p.i = 0; p.y -= g.kh * g.dh; p.plane += plane;  // the next channel, or the next sample's first
-        if (++p.c == g.channels) p.c = 0;
+        p.i = 0; p.y -= g.kh * g.dh; p.plane += st.c;  // the next channel, or the next sample's first
+        if (++p.c == g.channels) {
+            p.c = 0;
+            p.plane += st.b - (u64)g.channels * st.c;
+        }
     } else {
         p.x += g.dw;
         if (++p.j < (u32)g.kw) return;
         p.j = 0; p.x -= g.kw * g.dw; p.y += g.dh;
         if (++p.i < (u32)g.kh) return;
-        p.i = 0; p.y -= g.kh * g.dh; p.plane += plane;
+        p.i = 0; p.y -= g.kh * g.dh; p.plane += st.c;
         if (++p.c < g.channels) return;
-        p.c = 0; p.plane -= g.channels * plane; p.x += g.sw;
+        p.c = 0; p.plane -= (u64)g.channels * st.c; p.x += g.sw;
         if (++p.ox < g.out_w) return;
         p.ox = 0; p.x -= g.out_w * g.sw; p.y += g.sh;
         if (++p.oy < g.out_h) return;
-        p.oy = 0; p.y -= g.out_h * g.sh; p.plane += g.channels * plane;
+        p.oy = 0; p.y -= g.out_h * g.sh; p.plane += st.b;
     }
 }
 
 template <typename T, bool COLUMNS>
-__device__ __forceinline__ void im2col_body(const T* __restrict__ x, Geometry g, u32 total, T* __restrict__ out) {
+__device__ __forceinline__ void im2col_body(const T* __restrict__ x, Geometry g, Strides st, u32 total,
+                                            T* __restrict__ out) {
     constexpr int VEC = 16 / sizeof(T);
     const u32 first = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (first >= total) return;
-    Cursor p = cursor_at<COLUMNS>(first, g);
+    Cursor p = cursor_at<COLUMNS>(first, g, st);
     union { uint4 vector; T lane[VEC]; } values;
     #pragma unroll
     for (int v = 0; v < VEC; ++v) {
         const bool inside = (u32)p.y < g.height && (u32)p.x < g.width;
-        values.lane[v] = inside ? __ldg(x + p.plane + (u32)p.y * g.width + (u32)p.x) : T(0);
-        if (v + 1 < VEC) advance<COLUMNS>(p, g);
+        values.lane[v] = inside ? __ldg(x + p.plane + (u64)p.y * st.y + (u64)p.x * st.x) : T(0);
+        if (v + 1 < VEC) advance<COLUMNS>(p, g, st);
     }
     if (first + VEC <= total) {
         *reinterpret_cast<uint4*>(out + first) = values.vector;
@@ -98,9 +106,9 @@ __device__ __forceinline__ void im2col_body(const T* __restrict__ x, Geometry g,
 #define IM2COL(NAME, T, COLUMNS)                                                                               \
     extern "C" __global__ void __launch_bounds__(256)                                                          \
         NAME(const T* x, u32 channels, u32 height, u32 width, u32 out_h, u32 out_w, int kh, int kw, int ph,      \
-             int pw, int dh, int dw, int sh, int sw, u32 total, T* out) {                                      \
+             int pw, int dh, int dw, int sh, int sw, u32 sb, u32 sc, u32 sy, u32 sx, u32 total, T* out) {      \
         const Geometry g{channels, height, width, out_h, out_w, kh, kw, ph, pw, dh, dw, sh, sw};                \
-        im2col_body<T, COLUMNS>(x, g, total, out);                                                             \
+        im2col_body<T, COLUMNS>(x, g, Strides{sb, sc, sy, sx}, total, out);                                    \
     }
 
 IM2COL(im2col_rows_i8, signed char, false)
@@ -114,18 +122,32 @@ IM2COL(im2col_columns_f32, float, true)
 // returns the interior's view) or, with `keep`, the contiguous (B, C, H, W) (oph = opw = 0). A thread owns one
 // interior element (b, c, y, x): it starts from +0 and adds the contributions of the kernel offsets (i, j) in
 // row-major order, one rounding each, as the reference's sequence of adds into strided views does; where `keep`
-// (bool, (B, C, H, W) contiguous) is given, the sum is multiplied by it, as the layers' straight-through estimator
-// does (g * keep, whose result is contiguous too).
+// (bool, (B, C, H, W), any strides) is given, the sum is multiplied by it, as the layers' straight-through
+// estimator does (g * keep, written contiguous whatever keep's layout).
 // A warp holds `lanes` consecutive channels (lane % lanes) of 32 / lanes consecutive positions (lane / lanes), so
 // that its loads of one offset fall on a few lines of the positions' K-rows (one channel a warp, 32 positions,
 // touched 32 lines a load: kernel_notes v20). Grid: y = sample, x = CTAs over its (channel block, position block)
 // warps. UNIT: stride 1, where the output position of an offset needs no division.
 
+// The straight-through estimator's mask (bool, (B, C, H, W) in any layout: its element (b, c, y, x) at
+// b * sb + c * sc + y * sy + x * sx), or none: g * keep as the reference multiplies it.
+struct Mask {
+    const unsigned char* __restrict__ keep;
+    u32 sb, sc, sy, sx;
+
+    __device__ __forceinline__ float apply(float g, u32 b, u32 c, u32 y, u32 x) const {
+        if (keep == nullptr) return g;
+        return __fmul_rn(g, keep[(u64)b * sb + (u64)c * sc + (u64)y * sy + (u64)x * sx] ? 1.0f : 0.0f);
+    }
+};
+#define MASK_ARGS const unsigned char *keep, u32 keep_b, u32 keep_c, u32 keep_y, u32 keep_x
+#define MASK Mask{keep, keep_b, keep_c, keep_y, keep_x}
+
 template <bool UNIT>
 __device__ __forceinline__ void col2im_body(const float* __restrict__ rows, u32 channels, u32 height, u32 width,
                                             u32 out_h, u32 out_w, int kh, int kw, int ph, int pw, int dh, int dw,
-                                            int sh, int sw, u32 lanes, const unsigned char* __restrict__ keep,
-                                            int oph, int opw, float* __restrict__ out) {
+                                            int sh, int sw, u32 lanes, const Mask mask, int oph, int opw,
+                                            float* __restrict__ out) {
     const u32 lane = threadIdx.x & 31, per_warp = 32 / lanes;
     const u32 positions = height * width;
     const u32 cblocks = (channels + lanes - 1) / lanes, pblocks = (positions + per_warp - 1) / per_warp;
@@ -156,16 +178,15 @@ __device__ __forceinline__ void col2im_body(const float* __restrict__ rows, u32 
         }
     }
     const u64 at = (((u64)b * channels + c) * (height + 2 * oph) + y + oph) * (width + 2 * opw) + x + opw;
-    out[at] = keep == nullptr ? acc : __fmul_rn(acc, keep[at] ? 1.0f : 0.0f);  // the reference's g * keep
+    out[at] = mask.apply(acc, b, c, y, x);
 }
 
 #define COL2IM(NAME, UNIT)                                                                                    \
     extern "C" __global__ void NAME(const float* rows, u32 channels, u32 height, u32 width, u32 out_h,       \
                                     u32 out_w, int kh, int kw, int ph, int pw, int dh, int dw, int sh,        \
-                                    int sw, u32 lanes, const unsigned char* keep, int oph, int opw,           \
-                                    float* out) {                                                             \
+                                    int sw, u32 lanes, MASK_ARGS, int oph, int opw, float* out) {             \
         col2im_body<UNIT>(rows, channels, height, width, out_h, out_w, kh, kw, ph, pw, dh, dw, sh, sw, lanes,   \
-                          keep, oph, opw, out);                                                               \
+                          MASK, oph, opw, out);                                                               \
     }
 
 COL2IM(col2im_f32, false)
@@ -206,7 +227,7 @@ __device__ __forceinline__ void col2im_int_matmul_body(
     const signed char* __restrict__ G, u32 g_batch, u32 g_row, const signed char* __restrict__ W, u32 w_row,
     int tile_steps, int limit, const float* __restrict__ sa, u32 sa_batch, u32 sa_row, const float* __restrict__ sb,
     u32 sb_col, float block_inv, u32 channels, u32 height, u32 width, u32 out_h, u32 out_w, int kh, int kw, int ph,
-    int pw, int dh, int dw, int sh, int sw, const unsigned char* __restrict__ keep, int oph, int opw,
+    int pw, int dh, int dw, int sh, int sw, const Mask mask, int oph, int opw,
     float* __restrict__ out, u64* __restrict__ count, u64* __restrict__ seen, u64 sums) {
     const u32 padded_w = width + 2 * pw, plane = (height + 2 * ph) * padded_w;
     const u32 index = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
@@ -262,7 +283,7 @@ __device__ __forceinline__ void col2im_int_matmul_body(
             const u64 plane_at = (u64)b * channels + c0 + cc;
             const u64 o = (plane_at * (height + 2 * oph) + y + oph) * (width + 2 * opw) + x + opw;
             const float v = acc[cc];
-            out[o] = keep == nullptr ? v : __fmul_rn(v, keep[(plane_at * height + y) * width + x] ? 1.0f : 0.0f);
+            out[o] = mask.apply(v, b, c0 + cc, (u32)y, (u32)x);
         }
     }
     if (limit > 0) {
@@ -278,11 +299,10 @@ __device__ __forceinline__ void col2im_int_matmul_body(
         const signed char* G, u32 g_batch, u32 g_row, const signed char* W, u32 w_row, int tile_steps,        \
         int limit, const float* sa, u32 sa_batch, u32 sa_row, const float* sb, u32 sb_col, float block_inv,   \
         u32 channels, u32 height, u32 width, u32 out_h, u32 out_w, int kh, int kw, int ph, int pw, int dh,    \
-        int dw, int sh, int sw, const unsigned char* keep, int oph, int opw, float* out, u64* count, u64* seen, \
-        u64 sums) {                                                                                           \
+        int dw, int sh, int sw, MASK_ARGS, int oph, int opw, float* out, u64* count, u64* seen, u64 sums) {   \
         col2im_int_matmul_body<STEPS, CPT, UNIT>(G, g_batch, g_row, W, w_row, tile_steps, limit, sa, sa_batch,  \
                                                  sa_row, sb, sb_col, block_inv, channels, height, width, out_h, \
-                                                 out_w, kh, kw, ph, pw, dh, dw, sh, sw, keep, oph, opw, out,    \
+                                                 out_w, kh, kw, ph, pw, dh, dw, sh, sw, MASK, oph, opw, out,    \
                                                  count, seen, sums);                                          \
     }
 // Named col2im_int_matmul_<O>_c<CPT>[_unit]: O = 16 STEPS, CPT channels a thread, stride 1.

@@ -16,9 +16,18 @@ def _conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dila
             rt.i32(ph), rt.i32(pw), rt.i32(dh), rt.i32(dw), rt.i32(sh), rt.i32(sw))
 
 
+def _mask_args(keep: torch.Tensor | None) -> tuple:
+    """im2col.cu's MASK_ARGS: the estimator's mask and its strides (any layout)."""
+    strides = (0,) * 4 if keep is None else keep.stride()
+    return (rt.ptr(keep), *(rt.u32(s) for s in strides))
+
+
 def im2col(x: torch.Tensor, kernel_size, padding, dilation, stride, columns: bool, out_size) -> torch.Tensor:
     """As `hdqt_cil.quant.im2col.im2col` (a copy: the same bits by construction), in one launch: a thread writes
-    16 consecutive bytes of the output, gathering its inputs (im2col.cu). `out_size`: the convolution's
+    16 consecutive bytes of the output, gathering its inputs (im2col.cu). Rows (K = channel, kh, kw fastest)
+    read x in its own layout, the channels-last levels of a BatchNorm's output included; columns step along an
+    input row (out_w fastest), which only a contiguous x gives consecutive addresses, so they read a contiguous
+    copy (of int8 levels, a quarter of the float input's copy it replaces). `out_size`: the convolution's
     (out_h, out_w) (the reference's conv_output_size). int8 and float32; other dtypes and sizes past 32-bit
     indices are not covered."""
     rt.require_cuda(x)
@@ -29,13 +38,13 @@ def im2col(x: torch.Tensor, kernel_size, padding, dilation, stride, columns: boo
     if x.dtype not in _IM2COL_TYPES or total == 0 or total >= rt.MAX_ELEMENTS or x.numel() >= rt.MAX_ELEMENTS:
         raise rt.NotCovered(f"im2col of a {x.dtype} tensor of shape {tuple(x.shape)}")
     with rt.on_device(x):
-        src = x.contiguous()
+        x = x.contiguous() if columns else x
         out = rt.empty((batch, k, positions) if columns else (batch, positions, k), x.dtype, x.device)
         per_thread = 16 // x.element_size()
         name = f"im2col_{'columns' if columns else 'rows'}_{_IM2COL_TYPES[x.dtype]}"
         rt.launch(rt.function("im2col.cu", name), (-(-total // (256 * per_thread)),), (256,),
-                  (rt.ptr(src), *_conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dilation,
-                                            stride), rt.u32(total), rt.ptr(out)))
+                  (rt.ptr(x), *_conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dilation,
+                                          stride), *(rt.u32(s) for s in x.stride()), rt.u32(total), rt.ptr(out)))
     return out
 
 
@@ -47,8 +56,7 @@ def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride, 
     """As `hdqt_cil.quant.im2col.col2im`, bit for bit and in its layout (a view of a padded buffer): one thread per
     input element adds its patches' contributions in the reference's order (im2col.cu), where the reference adds
     kh·kw strided views one after the other; a warp holds COL2IM_LANES channels of a few positions. `out_size` as
-    in im2col. `keep`: a contiguous bool mask of x_shape, multiplied in: col2im(...) * keep, contiguous as that
-    product is."""
+    in im2col. `keep`: a bool mask of x_shape (any layout), multiplied in: col2im(...) * keep, contiguous."""
     rt.require_cuda(rows)
     (ph, pw), (sh, sw) = padding, stride
     batch, channels, height, width = x_shape
@@ -59,8 +67,8 @@ def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride, 
     if (batch * channels * positions == 0 or rows.numel() >= rt.MAX_ELEMENTS or batch > 65535  # the grid's y
             or warps * 32 >= rt.MAX_ELEMENTS):
         raise rt.NotCovered(f"col2im into shape {tuple(x_shape)}")
-    if keep is not None and (keep.dtype != torch.bool or keep.shape != tuple(x_shape) or not keep.is_contiguous()):
-        raise rt.NotCovered(f"a keep mask {keep.dtype} {tuple(keep.shape)} {keep.stride()}")
+    if keep is not None and (keep.dtype != torch.bool or keep.shape != tuple(x_shape)):
+        raise rt.NotCovered(f"a keep mask {keep.dtype} {tuple(keep.shape)}")
     with rt.on_device(rows):
         src = rows.to(torch.float32).contiguous()
         oph, opw = (0, 0) if keep is not None else (ph, pw)
@@ -68,7 +76,7 @@ def col2im(rows: torch.Tensor, x_shape, kernel_size, padding, dilation, stride, 
         name = "col2im_f32_unit" if (sh, sw) == (1, 1) else "col2im_f32"
         rt.launch(rt.function("im2col.cu", name), (-(-warps // 8), batch), (256,),
                   (rt.ptr(src), *_conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dilation,
-                                            stride), rt.u32(lanes), rt.ptr(keep), rt.i32(oph), rt.i32(opw),
+                                            stride), rt.u32(lanes), *_mask_args(keep), rt.i32(oph), rt.i32(opw),
                    rt.ptr(out)))
     return out[:, :, oph:oph + height, opw:opw + width]
 
@@ -95,7 +103,7 @@ def col2im_int_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
             or a.shape != (batch, positions, o) or max(a.stride(0), b.stride(-1) * k) >= 2**32
             or k != channels * kh * kw or batch > 65535 or channels * plane >= rt.MAX_ELEMENTS
             or o * float(bounds[0]) * float(bounds[1]) >= 2**31
-            or (keep is not None and (keep.shape != tuple(x_shape) or not keep.is_contiguous()))):
+            or (keep is not None and (keep.dtype != torch.bool or keep.shape != tuple(x_shape)))):
         raise rt.NotCovered(f"a convolution's input gradient from operands {tuple(a.shape)} {tuple(b.shape)}")
     limit = 0 if acc_bits is None or acc_bits >= 32 else 2 ** (acc_bits - 1) - 1
     sa = scale_a.float().expand(batch, positions, 1)
@@ -114,6 +122,6 @@ def col2im_int_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
                    rt.i32(tile_steps), rt.i32(limit), rt.ptr(sa), rt.u32(sa.stride(0)), rt.u32(sa.stride(1)),
                    rt.ptr(sb), rt.u32(sb.stride(-1)), rt.f32(1.0 / block),
                    *_conv_args(channels, height, width, out_h, out_w, kernel_size, padding, dilation, stride),
-                   rt.ptr(keep), rt.i32(oph), rt.i32(opw), rt.ptr(out), rt.ptr(counter), rt.ptr(seen),
+                   *_mask_args(keep), rt.i32(oph), rt.i32(opw), rt.ptr(out), rt.ptr(counter), rt.ptr(seen),
                    rt.u64(sums)))
     return out[:, :, oph:oph + height, opw:opw + width]

@@ -10,8 +10,8 @@
 // absmax_*: max|t| per group (as the bits of |t|: unsigned order = float order for non-negative floats, and a NaN
 //           compares above +inf, so a NaN propagates into the scale as in torch.amax), and whether any element is
 //           negative (signedness 'auto').
-// quantize_*: s = (max * clip) / qmax (or a given scale), v = t / s, rounding, clamp, int8 levels; the thread that
-//           owns a group's first element writes the group's scale.
+// quantize_*: s = (max * clip) / qmax, or SAWB's from max|t| and the caller's float sums; v = t / s, rounding,
+//           clamp, int8 levels; the thread that owns a group's first element writes the group's scale.
 // hadamard_*: the transform alone, float32 out.
 // group_*: max, scale and levels of groups of up to 32K elements in one pass (a CTA a group).
 // *_stats_*: a forward operand's quantizer, which also counts the values its clamp changes and writes the
@@ -377,16 +377,27 @@ __device__ __forceinline__ void quantize8(const float v[8], const Divider& divid
     if (STATS) st.add8(v, quotient, low, high, i0, stop, vec);
 }
 
-// A group's scale from its max|t|: (max * clip) / high (the largest level), 1 where that is 0 (an all-zero group).
-__device__ __forceinline__ float max_scale(float peak, float clip, float high) {
-    const float s = __fdiv_rn(__fmul_rn(peak, clip), high);
+// A group's scale from its clip value: clip / high (the largest level), 1 where that is 0 (an all-zero group).
+__device__ __forceinline__ float scale_of_clip(float clip_value, float high) {
+    const float s = __fdiv_rn(clip_value, high);
     return s == 0.0f ? 1.0f : s;
 }
 
-// sign_mode: 0 signed, 1 unsigned, 2 auto (*neg_flag). With scale_in, the scales are given (SAWB); else from peaks.
+// SAWB's clip value (quantizers._scale) from max|t| and the caller's float sums E[t²], E|t|: alpha = 12.1 rms -
+// 12.2 E|t|, doubled on an unsigned grid, min(alpha, peak) where alpha > 0 (a NaN peak kept, as torch.minimum
+// keeps it), else the peak. One rounding an operation, as torch's separate ops.
+__device__ __forceinline__ float sawb_clip(float peak, float mean_square, float mean_abs, bool is_signed) {
+    float alpha = __fsub_rn(__fmul_rn(12.1f, __fsqrt_rn(mean_square)), __fmul_rn(12.2f, mean_abs));
+    alpha = __fmul_rn(alpha, is_signed ? 1.0f : 2.0f);
+    if (!(alpha > 0.0f) || isnan(peak)) return peak;
+    return fminf(alpha, peak);
+}
+
+// sign_mode: 0 signed, 1 unsigned, 2 auto (*neg_flag). With moments (SAWB: E[t²] of the G groups, then E|t|), the
+// scales are SAWB's; else (max * clip) / high.
 template <typename T, int HAD, int ROUNDS, int ROUNDING, bool STATS>
 __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el, u32 G, u32 range, int logn,
-                                              const u32* __restrict__ peaks, const float* __restrict__ scale_in,
+                                              const u32* __restrict__ peaks, const float* __restrict__ moments,
                                               const u32* __restrict__ neg_flag, int sign_mode, float signed_max,
                                               float unsigned_max, float clip, u32 key,
                                               signed char* __restrict__ out, float* __restrict__ scale_out,
@@ -401,8 +412,10 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
     const float high = is_signed ? signed_max : unsigned_max;
     const float low = is_signed ? -signed_max : 0.0f;
     const auto scale_of = [&](u32 g) {
-        if (scale_in != nullptr) return scale_in[g];
-        return max_scale(__uint_as_float(peaks[g]), clip, high);
+        const float peak = __uint_as_float(peaks[g]);
+        if (moments != nullptr)
+            return scale_of_clip(sawb_clip(peak, moments[g], moments[n_el / G + g], is_signed), high);
+        return scale_of_clip(__fmul_rn(peak, clip), high);
     };
     u32 group = NO_GROUP;
     Divider divider(1.0f);
@@ -518,7 +531,7 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
     const bool is_signed = sign_mode == 0 || (sign_mode == 2 && any_negative);
     const float high = is_signed ? signed_max : unsigned_max;
     const float low = is_signed ? -signed_max : 0.0f;
-    const float s = max_scale(peak, clip, high);
+    const float s = scale_of_clip(__fmul_rn(peak, clip), high);
     if (threadIdx.x == 0) report_scale(s, g, scale_out, worst);
     const Divider divider(s);
     each_run<ROUNDS>(first, stop, [&](int r, u32 i0) {
@@ -542,12 +555,12 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
 #define REPORT_ARGS u32 *worst, u64 *clipped, u64 *seen, unsigned char *keep, int ste, float threshold
 #define QUANTIZE(NAME, T, HAD, ROUNDS, ROUNDING, STATS)                                                       \
     extern "C" __global__ void NAME(const T* x, u32 n_el, u32 G, u32 range, int logn, const u32* peaks,      \
-                                    const float* scale_in, const u32* neg_flag, int sign_mode,                \
+                                    const float* moments, const u32* neg_flag, int sign_mode,                \
                                     float signed_max, float unsigned_max, float clip, u32 seed, u32 role,     \
                                     const long long* step_at, u32 step, signed char* out, float* scale_out,   \
                                     REPORT_ARGS) {                                                            \
         Stats st = {keep, ste, threshold, 0u};                                                                \
-        quantize_body<T, HAD, ROUNDS, ROUNDING, STATS>(x, n_el, G, range, logn, peaks, scale_in, neg_flag,    \
+        quantize_body<T, HAD, ROUNDS, ROUNDING, STATS>(x, n_el, G, range, logn, peaks, moments, neg_flag,    \
                                         sign_mode, signed_max, unsigned_max, clip,                            \
                                         counter_key(seed, role, step_at, step), out, scale_out, worst, st,   \
                                         clipped, seen);                                                       \

@@ -65,12 +65,12 @@ def _report_args(worst: torch.Tensor | None, stats: Stats | None, keep: torch.Te
             rt.i32(STES[stats.ste]), rt.f32(stats.threshold))
 
 
-def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, given_scale: torch.Tensor | None,
+def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, moments: torch.Tensor | None,
                    worst: torch.Tensor | None = None, stats: Stats | None = None):
     """levels (int8, `shape`), scale and the keep mask (bool, or None) of the flat tensor x (already contiguous),
-    transformed first when logn. `given_scale`: the scale of a rule other than max (SAWB), computed by the caller;
-    the kernels round with it. `worst`: a float32 slot raised to the largest scale; `stats` (float32 input, no
-    transform): the forward operand's statistics and mask."""
+    transformed first when logn. `moments`: for a SAWB scale, the caller's (2, groups) float32 sums (mean t²,
+    mean |t|) from which the kernels finish the rule. `worst`: a float32 slot raised to the largest scale;
+    `stats` (float32 input, no transform): the forward operand's statistics and mask."""
     n_el = x.numel()
     scale_shape = spec.scale_shape(shape)
     groups = math.prod(scale_shape)
@@ -107,47 +107,69 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, given_scale
     rt.launch(absmax, (ctas,), (threads,),
               (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks), rt.ptr(negative)),
               smem)
-    if spec.scale == "max":
-        scale, scale_in = rt.empty(groups, torch.float32, device), None
-    else:
-        scale = scale_in = given_scale.to(torch.float32).reshape(-1).contiguous()
+    scale = rt.empty(groups, torch.float32, device)
+    moments = None if spec.scale == "max" else moments.to(torch.float32).reshape(2, groups).contiguous()
     rt.launch(quantize_levels, (ctas,), (threads,),
               (rt.ptr(x), rt.u32(n_el), rt.u32(group), rt.u32(span), rt.i32(logn), rt.ptr(peaks),
-               rt.ptr(scale_in), rt.ptr(negative), rt.i32(sign_mode), rt.f32(spec.signed_max),
-               rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key, rt.ptr(levels),
-               rt.ptr(None if scale_in is not None else scale), *report),
+               rt.ptr(moments), rt.ptr(negative), rt.i32(sign_mode), rt.f32(spec.signed_max),
+               rt.f32(spec.unsigned_max), rt.f32(spec.clip), *key, rt.ptr(levels), rt.ptr(scale), *report),
               smem)
     return levels, scale.view(scale_shape), keep
 
 
-def _needs_scale(spec, scale) -> None:
-    if spec.scale != "max" and scale is None:
-        raise ValueError(f"the kernels take a {spec.scale} scale from the caller (hdqt_cil.quant.compute_scale)")
+def _storage_order(t: torch.Tensor, spec) -> tuple[int, ...] | None:
+    """The order of t's dims that lists its memory as it lies, where quantizing the memory in that order gives the
+    levels of t's own order: one scale for the whole tensor, nearest rounding (stochastic rounding draws its bits
+    by logical index), a dense layout other than contiguous (a BatchNorm's channels-last output).
+    None otherwise: the kernels read a contiguous copy."""
+    if t.is_contiguous() or spec.granularity != "tensor" or spec.rounding != "nearest":
+        return None
+    order = tuple(sorted(range(t.dim()), key=lambda d: -t.stride(d)))
+    return order if t.permute(order).is_contiguous() else None
 
 
-def quantize(t: torch.Tensor, spec, counter=None, scale: torch.Tensor | None = None,
+def _quantize_in_place_order(t: torch.Tensor, spec, counter, moments, worst, stats=None):
+    """_quantize_flat of t read in its memory's order where _storage_order allows it (no copy of t), the levels and
+    keep mask returned in t's shape with t's layout; of a contiguous copy otherwise."""
+    order = _storage_order(t, spec)
+    if order is None:
+        return _quantize_flat(rt.flat_input(t), t.shape, spec, counter, 0, moments, worst, stats)
+    lying = t.permute(order)
+    levels, scale, keep = _quantize_flat(rt.flat_input(lying), lying.shape, spec, counter, 0, moments, worst, stats)
+    back = tuple(order.index(d) for d in range(t.dim()))
+    return levels.permute(back), scale, None if keep is None else keep.permute(back)  # one scale: shape (1,) * dim
+
+
+def _needs_moments(spec, moments) -> None:
+    if spec.scale != "max" and moments is None:
+        raise ValueError(f"the kernels take a {spec.scale} scale's float sums from the caller "
+                         "(hdqt_cil.quant.quantizers.sawb_moments)")
+
+
+def quantize(t: torch.Tensor, spec, counter=None, moments: torch.Tensor | None = None,
              worst: torch.Tensor | None = None):
     """(int8 levels, float32 scale) as `hdqt_cil.quant.quantize`. `counter`: the random bits' key of stochastic
-    rounding; `scale`: for a scale rule other than max (SAWB), the reference's scale of `t`; `worst`: a float32
+    rounding; `moments`: for a SAWB scale, the (2, groups) float32 (mean t², mean |t|) of the reference's
+    `sawb_moments` on `t`; `worst`: a float32
     slot raised to the largest scale (a NaN or Inf in t reaches it)."""
     rt.require_cuda(t)
     _check_covered(t, spec)
-    _needs_scale(spec, scale)
+    _needs_moments(spec, moments)
     with rt.on_device(t):
-        return _quantize_flat(rt.flat_input(t), t.shape, spec, counter, 0, scale, worst)[:2]
+        return _quantize_in_place_order(t, spec, counter, moments, worst)[:2]
 
 
-def forward_quantize(t: torch.Tensor, spec, counter, scale: torch.Tensor | None, stats: Stats,
+def forward_quantize(t: torch.Tensor, spec, counter, moments: torch.Tensor | None, stats: Stats,
                      worst: torch.Tensor | None = None):
     """quantize(t, ...) and, in the same pass, a forward operand's statistics and keep mask (`Stats`): (levels,
     scale, keep or None). float32 input only (the forward's operands); other dtypes are NotCovered."""
     rt.require_cuda(t)
     _check_covered(t, spec)
-    _needs_scale(spec, scale)
+    _needs_moments(spec, moments)
     if t.dtype != torch.float32 or spec.grid != "uniform":
         raise rt.NotCovered(f"forward statistics of a {t.dtype} tensor on a {spec.grid} grid")
     with rt.on_device(t):
-        return _quantize_flat(rt.flat_input(t), t.shape, spec, counter, 0, scale, worst, stats)
+        return _quantize_in_place_order(t, spec, counter, moments, worst, stats)
 
 
 def hadamard_quantize(x: torch.Tensor, spec, counter, block: int, dim: int = -1, worst: torch.Tensor | None = None):

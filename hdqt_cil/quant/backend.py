@@ -19,7 +19,8 @@ from .. import kernels
 from .hadamard import block_hadamard, checked_block
 from .im2col import col2im, conv_output_size, im2col
 from .intmm import check_product, epilogue_block, sum_entries, tile_sums, tiled_int_matmul
-from .quantizers import compute_scale, quantize, require_counter, ste_keep, ste_threshold, within_levels
+from .quantizers import (quantize, reduction_dims, require_counter, sawb_moments, ste_keep, ste_threshold,
+                         within_levels)
 
 
 def _raise_worst(worst, scale) -> None:
@@ -107,21 +108,25 @@ def _as_float(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype == torch.int8 else t
 
 
-def _given_scale(t, spec):
-    """The scale the kernels take from the caller: SAWB's, from torch's float sums on t as given (max: None)."""
-    return None if spec.scale == "max" else compute_scale(t, spec)
+def _given_moments(t, spec):
+    """What the kernels take from the caller for a SAWB scale: torch's float sums on t as given, one (2, groups)
+    tensor of (mean t², mean |t|) (max: None)."""
+    if spec.scale == "max":
+        return None
+    moments = sawb_moments(t.to(torch.float32), reduction_dims(t.dim(), spec.granularity))
+    return torch.stack([m.reshape(-1) for m in moments])
 
 
 def _kernel_quantize(t, spec, counter=None, worst=None):
     require_counter(spec, counter)
-    return _covered(lambda: kernels.quantize(t, spec, counter, _given_scale(t, spec), worst),
+    return _covered(lambda: kernels.quantize(t, spec, counter, _given_moments(t, spec), worst),
                     lambda: reported_quantize(t, spec, counter, worst))
 
 
 def _kernel_forward_quantize(t, spec, counter, ste, tally, worst=None):
     require_counter(spec, counter)
     stats = kernels.Stats(tally, ste, ste_threshold(spec))
-    return _covered(lambda: kernels.forward_quantize(t, spec, counter, _given_scale(t, spec), stats, worst),
+    return _covered(lambda: kernels.forward_quantize(t, spec, counter, _given_moments(t, spec), stats, worst),
                     lambda: forward_quantize(t, spec, counter, ste, tally, worst))
 
 

@@ -121,13 +121,21 @@ def _scale(t: torch.Tensor, spec: QuantSpec, signed: torch.Tensor, high: torch.T
     if spec.scale == "max":
         clip_value = peak * torch.tensor(spec.clip, dtype=torch.float32)
     else:
-        rms = t.square().mean(dim=dims, keepdim=True).sqrt() if dims else t.abs()
-        mean_abs = t.abs().mean(dim=dims, keepdim=True) if dims else t.abs()
+        mean_square, mean_abs = sawb_moments(t, dims)
+        rms = mean_square.sqrt() if dims else t.abs()
         alpha = torch.tensor(SAWB_C1, dtype=torch.float32) * rms - torch.tensor(SAWB_C2, dtype=torch.float32) * mean_abs
         alpha = alpha * torch.where(signed, 1.0, 2.0)
         clip_value = torch.where(alpha > 0, torch.minimum(alpha, peak), peak)
     scale = clip_value / high
     return torch.where(scale == 0, torch.ones_like(scale), scale)
+
+
+def sawb_moments(t: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean of t², mean of |t|) over `dims`, kept: the float sums SAWB's clip is made of (torch's reductions; the
+    kernels take them from here and apply the rest of the rule themselves)."""
+    if not dims:
+        return t.square(), t.abs()
+    return t.square().mean(dim=dims, keepdim=True), t.abs().mean(dim=dims, keepdim=True)
 
 
 def level_range(t: torch.Tensor, spec: QuantSpec) -> tuple:
