@@ -14,6 +14,7 @@ from hdqt_cil.experiment import run
 from hdqt_cil.models import build_model
 from hdqt_cil.quant import NonFiniteError, layer_steps, preset, quant_stats, quantize_model
 from hdqt_cil.graph_replay import CapturedInference, CapturedTraining
+from hdqt_cil.trainer.cuda_graphs import CudaGraphPlugin
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -176,6 +177,41 @@ def test_captured_inference_equals_the_eager_forward(scheme_name):
     wrapped.check()
 
 
+class _Strategy:
+    """What CudaGraphPlugin reads of an avalanche strategy: the model, the phase, the minibatch and `forward`."""
+    is_training, plugins = False, []
+
+    def __init__(self, model):
+        self.model = model
+
+    def forward(self):
+        return self.model(self.mb_x)
+
+
+def test_evaluation_runs_from_graphs_and_hands_the_forward_back():
+    """Evaluation inside and outside a training experience goes through the graphs with the eager bits; the
+    strategy's own forward comes back when neither phase is on (checkpoints pickle it)."""
+    model = make_model("resnet32", "hdqt")
+    strategy, plugin = _Strategy(model), CudaGraphPlugin()
+    g = torch.Generator(device="cuda").manual_seed(9)
+    for training_phase in (False, True):
+        if training_phase:
+            plugin.before_training_exp(strategy)
+        plugin.before_eval(strategy)
+        inference = plugin.inference
+        model.eval()
+        with torch.no_grad():
+            for batch in (16, 16, 5):
+                strategy.mb_x = torch.randn(batch, 3, 32, 32, generator=g, device="cuda")
+                assert torch.equal(strategy.forward(), model(strategy.mb_x)), batch
+        assert inference.replays == 3 and len(inference.graphs) == 2
+        plugin.after_eval(strategy)
+        assert ("forward" in vars(strategy)) == training_phase and plugin.inference is None
+        if training_phase:
+            plugin.after_training_exp(strategy)
+        assert "forward" not in vars(strategy)
+
+
 @pytest.mark.parametrize("strategy,quant,extra", [
     ("lwf", "hdqt", []), ("icarl", "hdqt", []), ("icarl", "hdqt", ["strategy.loss=bce", "strategy.eval_head=nme"]),
     ("bic", "hdqt", ["strategy.stage_2_epochs=2"]), ("bic", "hot", ["strategy.stage_2_epochs=2"]),
@@ -193,6 +229,7 @@ def test_experiment_with_cuda_graphs_gives_the_same_results(make_cfg, tmp_path, 
     np.testing.assert_array_equal(np.array(graphed["acc_matrix"], dtype=float),
                                   np.array(eager["acc_matrix"], dtype=float))
     assert graphed["train_loss"] == eager["train_loss"]
+    assert graphed["class_acc"] == eager["class_acc"]
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

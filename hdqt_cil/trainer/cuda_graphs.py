@@ -1,13 +1,14 @@
 """trainer.cuda_graph: every training iteration's forward and backward replayed from CUDA graphs (graph_replay.py),
-and the forward of the old model that LwF, iCaRL and BiC distil from.
+and the forwards of evaluation and of the old model that LwF, iCaRL and BiC distil from.
 
-The strategy's `forward` is routed through `CapturedTraining` for the length of each training experience, and the
-old models the strategy distils from (the plugin attributes it names, e.g. LwFPlugin's `old_model`, BiC's
-`model_old`) through `CapturedInference`;
-both are handed back before the experience's end, so checkpoints pickle plain modules. Eval and BiC's bias stage
-run eagerly as before. A NaN or Inf reaching a quantizer inside a replay cannot raise at once (that would need a
-sync per step): it is checked at each epoch's end, before the divergence monitor and the epoch checkpoint see the
-epoch.
+The strategy's `forward` is routed through `CapturedTraining` for the length of each training experience and
+through `CapturedInference` for the length of each evaluation (an eager quantized forward is bound by the host:
+on a GPU, evaluating a quantized model took longer than training it); the old models the strategy distils from
+(the plugin attributes it names, e.g. LwFPlugin's `old_model`, BiC's `model_old`) go through `CapturedInference`
+too. All are handed back when the experience or the evaluation ends, so checkpoints pickle plain modules. BiC's
+bias stage runs eagerly as before. A NaN or Inf reaching a quantizer inside a replay cannot raise at once (that
+would need a sync per step): it is checked at each training epoch's end, before the divergence monitor and the
+epoch checkpoint see the epoch, and at each evaluation's end.
 """
 from avalanche.core import SupervisedPlugin
 from torch import nn
@@ -21,15 +22,28 @@ class CudaGraphPlugin(SupervisedPlugin):
         super().__init__()
         self.teacher_attributes = teachers
         self.captured: CapturedTraining | None = None
+        self.inference: CapturedInference | None = None
         self.teachers: list[tuple[object, str, CapturedInference]] = []
 
-    def before_training_exp(self, strategy, **kwargs):
-        self.captured = captured = CapturedTraining(strategy.model)
+    def _route(self, strategy) -> None:
+        """strategy.forward through the training or the evaluation graphs, whichever phase is on (once)."""
+        if "forward" in vars(strategy):
+            return
         eager = strategy.forward
 
         def forward():
-            return captured(strategy.mb_x) if strategy.is_training else eager()
+            graphs = self.captured if strategy.is_training else self.inference
+            return eager() if graphs is None else graphs(strategy.mb_x)
         strategy.forward = forward
+
+    def _unroute(self, strategy) -> None:
+        """The class's own forward again once neither phase is on."""
+        if self.captured is None and self.inference is None:
+            del strategy.forward
+
+    def before_training_exp(self, strategy, **kwargs):
+        self.captured = CapturedTraining(strategy.model)
+        self._route(strategy)
         for plugin in strategy.plugins:
             for name in self.teacher_attributes:
                 teacher = getattr(plugin, name, None)
@@ -46,9 +60,19 @@ class CudaGraphPlugin(SupervisedPlugin):
     def after_training_exp(self, strategy, **kwargs):
         self.captured.release()
         self.captured = None
-        del strategy.forward  # the class's own again
+        self._unroute(strategy)
         for plugin, name, wrapped in self.teachers:
             if getattr(plugin, name) is wrapped:  # not yet replaced by this experience's model
                 setattr(plugin, name, wrapped.module)
             wrapped.release()
         self.teachers = []
+
+    def before_eval(self, strategy, **kwargs):
+        self.inference = CapturedInference(strategy.model)
+        self._route(strategy)
+
+    def after_eval(self, strategy, **kwargs):
+        inference, self.inference = self.inference, None
+        self._unroute(strategy)
+        inference.release()
+        inference.check()
