@@ -707,6 +707,33 @@ def test_training_steps_give_the_same_weights(model_name, scheme):
     assert quant_stats(reference) == quant_stats(fast)
 
 
+@pytest.mark.parametrize("scheme", ["hdqt", "int4", "luq"])
+def test_a_resnet_step_runs_the_fused_kernels(scheme, monkeypatch):
+    """Every convolution's input gradient of ResNet-32 (16-64 output channels) is one col2im_int_matmul launch and
+    every forward operand one quantizer pass: a layout an op does not cover would fall back to the reference's
+    composition silently, with the same bits and less speed."""
+    launched, missed = [], []
+
+    def watched(name):
+        kernel = getattr(kernels, name)
+
+        def call(*args, **kwargs):
+            try:
+                out = kernel(*args, **kwargs)
+            except rt.NotCovered as miss:
+                missed.append(f"{name}: {miss}")
+                raise
+            launched.append(name)
+            return out
+        monkeypatch.setattr(kernels, name, call)
+
+    for name in ("col2im_int_matmul", "forward_quantize", "scaled_int_matmul"):
+        watched(name)
+    train_three_steps("resnet32", scheme, "cupy", batch=16)
+    assert not missed, missed[:5]
+    assert launched.count("col2im_int_matmul") == 3 * 30  # every 3x3 conv but the first (no input gradient)
+
+
 def test_fused_ops_match_the_torch_backend():
     from hdqt_cil.quant.backend import TORCH_OPS
 

@@ -128,9 +128,10 @@ def _storage_order(t: torch.Tensor, spec) -> tuple[int, ...] | None:
     return order if t.permute(order).is_contiguous() else None
 
 
-def _quantize_in_place_order(t: torch.Tensor, spec, counter, moments, worst, stats=None):
+def _quantize_in_place_order(t: torch.Tensor, spec, counter, moments, worst, stats):
     """_quantize_flat of t read in its memory's order where _storage_order allows it (no copy of t), the levels and
-    keep mask returned in t's shape with t's layout; of a contiguous copy otherwise."""
+    keep mask returned in t's shape with t's layout; of a contiguous copy otherwise. For the forward's operands
+    only: a backward operand's consumers (the GEMM's packing, col2im_int_matmul) want its levels contiguous."""
     order = _storage_order(t, spec)
     if order is None:
         return _quantize_flat(rt.flat_input(t), t.shape, spec, counter, 0, moments, worst, stats)
@@ -156,7 +157,7 @@ def quantize(t: torch.Tensor, spec, counter=None, moments: torch.Tensor | None =
     _check_covered(t, spec)
     _needs_moments(spec, moments)
     with rt.on_device(t):
-        return _quantize_in_place_order(t, spec, counter, moments, worst)[:2]
+        return _quantize_flat(rt.flat_input(t), t.shape, spec, counter, 0, moments, worst)[:2]
 
 
 def forward_quantize(t: torch.Tensor, spec, counter, moments: torch.Tensor | None, stats: Stats,
