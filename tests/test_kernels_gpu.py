@@ -539,7 +539,8 @@ def test_col2im_of_the_product_bit_identical(x_shape, out_channels, stride, tile
     for (sa, sb), keep in zip(scale_sets, (None, mask, mask.contiguous(memory_format=torch.channels_last))):
         tallies = [torch.full((2,), 2, dtype=torch.int64, device="cuda") for _ in range(2)]
         args = (sa, sb, 16, tile, acc_bits, (7, 7), x_shape, *geometry)
-        got = kernels.col2im_int_matmul(a, w.t(), *args, conv_output_size(x_shape, *geometry), keep, tallies[0])
+        weight = w.t() if keep is None else w.t().contiguous()  # (O, K) rows as the forward's levels: packed first
+        got = kernels.col2im_int_matmul(a, weight, *args, conv_output_size(x_shape, *geometry), keep, tallies[0])
         # a mask in any layout; the gradient comes back contiguous, as the product with a contiguous mask is
         ref = TORCH_OPS.col2im_int_matmul(a.float(), w.t().float(), *args, None if keep is None else keep.contiguous(),
                                           tallies[1])

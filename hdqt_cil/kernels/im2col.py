@@ -86,11 +86,14 @@ def col2im_int_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
                       keep: torch.Tensor | None = None, tally: torch.Tensor | None = None) -> torch.Tensor:
     """col2im(scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits)) (* keep) of quant/backend.py, bit
     for bit and in col2im's layout, in one launch that never writes the (B, L, K) float rows (im2col.cu
-    col2im_int_matmul): a (B, L, O) and b (O, K) int8 levels with O contiguous in both, scale_a broadcastable to
+    col2im_int_matmul): a (B, L, O) and b (O, K) int8 levels, O contiguous in a (b is packed so where it is not: a
+    weight's levels as the forward left them, LUQ's, which its backward takes as they are), scale_a broadcastable to
     (B, L, 1), scale_b to (1, K), `block` a power of two. tally: an int64 (2,) view to which (saturated tile sums,
     tile sums) are added, as the product's. NotCovered for O other than COL2IM_PRODUCT_WIDTHS, a tile that is not
     a multiple of 16, unaligned rows, batched weights, sums beyond int32."""
     rt.require_cuda(a, b)
+    if b.dim() == 2 and b.stride(-2) != 1:  # a weight's levels as the forward left them, (O, K) rows: packed with
+        b = b.t().contiguous().t()  # O contiguous (K·O bytes, a small copy)
     batch, channels, height, width = x_shape
     (kh, kw), (ph, pw) = kernel_size, padding
     out_h, out_w = out_size
