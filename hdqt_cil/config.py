@@ -7,7 +7,7 @@ module holds the settings that belong to the run itself. `register_schemas()` mu
 import re
 from dataclasses import dataclass, fields, is_dataclass
 from difflib import get_close_matches
-from typing import Any, List
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -70,6 +70,11 @@ class RunConfig:
     trainer: Any = MISSING
     cost: Any = MISSING  # the energy table of the cost estimate (configs/cost/)
     seed: int = setting(0, NON_NEGATIVE_INT)
+    # The paper protocol (configs/experiment/*_paper.yaml) the run's settings start from, and its epochs a task:
+    # tables name it, and a run that trains fewer epochs says so at its start.
+    preset: Optional[str] = None
+    preset_epochs: Optional[int] = setting(None, Rule(lambda v: v is None or (isinstance(v, int) and v >= 1),
+                                                      "a positive integer or null"))
     # Appended to the quant folder name, to keep ablations (e.g. quant.acc_bits=12) apart from the defaults.
     tag: str = setting("", Rule(lambda v: "/" not in v, "a string without '/'"))
     results_root: str = "${oc.env:HDQT_RESULTS,outputs}"
@@ -91,7 +96,8 @@ def run_path(benchmark, scenario, model, strategy, quant, tag, seed) -> str:
 
 
 # Keys that may differ between two runs of the same experiment: they change how, not what, is computed.
-RUN_INDEPENDENT = ("overwrite", "resume", "on_divergence", "logging", "results_root", "data_root", "cost")
+RUN_INDEPENDENT = ("overwrite", "resume", "on_divergence", "logging", "results_root", "data_root", "cost", "preset",
+                   "preset_epochs")
 RUN_INDEPENDENT_TRAINER = ("device", "num_workers", "checkpoint_every", "cuda_graph", "deterministic")
 RUN_INDEPENDENT_QUANT = ("sliced_unfold",)  # memory against speed, the same numbers
 

@@ -238,6 +238,10 @@ def _train(cfg, bench, strategy, plugins: RunPlugins, folder: RunFolder, start: 
         torch.cuda.reset_peak_memory_stats(device)
     log.info("%s: %d classes in %d experiences on %s → %s", cfg.benchmark.name, bench.num_classes,
              bench.n_experiences, device, folder.path)
+    schedule, *warnings = plugins.optimizer.describe(cfg.trainer.epochs, cfg.preset, cfg.preset_epochs)
+    log.info(schedule)
+    for line in warnings:
+        log.warning(line)
 
     def write(status, error=None):
         elapsed = start.elapsed_before + time.time() - started

@@ -155,6 +155,34 @@ def test_explicit_milestones_replace_the_scaled_ones(make_cfg):
     assert list(cfg.trainer.milestones) == [4]
 
 
+@pytest.mark.parametrize("overrides, lines", [
+    ([], ["schedule: 100 epochs a task; lr 0.01, ×0.1 after epoch 50"]),
+    (["trainer.epochs=5"], ["schedule: 5 epochs a task, shortened from har_paper's 100; lr 0.01, ×0.1 after epoch 2"]),
+    (["trainer.epochs=5", "trainer.milestones=[3,50]"],
+     ["schedule: 5 epochs a task, shortened from har_paper's 100; lr 0.01, ×0.1 after epoch 3",
+      "trainer.milestones [50] lie at or beyond trainer.epochs=5: the learning rate never drops there within a task "
+      "(set milestones below 5, or [])"]),
+    (["trainer.milestones=[]"], ["schedule: 100 epochs a task; lr 0.01, constant"]),
+])
+def test_a_run_states_its_schedule_and_a_milestone_it_never_reaches(make_cfg, overrides, lines):
+    from hdqt_cil.trainer.optim import PerExperienceSGD
+
+    cfg = make_cfg("+experiment=har_paper", *overrides)
+    t = cfg.trainer
+    described = PerExperienceSGD(t.lr, list(t.milestones), t.gamma).describe(t.epochs, cfg.preset, cfg.preset_epochs)
+    assert described == lines
+
+
+def test_a_preset_names_itself_and_its_label_does_not_split_a_run_folder(make_cfg):
+    from hdqt_cil.config import comparable_config
+
+    cfg = make_cfg("+experiment=cifar10_paper", "trainer.epochs=60")
+    assert (cfg.preset, cfg.preset_epochs, list(cfg.trainer.milestones)) == ("cifar10_paper", 170, [21, 35, 49])
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    unlabelled = {k: v for k, v in plain.items() if k not in ("preset", "preset_epochs")}
+    assert comparable_config(plain) == comparable_config(unlabelled)
+
+
 def test_a_run_folder_written_before_benchmarks_had_loaders_still_matches():
     from hdqt_cil.config import comparable_config
 

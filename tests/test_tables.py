@@ -88,6 +88,28 @@ def test_main_table_puts_schemes_side_by_side_and_ablation_rows_by_setting(tmp_p
     assert (tmp_path / "out" / "ablation.png").stat().st_size > 1000
 
 
+def test_tables_carry_the_schedule_of_their_runs(tmp_path):
+    """Epochs a task and the preset beside every row; a shortened schedule is a row of its own in main.md."""
+    runs = tmp_path / "runs"
+    for epochs, last in ((100, 90.0), (5, 33.8)):
+        tag = "" if epochs == 100 else "short"
+        _run_with_config(runs, f"fp{epochs}", _summary("icarl", "fp32", 0, last, tag=tag),
+                         trainer={"epochs": epochs})
+        config = OmegaConf.load(runs / f"fp{epochs}" / "config.yaml")
+        config.preset = "har_paper"
+        (runs / f"fp{epochs}" / "config.yaml").write_text(OmegaConf.to_yaml(config))
+    table = make_tables([runs], tmp_path / "out", plot=False)
+    assert list(table.preset) == ["har_paper", "har_paper"] and sorted(table.epochs) == ["100", "5"]
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert "| hapt | class | mlp | icarl | fp32 | har_paper | 100 | 100.0 ± 0.0 | 90.0 ± 0.0 |" in md
+    assert "| fp32[short] | har_paper | 5 | 43.8 ± 0.0 | 33.8 ± 0.0 |" in md
+    _run_with_config(runs, "hdqt", _summary("icarl", "hdqt", 0, 88.0), trainer={"epochs": 100})
+    main = (tmp_path / "out2" / "main.md")
+    make_tables([runs], tmp_path / "out2", plot=False)
+    assert main.read_text().splitlines()[2] == ("| hapt | 100 | icarl | 100.0 ± 0.0 | 90.0 ± 0.0 | 5.0 ± 0.0 | "
+                                                "98.0 ± 0.0 | 88.0 ± 0.0 | 5.0 ± 0.0 |")
+
+
 def test_ablation_settings_are_paired_by_seed_against_default_and_fp32_and_same_runs_named(tmp_path):
     runs = tmp_path / "runs"
     for seed in (0, 1, 2):
@@ -146,9 +168,9 @@ def test_runs_differing_in_settings_are_split_and_named_never_averaged(tmp_path)
     assert sorted(table.variant) == ["strategy.loss=bce", "strategy.loss=bce", "strategy.loss=ce_kd"]
     assert sorted(table["last acc"]) == ["60.0 ± 0.0", "70.5 ± 0.7", "85.5 ± 0.7"]   # the device does not split
     main = (tmp_path / "out" / "main.md").read_text()
-    assert ("| hapt | icarl [strategy.loss=bce] | 80.5 ± 0.7 | 70.5 ± 0.7 | 5.0 ± 0.0 | 70.0 ± 0.0 | 60.0 ± 0.0 |"
-            in main)
-    assert "| hapt | icarl [strategy.loss=ce_kd] | 95.5 ± 0.7 | 85.5 ± 0.7 | 5.0 ± 0.0 | – | – | – |" in main
+    assert ("| hapt | 100 | icarl [strategy.loss=bce] | 80.5 ± 0.7 | 70.5 ± 0.7 | 5.0 ± 0.0 | 70.0 ± 0.0 | "
+            "60.0 ± 0.0 |" in main)
+    assert "| hapt | 100 | icarl [strategy.loss=ce_kd] | 95.5 ± 0.7 | 85.5 ± 0.7 | 5.0 ± 0.0 | – | – | – |" in main
 
 
 def test_tagged_runs_only_leave_the_main_table_empty_and_table_md_whole(tmp_path):

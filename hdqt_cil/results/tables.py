@@ -2,8 +2,9 @@
 
 - table.*: one row per benchmark × scenario × model × strategy × quant[tag] (and variant: runs of one such row
   whose configs differ in anything but the seed are split, the differing settings named, never averaged
-  together);
-- main.md: the paper's layout, one row per benchmark × strategy with the schemes side by side (untagged runs);
+  together), with the epochs a task and the paper preset the runs start from;
+- main.md: the paper's layout, one row per benchmark × epochs a task × strategy with the schemes side by side
+  (untagged runs);
 - ablation.md / ablation.png: runs whose quant settings differ from their preset, one row per setting, and
   accuracy against each numeric setting; ablation_paired.md: each setting against its default and FP32, paired
   by seed, and the settings whose runs came out the same;
@@ -26,7 +27,9 @@ from ..quant.schemes import SCHEMES, preset_settings
 from ..files import read_json, write_atomic
 
 KEYS = ["benchmark", "scenario", "model", "strategy", "quant"]
-ROW_KEYS = [*KEYS, "variant", "quant_variant"]
+# the schedule beside the row's identity: epochs a task, and the paper preset ('–': none) the runs start from
+SCHEDULE = ["preset", "epochs"]
+ROW_KEYS = [*KEYS, *SCHEDULE, "variant", "quant_variant"]
 METRICS = {"avg_acc": "avg acc", "last_acc": "last acc", "forgetting": "forgetting", "wall_time_s": "wall s",
            "peak_memory_mib": "peak GPU MiB", "int_gmacs": "int GMACs", "energy_j": "energy J"}
 # the cost columns span orders of magnitude; memory in whole MiB
@@ -72,11 +75,18 @@ def _differences(df: pd.DataFrame, flat: list[dict], by: list[str]) -> list[str]
 def _variants(df: pd.DataFrame, configs: list[dict]) -> tuple[list[str], list[str]]:
     """Settings that split runs which would otherwise share a row: outside quant (compared across the schemes of
     one benchmark × model × strategy, so the schemes still line up) and inside quant (within one row)."""
-    flat = [{k: v for k, v in _flat(comparable_config(c)).items() if k not in ("seed", "tag", "quant.seed")}
+    flat = [{k: v for k, v in _flat(comparable_config(c)).items()
+             if k not in ("seed", "tag", "quant.seed", "trainer.epochs")}  # seeds averaged; epochs: SCHEDULE
             for c in configs]
     outside = [{k: v for k, v in f.items() if not k.startswith("quant.")} for f in flat]
     inside = [{k: v for k, v in f.items() if k.startswith("quant.")} for f in flat]
     return (_differences(df, outside, ["benchmark", "model", "strategy"]), _differences(df, inside, KEYS))
+
+
+def _schedule(config: dict) -> dict:
+    """The run's SCHEDULE columns, as text ('–' where its config does not say), so that rows group by them."""
+    epochs = config.get("trainer", {}).get("epochs")
+    return {"preset": config.get("preset") or "–", "epochs": "–" if epochs is None else str(epochs)}
 
 
 def collect_runs(*roots) -> pd.DataFrame:
@@ -95,6 +105,7 @@ def collect_runs(*roots) -> pd.DataFrame:
                          "wall_time_s": summary.get("wall_time_s", math.nan), "path": str(path.parent),
                          "peak_memory_mib": summary.get("peak_memory_mib") or math.nan,
                          "setting": quant_setting(config), "int_gmacs": cost.get("training int GMACs", math.nan),
+                         **_schedule(config),
                          "energy_j": cost.get("training energy J", {}).get("total", math.nan)})
     if not rows:
         raise FileNotFoundError(f"no run folders (summary.json) under {', '.join(map(str, roots))}")
@@ -164,9 +175,10 @@ def energy_vs_fp32(agg: pd.DataFrame) -> list[str]:
 
 
 def display_table(agg: pd.DataFrame, keys=ROW_KEYS) -> pd.DataFrame:
-    """The human table: text cells 'mean ± std'; variant columns, the peak GPU memory and the cost columns only
-    where some row has one."""
-    table = agg[[k for k in keys if not k.endswith("variant") or (agg[k] != "").any()]].copy()
+    """The human table: text cells 'mean ± std'; variant and schedule columns, the peak GPU memory and the cost
+    columns only where some row has one."""
+    unknown = {k: "" for k in keys if k.endswith("variant")} | {k: "–" for k in SCHEDULE}
+    table = agg[[k for k in keys if k not in unknown or (agg[k] != unknown[k]).any()]].copy()
     costed = agg["energy_j_mean"].notna().any()
     shown = {"int_gmacs": costed, "energy_j": costed, "peak_memory_mib": agg["peak_memory_mib_mean"].notna().any()}
     for m, title in METRICS.items():
@@ -181,21 +193,22 @@ def display_table(agg: pd.DataFrame, keys=ROW_KEYS) -> pd.DataFrame:
 
 
 def main_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The paper's layout: benchmark × strategy rows; avg / last accuracy and forgetting of each scheme side by
+    """The paper's layout: benchmark × epochs a task × strategy rows; avg / last accuracy and forgetting of each scheme side by
     side, FP32 first. Only runs at their preset's settings (no tag, no quant variant) enter; a strategy run in
     several variants gets a row for each, named by its differing settings."""
     runs = _preset_runs(df)
     if runs.empty:  # every run tagged (an ablation, a shortened schedule): table.md holds them
         return pd.DataFrame(columns=["benchmark", "strategy"])
-    agg = aggregate(runs, keys=["benchmark", "strategy", "scheme"])
+    rows = ["benchmark", "epochs", "strategy"]
+    agg = aggregate(runs, keys=[*rows, "scheme"])
     schemes = sorted(agg.scheme.unique(), key=lambda q: (SCHEME_ORDER + [q]).index(q))
-    table = agg[["benchmark", "strategy"]].drop_duplicates().reset_index(drop=True)
+    table = agg[rows].drop_duplicates().reset_index(drop=True)
     for scheme in schemes:
-        cells = agg[agg.scheme == scheme].set_index(["benchmark", "strategy"])
+        cells = agg[agg.scheme == scheme].set_index(rows)
         for m in ("avg_acc", "last_acc", "forgetting"):
             table[f"{scheme} {METRICS[m]}"] = [cells[f"{m}_text"].get(k, "–")
-                                               for k in zip(table.benchmark, table.strategy)]
-    return table
+                                               for k in zip(*(table[r] for r in rows))]
+    return table.drop(columns="epochs") if (table.epochs == "–").all() else table
 
 
 def strategy_labels(runs: pd.DataFrame) -> list[str]:

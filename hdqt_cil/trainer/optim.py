@@ -31,3 +31,19 @@ class PerExperienceSGD(SupervisedPlugin):
 
     def after_training_epoch(self, strategy, **kwargs):
         self._set_lr(strategy, self.lr_after(strategy.clock.train_exp_epochs))
+
+    def describe(self, epochs: int, preset: str | None = None, preset_epochs: int | None = None) -> list[str]:
+        """What a run says of its schedule at its start: one line, and a second where a milestone never takes
+        effect because it lies at or beyond the epochs a task (a shortened schedule with its own milestones)."""
+        length = f"{epochs} epochs a task"
+        if preset is not None and preset_epochs not in (None, epochs):
+            length += f", {'shortened from' if epochs < preset_epochs else 'lengthened from'} {preset}'s {preset_epochs}"
+        effective = [m for m in self.milestones if m < epochs]
+        drops = (f"×{self.gamma:g} after epoch{'s' if len(effective) > 1 else ''} {', '.join(map(str, effective))}"
+                 if effective else "constant")
+        lines = [f"schedule: {length}; lr {self.base_lr:g}, {drops}"]
+        beyond = [m for m in self.milestones if m >= epochs]
+        if beyond:
+            lines.append(f"trainer.milestones {beyond} lie at or beyond trainer.epochs={epochs}: the learning rate "
+                         f"never drops there within a task (set milestones below {epochs}, or [])")
+        return lines
