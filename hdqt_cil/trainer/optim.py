@@ -37,7 +37,8 @@ class PerExperienceSGD(SupervisedPlugin):
         effect because it lies at or beyond the epochs a task (a shortened schedule with its own milestones)."""
         length = f"{epochs} epochs a task"
         if preset is not None and preset_epochs not in (None, epochs):
-            length += f", {'shortened from' if epochs < preset_epochs else 'lengthened from'} {preset}'s {preset_epochs}"
+            change = "shortened" if epochs < preset_epochs else "lengthened"
+            length += f", {change} from {preset}'s {preset_epochs}"
         effective = [m for m in self.milestones if m < epochs]
         drops = (f"×{self.gamma:g} after epoch{'s' if len(effective) > 1 else ''} {', '.join(map(str, effective))}"
                  if effective else "constant")
