@@ -194,8 +194,8 @@ def display_table(agg: pd.DataFrame, keys=ROW_KEYS) -> pd.DataFrame:
 
 def main_table(df: pd.DataFrame) -> pd.DataFrame:
     """The paper's layout: benchmark × epochs a task × strategy rows; avg / last accuracy and forgetting of each
-    scheme side by side, FP32 first. Only runs at their preset's settings (no tag, no quant variant) enter; a strategy run in
-    several variants gets a row for each, named by its differing settings."""
+    scheme side by side, FP32 first. Only runs at their preset's settings (no tag, no quant variant) enter; a
+    strategy run in several variants gets a row for each, named by its differing settings."""
     runs = _preset_runs(df)
     if runs.empty:  # every run tagged (an ablation, a shortened schedule): table.md holds them
         return pd.DataFrame(columns=["benchmark", "strategy"])
