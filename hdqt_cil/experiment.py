@@ -238,6 +238,9 @@ def _train(cfg, bench, strategy, plugins: RunPlugins, folder: RunFolder, start: 
         torch.cuda.reset_peak_memory_stats(device)
     log.info("%s: %d classes in %d experiences on %s → %s", cfg.benchmark.name, bench.num_classes,
              bench.n_experiences, device, folder.path)
+    sizes = [sum(len(e.dataset) for e in stream) for stream in (bench.scenario.train_stream,
+                                                                  bench.scenario.test_stream)]
+    log.info("split %s: %d training and %d test samples", bench.split or "as the dataset ships it", *sizes)
     schedule, *warnings = plugins.optimizer.describe(cfg.trainer.epochs, cfg.preset, cfg.preset_epochs)
     log.info(schedule)
     for line in warnings:

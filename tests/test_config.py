@@ -84,7 +84,7 @@ def test_unknown_member_lists_choices(make_cfg):
     (["benchmark.classes_per_exp=2"], "set exactly one of benchmark.n_experiences and benchmark.classes_per_exp"),
     (["benchmark.class_order=[1,1]"], "benchmark.class_order=[1, 1] must be a list of distinct class indices"),
     (["benchmark.scenario=domains"], "benchmark.scenario='domains' must be one of class, task, domain"),
-    (["benchmark=hapt", "benchmark.split=kfold"], "benchmark.split='kfold' must be one of subject, random"),
+    (["benchmark=hapt", "benchmark.split=kfold"], "benchmark.split='kfold' must be one of auto, subject, random"),
     (["benchmark=hapt", "benchmark.train_fraction=1"], "benchmark.train_fraction=1.0 must be a number strictly"),
     (["benchmark=cifar10", "benchmark.augment_on=tpu"], "benchmark.augment_on='tpu' must be one of cpu, gpu"),
     (["model=mlp", "model.hidden=0"], "model.hidden=0 must be a positive integer or null"),

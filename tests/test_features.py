@@ -40,7 +40,7 @@ def test_class_names_and_no_subject(tmp_path):
     frame.to_csv(tmp_path / "t.csv", index=False)
     table = features.load_feature_table(tmp_path / "t.csv")
     assert table.subject is None and table.class_names == {0: "run", 1: "sit", 2: "walk"}
-    with pytest.raises(ValueError, match="needs a subject column; use random_split"):
+    with pytest.raises(ValueError, match="needs a subject column; benchmark.split=auto or random splits"):
         features.subject_split(table)
 
 
@@ -243,8 +243,38 @@ def test_a_test_table_must_match_the_training_table(make_cfg, tmp_path):
     other = _save(frame[frame.subject == 2].rename(columns={"gyro_std": "other"}), tmp_path, "other.csv")
     with pytest.raises(ValueError, match="differ from the training table's"):
         har.load(make_cfg(*cfg, f"benchmark.test_path={other}").benchmark, 0)
-    with pytest.raises(ValueError, match="test_path='x.csv' is the data's own test set: it needs benchmark.split=given"):
-        validate(make_cfg("benchmark=features", f"benchmark.path={train}", "benchmark.test_path=x.csv"))
+    with pytest.raises(ValueError, match=r"test_path='x.csv' is the data's own test set: it needs "
+                                         r"benchmark.split=given or auto \(got benchmark.split=random\)"):
+        validate(make_cfg("benchmark=features", f"benchmark.path={train}", "benchmark.test_path=x.csv",
+                          "benchmark.split=random"))
+
+
+@pytest.mark.parametrize("columns, made", [
+    (("subject", "split"), "the data's own: the `split` column"),
+    (("subject",), "by subject, drawn by seed 0"),
+    ((), "at random, stratified by class"),
+])
+def test_split_auto_takes_the_tables_own_split_else_subjects_else_random(make_cfg, tmp_path, columns, made):
+    """What a researcher's table holds decides (benchmark.split=auto, the default), and the run says which."""
+    frame = _frame(n_subjects=6, classes=(1, 2))
+    frame["split"] = np.where(frame.subject == 6, "test", "train")
+    path = _save(frame[["acc_mean", "gyro_std", "label", *columns]], tmp_path)
+    loaded = har.load(make_cfg("benchmark=features", f"benchmark.path={path}").benchmark, 0)
+    assert loaded.split.startswith(made) and loaded.split.endswith("(benchmark.split=auto)"), loaded.split
+    if "split" in columns:
+        assert len(loaded.test) == 8
+
+
+def test_a_split_that_discards_the_tables_own_is_said(make_cfg, tmp_path, caplog):
+    frame = _frame(n_subjects=4, classes=(1, 2))
+    frame["split"] = np.where(frame.subject == 4, "test", "train")
+    path = _save(frame, tmp_path)
+    with caplog.at_level("WARNING"):
+        har.load(make_cfg("benchmark=features", f"benchmark.path={path}", "benchmark.split=random").benchmark, 0)
+    assert f"{path} has its own `split` column; benchmark.split=random ignores it" in caplog.text
+    caplog.clear()
+    har.load(make_cfg("benchmark=features", f"benchmark.path={path}", "benchmark.split=given").benchmark, 0)
+    assert "ignores it" not in caplog.text
 
 
 def test_a_feature_file_without_subjects_but_with_its_split_is_saved_and_read(tmp_path):

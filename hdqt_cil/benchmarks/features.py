@@ -235,7 +235,8 @@ def _check_split(train: FeatureTable, test: FeatureTable, how: str):
 def subject_split(table: FeatureTable, train_fraction: float = 0.8, seed: int = 0):
     """ceil(train_fraction × #subjects) subjects, drawn by `seed`, train; the others test (HDQT's HAR protocol)."""
     if table.subject is None:
-        raise ValueError("a subject-wise split needs a subject column; use random_split (benchmark.split=random)")
+        raise ValueError("a subject-wise split needs a subject column; benchmark.split=auto or random splits this "
+                         "table at random, stratified by class")
     subjects = np.unique(table.subject)
     n_train = math.ceil(round(train_fraction * len(subjects), 9))
     if not 0 < n_train < len(subjects):
