@@ -68,9 +68,9 @@ class RunConfig:
     strategy: Any = MISSING
     quant: Any = MISSING
     trainer: Any = MISSING
-    cost: Any = MISSING  # the energy table of the cost estimate (configs/cost/)
+    cost: Any = MISSING  # the energy table of the cost estimate (hdqt_cil/configs/cost/)
     seed: int = setting(0, NON_NEGATIVE_INT)
-    # The paper protocol (configs/experiment/*_paper.yaml) the run's settings start from, and its epochs a task:
+    # The paper protocol (hdqt_cil/configs/experiment/*_paper.yaml) the run's settings start from, and its epochs a task:
     # tables name it, and a run that trains fewer epochs says so at its start.
     preset: Optional[str] = None
     preset_epochs: Optional[int] = setting(None, Rule(lambda v: v is None or (isinstance(v, int) and v >= 1),

@@ -1,7 +1,7 @@
 """One pattern for everything a run is composed of: strategies, benchmarks, models and quantization schemes.
 
 A member is one module that registers a builder under its name together with the dataclass of its settings, plus
-one config file `configs/<group>/<name>.yaml` that extends that dataclass (its schema, stored in Hydra's
+one config file `hdqt_cil/configs/<group>/<name>.yaml` that extends that dataclass (its schema, stored in Hydra's
 ConfigStore as `schema/<group>/<name>`): the dataclass holds the defaults, types and allowed values, the YAML file
 only what the member changes. Members are found by importing the modules of their packages (`load_members`), so
 adding one touches no other file.

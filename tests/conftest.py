@@ -18,7 +18,7 @@ def make_cfg(tmp_path):
     """Compose the project config with overrides, results and data under tmp_path."""
     def _make(*overrides):
         quant = [] if any(o.startswith("quant=") for o in overrides) else ["quant=fp32"]  # fast unless asked
-        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(ROOT / "hdqt_cil" / "configs"), version_base="1.3"):
             return compose("config", overrides=[f"results_root={tmp_path}/runs", f"data_root={tmp_path}/data",
                                                 "logging.progress=off", *quant, *overrides])
     return _make

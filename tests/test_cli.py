@@ -1,6 +1,7 @@
 """run.py as a user calls it: a real process, real Hydra."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,10 +118,38 @@ def test_help_is_the_products_and_names_every_member_and_default():
     out = subprocess.run([sys.executable, "run.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "schema/" not in out.stdout
     for group in ("strategy", "quant", "benchmark", "model", "cost", "experiment", "hydra/launcher"):
-        for member in (ROOT / "configs" / group).glob("*.yaml"):
+        for member in (ROOT / "hdqt_cil" / "configs" / group).glob("*.yaml"):
             assert member.stem in out.stdout, f"{group}={member.stem} missing from --help"
     from hdqt_cil.config import TrainerConfig
 
     defaults = TrainerConfig()
     for key in ("epochs", "batch_size", "lr", "memory_size", "gamma", "device", "cuda_graph"):
         assert f"trainer.{key} [{getattr(defaults, key)}]" in out.stdout, key
+
+
+def test_the_installed_commands_run_from_any_folder(tmp_path):
+    """`pip install .` ships the configs inside the package: `hdqt-cil` and `hdqt-cil-tables` work far from the
+    checkout (the wheel's files alone on the path, the environment's libraries beside them)."""
+    source, site = tmp_path / "source", tmp_path / "site"  # built from a copy: a build writes into its tree
+    for folder in ("hdqt_cil", "hydra_plugins"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "prebuilt"))
+    for file in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / file, source / file)
+    build = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                            "--target", str(site), str(source)], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-2000:]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+
+    def command(name, *args):
+        return subprocess.run([sys.executable, str(site / "bin" / name), *args], cwd=elsewhere, env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    out = command("hdqt-cil", "strategy=naive", "quant=fp32", "trainer.epochs=1", "results_root=runs")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (elsewhere / "runs" / "digits-mlp" / "naive" / "fp32" / "seed0" / "run.log").exists()
+    tables = command("hdqt-cil-tables", "runs", "--out", "tables", "--no-plot")
+    assert tables.returncode == 0, tables.stderr[-2000:]
+    assert "| digits | class | mlp | naive | fp32 |" in (elsewhere / "tables" / "table.md").read_text()
+    assert "hdqt-cil-tables RUNS" in command("hdqt-cil", "--help").stdout

@@ -16,7 +16,7 @@ GROUPS = ["benchmark", "model", "strategy", "quant", "trainer"]
 
 
 @pytest.mark.parametrize("group,member", [(g, p.stem) for g in GROUPS
-                                          for p in sorted((ROOT / "configs" / g).glob("*.yaml"))])
+                                          for p in sorted((ROOT / "hdqt_cil" / "configs" / g).glob("*.yaml"))])
 def test_every_group_member_composes(make_cfg, group, member):
     needs = {"features": ["benchmark.path=table.csv"], "images": ["benchmark.root=pictures"]}
     cfg = make_cfg(f"{group}={member}", *(needs.get(member, []) if group == "benchmark" else []))
@@ -27,7 +27,7 @@ def test_every_group_member_composes(make_cfg, group, member):
     validate(cfg)
 
 
-PRESETS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))
+PRESETS = sorted(p.stem for p in (ROOT / "hdqt_cil" / "configs" / "experiment").glob("*.yaml"))
 ABLATIONS = [p for p in PRESETS if p.startswith("ablation_")]
 
 
@@ -40,7 +40,7 @@ def test_experiment_presets_compose(make_cfg, preset):
 @pytest.mark.parametrize("preset", ABLATIONS)
 def test_ablation_presets_sweep_valid_schemes_into_separate_folders(make_cfg, preset):
     """Every value an ablation sweeps makes a valid HDQT scheme, and every sweep point gets its own run folder."""
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(ROOT / "hdqt_cil" / "configs"), version_base="1.3"):
         params = compose("config", overrides=[f"+experiment={preset}"], return_hydra_config=True).hydra.sweeper.params
     assert params, f"{preset} sweeps nothing"
     points = [[]]

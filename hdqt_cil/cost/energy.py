@@ -1,5 +1,5 @@
 """An energy estimate from operation counts (cost/counts.py) and a table of energies per operation: the `cost`
-config group (configs/cost/<name>.yaml over `EnergyTable`, the schema `schema/cost/table`); docs/cost.md says what
+config group (hdqt_cil/configs/cost/<name>.yaml over `EnergyTable`, the schema `schema/cost/table`); docs/cost.md says what
 the model leaves out.
 
 Widths the table does not list are scaled from its 8-bit integer figures: a multiplier's energy with the product

@@ -7,7 +7,7 @@ A layer computes three products (docs/quant.md):
 A `Product` says how each operand is quantized (a QuantSpec, or None: it enters as it is, i.e. float in the
 forward and the forward's levels in the backward), whether both operands are Hadamard-transformed along the
 contraction dimension first, and the accumulator (tile, acc_bits). Schemes are built from a flat config (the
-Hydra group `quant`, one file a preset under configs/quant/ over the scheme's settings dataclass below) by one
+Hydra group `quant`, one file a preset under hdqt_cil/configs/quant/ over the scheme's settings dataclass below) by one
 registered builder per scheme name.
 
 HOT (`HotScheme`) does not fit a `Product` triple: its forward is float, its two backward products have
@@ -169,7 +169,7 @@ class HotScheme:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# settings: one dataclass a scheme (its schema for configs/quant/<name>.yaml), one builder a name
+# settings: one dataclass a scheme (its schema for hdqt_cil/configs/quant/<name>.yaml), one builder a name
 
 SCHEMES = Registry("quant")
 BITS = Rule(lambda v: isinstance(v, int) and not isinstance(v, bool) and BITS_RANGE[0] <= v <= BITS_RANGE[1],

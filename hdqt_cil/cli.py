@@ -1,0 +1,74 @@
+"""The console commands: `hdqt-cil [group=member ...] [key=value ...]` (also `python run.py ...`) runs an experiment
+or a sweep from the configs shipped in the package (hdqt_cil/configs), from any folder; `hdqt-cil-tables RUNS
+--out DIR` makes the tables (hdqt_cil.results)."""
+import logging
+import os
+import sys
+import warnings
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
+from .config import register_schemas
+from .results.__main__ import main as tables
+
+register_schemas()
+# avalanche imports an optional QP solver it never needs here and deprecates its own internals: not the user's concern.
+warnings.filterwarnings("ignore", message="no QP solver found")
+warnings.filterwarnings("ignore", message="No loggers specified")
+warnings.filterwarnings("ignore", category=DeprecationWarning, module="avalanche")
+
+__all__ = ["main", "tables"]
+
+# What a user's input can be refused with: the message names the bad value or file and what is allowed.
+REFUSALS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError)
+
+
+def end_single_run(error: BaseException) -> None:
+    """A refused value or file, or Ctrl-C, ends the process with one message and no traceback (exit 2, 130);
+    anything else, and everything under HYDRA_FULL_ERROR=1, returns so that the caller re-raises it."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        return
+    if isinstance(error, KeyboardInterrupt):
+        print("interrupted: the run folder records it; the same command resumes from its last checkpoint",
+              file=sys.stderr)
+        sys.exit(130)
+    if isinstance(error, REFUSALS):
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="config")
+def main(cfg):
+    import torch
+
+    from .experiment import run, run_table
+    from .run_folder import discard_unclaimed
+    from .sweep import record_job
+    from .sweep.gpu_slots import job_gpu
+
+    hydra_cfg = HydraConfig.get()
+    run_dir = hydra_cfg.runtime.output_dir
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        try:
+            run(cfg, run_dir)
+        except BaseException as error:
+            discard_unclaimed(run_dir, cfg.results_root)  # a refused config leaves nothing behind
+            end_single_run(error)
+            raise
+        print(run_table(run_dir))
+        return
+    try:  # in a sweep, one failed job must not stop the others (hdqt_cil/sweep/report.py)
+        with job_gpu(hydra_cfg.job.num, torch.cuda.device_count()) as gpu:
+            run(cfg, run_dir, gpu=gpu)
+        print(run_table(run_dir))
+        record_job(hydra_cfg.sweep.dir, run_dir, hydra_cfg.overrides.task, None)
+    except Exception as error:  # noqa: BLE001  (recorded, logged and reported at the sweep's end)
+        logging.getLogger("run").exception("job failed")
+        discard_unclaimed(run_dir, cfg.results_root)
+        record_job(hydra_cfg.sweep.dir, run_dir, hydra_cfg.overrides.task, error)
+
+
+if __name__ == "__main__":
+    main()
