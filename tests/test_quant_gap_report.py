@@ -63,9 +63,9 @@ def test_numbers_from_known_runs(tmp_path):
 
     split = {r[1]: r for r in rows((out / "accuracy_split.md").read_text())}
     # after experience 2: new 70 in both; old (40+50)/2 = 45 → (20+40)/2 = 30; learned (90+80)/2 in both
-    assert split["2"][3:11] == ["70.0 ± 0.0", "70.0 ± 0.0", "+0.0 ± 0.0", "45.0 ± 0.0", "30.0 ± 0.0",
-                                "-15.0 ± 0.0", "+0.0 ± 0.0", "+15.0 ± 0.0"]
-    assert split["1"][8] == "-10.0 ± 0.0"
+    assert split["2"][3:11] == ["70.0 (n=1)", "70.0 (n=1)", "+0.0 (n=1)", "45.0 (n=1)", "30.0 (n=1)",
+                                "-15.0 (n=1)", "+0.0 (n=1)", "+15.0 (n=1)"]
+    assert split["1"][8] == "-10.0 (n=1)"
 
     # seen accuracy 90/70/53.3 → 90/65/43.3: Δavg −5 and Δlast −10, all from the old tasks and all forgotten
     decomposition = rows((out / "gap_decomposition.md").read_text())[0]
@@ -73,18 +73,18 @@ def test_numbers_from_known_runs(tmp_path):
                                   "+0.0", "-10.0"]
 
     ages = {r[1]: r for r in rows((out / "forgetting_by_age.md").read_text())}
-    assert ages["1"][3:8] == ["30.0 ± 0.0", "40.0 ± 0.0", "+10.0 ± 0.0", "+10.0", "1/1"]
-    assert ages["2"][3:8] == ["50.0 ± 0.0", "70.0 ± 0.0", "+20.0 ± 0.0", "+20.0", "1/1"]
+    assert ages["1"][3:8] == ["30.0 (n=1)", "40.0 (n=1)", "+10.0 (n=1)", "+10.0", "1/1"]
+    assert ages["2"][3:8] == ["50.0 (n=1)", "70.0 (n=1)", "+20.0 (n=1)", "+20.0", "1/1"]
 
     loss = {r[1]: r for r in rows((out / "train_loss.md").read_text())}
     # first epoch fp32, hdqt; last epoch fp32, hdqt, paired Δ
-    assert loss["2"][3:8] == ["4.000 ± 0.000", "5.000 ± 0.000", "3.000 ± 0.000", "3.600 ± 0.000", "+0.600 ± 0.000"]
+    assert loss["2"][3:8] == ["4.000 (n=1)", "5.000 (n=1)", "3.000 (n=1)", "3.600 (n=1)", "+0.600 (n=1)"]
 
     quant = (out / "quant_stats.md").read_text()
     forward = {(r[0], r[1]): r for r in rows(quant.split("## grad_input_saturated")[0].split("\n", 2)[2])}
-    assert forward[("stage 1", "1")][2:] == ["3 ± 0", "0 ± 0", "+3 ± 0", "1/1"]
-    assert forward[("stage 1", "0")][2:] == ["0 ± 0", "0 ± 0", "+0 ± 0", "0/1"]
-    assert forward[("classifier", "2")][2:] == ["0 ± 0", "1 ± 0", "-1 ± 0", "0/1"]
+    assert forward[("stage 1", "1")][2:] == ["3 (n=1)", "0 (n=1)", "+3 (n=1)", "1/1"]
+    assert forward[("stage 1", "0")][2:] == ["0 (n=1)", "0 (n=1)", "+0 (n=1)", "0/1"]
+    assert forward[("classifier", "2")][2:] == ["0 (n=1)", "1 (n=1)", "-1 (n=1)", "0/1"]
     assert [g for g, k in forward if k == "0"] == ["stem", "stage 1", "classifier"]
 
 
@@ -115,8 +115,8 @@ def test_several_strategies_each_against_the_last(tmp_path):
         " lwf % ", " bic % ", " icarl % ", " lwf − icarl (paired) ", " seeds lwf > icarl ",
         " bic − icarl (paired) ", " seeds bic > icarl "]
     forward = {(r[0], r[1]): r for r in rows(table)}
-    assert forward[("classifier", "2")][2:] == ["0 ± 0", "2 ± 0", "1 ± 0", "-1 ± 0", "0/1", "+1 ± 0", "1/1"]
-    assert forward[("stage 1", "1")][2:] == ["3 ± 0", "0 ± 0", "0 ± 0", "+3 ± 0", "1/1", "+0 ± 0", "0/1"]
+    assert forward[("classifier", "2")][2:] == ["0 (n=1)", "2 (n=1)", "1 (n=1)", "-1 (n=1)", "0/1", "+1 (n=1)", "1/1"]
+    assert forward[("stage 1", "1")][2:] == ["3 (n=1)", "0 (n=1)", "0 (n=1)", "+3 (n=1)", "1/1", "+0 (n=1)", "0/1"]
 
 
 def test_one_strategy_to_compare_is_refused(tmp_path, capsys):
@@ -137,7 +137,7 @@ def test_strategy_variants_are_paired_apart(tmp_path):
     gap.main([str(runs), "--out", str(tmp_path / "out"), "--no-plot", "--compare", *both])
     means = {r[0]: r for r in rows((tmp_path / "out" / "gap_decomposition.md").read_text()) if r[1] == "mean ± std"}
     assert sorted(means) == both
-    assert means[both[0]][2] == "+0.0 ± 0.0" and means[both[1]][2] == "-5.0 ± 0.0"
+    assert means[both[0]][2] == "+0.0 (n=1)" and means[both[1]][2] == "-5.0 (n=1)"
 
 
 def test_runs_that_cannot_be_paired_are_refused(tmp_path):

@@ -37,7 +37,7 @@ def test_mean_std_over_seeds_and_flags(tmp_path):
     assert icarl.last_acc_std == pytest.approx(2.8284271)
     assert icarl.seeds == 2 and icarl.incomplete == 1
     assert icarl.last_acc_text == "82.0 ± 2.8"
-    assert agg.loc[("bic", "hdqt")].last_acc_text == "70.0 ± 0.0 (1 diverged)"
+    assert agg.loc[("bic", "hdqt")].last_acc_text == "70.0 (n=1) (1 diverged)"
     assert agg.loc[("lwf", "hdqt")].last_acc_text == "diverged"
     assert agg.loc[("icarl", "fp32[acc4]")].last_acc_mean == 50.0
     assert "incomplete" in display_table(aggregate(collect_runs(tmp_path))).columns
@@ -48,7 +48,7 @@ def test_make_tables_writes_every_format(tmp_path):
     table = make_tables([tmp_path / "runs"], tmp_path / "out")
     assert list(table.strategy) == ["icarl", "icarl"]
     md = (tmp_path / "out" / "table.md").read_text()
-    assert "| hapt | class | mlp | icarl | hdqt | 88.0 ± 0.0 | 78.0 ± 0.0 |" in md
+    assert "| hapt | class | mlp | icarl | hdqt | 88.0 (n=1) | 78.0 (n=1) |" in md
     assert "last_acc_mean" in (tmp_path / "out" / "table.csv").read_text()
     assert "\\begin{tabular}" in (tmp_path / "out" / "table.tex").read_text()
     assert (tmp_path / "out" / "accuracy.png").stat().st_size > 1000
@@ -101,13 +101,13 @@ def test_tables_carry_the_schedule_of_their_runs(tmp_path):
     table = make_tables([runs], tmp_path / "out", plot=False)
     assert list(table.preset) == ["har_paper", "har_paper"] and sorted(table.epochs) == ["100", "5"]
     md = (tmp_path / "out" / "table.md").read_text()
-    assert "| hapt | class | mlp | icarl | fp32 | har_paper | 100 | 100.0 ± 0.0 | 90.0 ± 0.0 |" in md
-    assert "| fp32[short] | har_paper | 5 | 43.8 ± 0.0 | 33.8 ± 0.0 |" in md
+    assert "| hapt | class | mlp | icarl | fp32 | har_paper | 100 | 100.0 (n=1) | 90.0 (n=1) |" in md
+    assert "| fp32[short] | har_paper | 5 | 43.8 (n=1) | 33.8 (n=1) |" in md
     _run_with_config(runs, "hdqt", _summary("icarl", "hdqt", 0, 88.0), trainer={"epochs": 100})
     main = (tmp_path / "out2" / "main.md")
     make_tables([runs], tmp_path / "out2", plot=False)
-    assert main.read_text().splitlines()[2] == ("| hapt | 100 | icarl | 100.0 ± 0.0 | 90.0 ± 0.0 | 5.0 ± 0.0 | "
-                                                "98.0 ± 0.0 | 88.0 ± 0.0 | 5.0 ± 0.0 |")
+    assert main.read_text().splitlines()[2] == ("| hapt | 100 | icarl | 100.0 (n=1) | 90.0 (n=1) | 5.0 (n=1) | "
+                                                "98.0 (n=1) | 88.0 (n=1) | 5.0 (n=1) |")
 
 
 def test_ablation_settings_are_paired_by_seed_against_default_and_fp32_and_same_runs_named(tmp_path):
@@ -180,7 +180,7 @@ def test_tagged_runs_only_leave_the_main_table_empty_and_table_md_whole(tmp_path
     make_tables([runs], tmp_path / "out")
     assert (tmp_path / "out" / "main.md").read_text().splitlines()[0] == "| benchmark | strategy |"
     table = (tmp_path / "out" / "table.md").read_text()
-    assert "| hapt | class | mlp | bic | hdqt[short3] | 45.0 ± 0.0 | 35.0 ± 0.0 |" in table
+    assert "| hapt | class | mlp | bic | hdqt[short3] | 45.0 (n=1) | 35.0 (n=1) |" in table
 
 
 def test_published_numbers_beside_the_runs_with_differences_and_costs(tmp_path):
@@ -224,11 +224,11 @@ def test_task_incremental_runs_are_rows_of_their_own_named_by_their_scenario(tmp
            _summary("icarl", "hdqt", 0, 93.0, scenario="task"))
     make_tables([tmp_path / "runs"], tmp_path / "out", plot=False)
     table = (tmp_path / "out" / "table.md").read_text()
-    assert "| hapt | class | mlp | icarl | fp32 | 90.0 ± 0.0 | 80.0 ± 0.0 |" in table
-    assert "| hapt (task) | task | mlp | icarl | fp32 | 105.0 ± 0.0 | 95.0 ± 0.0 |" in table
+    assert "| hapt | class | mlp | icarl | fp32 | 90.0 (n=1) | 80.0 (n=1) |" in table
+    assert "| hapt (task) | task | mlp | icarl | fp32 | 105.0 (n=1) | 95.0 (n=1) |" in table
     main = (tmp_path / "out" / "main.md").read_text()
-    assert "| hapt | icarl | 90.0 ± 0.0 | 80.0 ± 0.0 |" in main
-    assert "| hapt (task) | icarl | 105.0 ± 0.0 | 95.0 ± 0.0 | 5.0 ± 0.0 | 103.0 ± 0.0 | 93.0 ± 0.0 |" in main
+    assert "| hapt | icarl | 90.0 (n=1) | 80.0 (n=1) |" in main
+    assert "| hapt (task) | icarl | 105.0 (n=1) | 95.0 (n=1) | 5.0 (n=1) | 103.0 (n=1) | 93.0 (n=1) |" in main
 
 
 def test_domain_incremental_runs_are_plotted_against_the_experiences_seen(tmp_path, monkeypatch):

@@ -80,7 +80,8 @@ def _variants(df: pd.DataFrame, configs: list[dict]) -> tuple[list[str], list[st
             for c in configs]
     outside = [{k: v for k, v in f.items() if not k.startswith("quant.")} for f in flat]
     inside = [{k: v for k, v in f.items() if k.startswith("quant.")} for f in flat]
-    return (_differences(df, outside, ["benchmark", "model", "strategy"]), _differences(df, inside, KEYS))
+    # runs of other epochs are rows apart already, with milestones of their own: compared within one epochs
+    return (_differences(df, outside, ["benchmark", "model", "strategy", "epochs"]), _differences(df, inside, KEYS))
 
 
 def _schedule(config: dict) -> dict:
@@ -133,10 +134,12 @@ def load_runs(*roots) -> pd.DataFrame:
 
 
 def mean_std(values, form: str = ".1f") -> str:
-    """'mean ± std' over seeds (std with ddof 1; 0 for one value); a '+' in `form` signs the mean only."""
+    """'mean ± std' over seeds (std with ddof 1), 'value (n=1)' for one seed (no spread measured, not a spread of
+    0); a '+' in `form` signs the mean only."""
     values = np.asarray(values, dtype=float)
-    std = values.std(ddof=1) if len(values) > 1 else 0.0
-    return f"{values.mean():{form}} ± {std:{form.lstrip('+')}}"
+    if len(values) == 1:
+        return f"{values[0]:{form}} (n=1)"
+    return f"{values.mean():{form}} ± {values.std(ddof=1):{form.lstrip('+')}}"
 
 
 def _cell(values, status, form: str = ".1f") -> str:
@@ -165,11 +168,13 @@ def aggregate(df: pd.DataFrame, keys=ROW_KEYS) -> pd.DataFrame:
 
 
 def energy_vs_fp32(agg: pd.DataFrame) -> list[str]:
-    """Each row's mean estimated energy over that of the FP32 row of its benchmark, model, strategy and variant."""
-    fp32 = agg[agg.quant == "fp32"].set_index(["benchmark", "model", "strategy", "variant"]).energy_j_mean
+    """Each row's mean estimated energy over that of the FP32 row of its benchmark, model, strategy, schedule and
+    variant."""
+    same = ["benchmark", "model", "strategy", *SCHEDULE, "variant"]
+    fp32 = agg[agg.quant == "fp32"].set_index(same).energy_j_mean
     out = []
     for row in agg.itertuples():
-        base = fp32.get((row.benchmark, row.model, row.strategy, row.variant), math.nan)
+        base = fp32.get(tuple(getattr(row, k) for k in same), math.nan)
         out.append("–" if math.isnan(base) or math.isnan(row.energy_j_mean) else f"{row.energy_j_mean / base:.3f}")
     return out
 
