@@ -43,6 +43,10 @@ class TrainerConfig:
     # quantized kernels are deterministic either way.
     deterministic: bool = setting(False, BOOL)
     memory_size: int = setting(200, NON_NEGATIVE_INT)  # exemplars kept across experiences
+    # Every Conv2d / Linear weight rounded to this many bits (its own per-tensor scale) after each optimizer step,
+    # as an integer device stores the model (trainer/weight_storage.py); null: float32 weights.
+    weight_bits: Optional[int] = setting(None, Rule(lambda v: v is None or (isinstance(v, int) and 2 <= v <= 16),
+                                                    "null (float32 weights) or an integer from 2 to 16"))
 
 
 @dataclass

@@ -24,6 +24,7 @@ from .trainer.optim import PerExperienceSGD
 from .trainer.quantization import QuantizationPlugin
 from .trainer.recorder import PredictionRecorder
 from .trainer.wandb_logger import ScalarWandBLogger
+from .trainer.weight_storage import WeightStorage
 from .strategies import DataFacts, build_strategy, check_fits, teachers, training_steps
 from .config import run_path, validate
 from .benchmarks.augment import augment_batch
@@ -140,7 +141,8 @@ def run(cfg, run_dir, gpu: int = 0) -> dict:
 class RunPlugins:
     """The plugins every run adds to its strategy, in the order avalanche calls them: CUDA-graph replay first (its
     NaN check precedes the monitor's), the prediction recorder, the training monitor, the optimizer protocol,
-    the quantization, the GPU batch augmentation, the cost counter; the epoch checkpoints last, just before
+    the weight storage (trainer.weight_bits), the quantization, the GPU batch augmentation, the cost counter; the
+    epoch checkpoints last, just before
     avalanche's clock, so that they see every plugin's records of the epoch and the next epoch's lr."""
     recorder: PredictionRecorder
     monitor: TrainingMonitor
@@ -150,6 +152,7 @@ class RunPlugins:
     epochs: EpochCheckpoints
     graphs: CudaGraphPlugin | None = None
     augment: BatchAugment | None = None
+    storage: WeightStorage | None = None
 
     @classmethod
     def declare(cls, cfg, device: torch.device, run_dir: Path, bench) -> "RunPlugins":
@@ -162,7 +165,8 @@ class RunPlugins:
             recorder=PredictionRecorder(bench.task_classes() if cfg.benchmark.scenario == "task" else None),
             monitor=TrainingMonitor(epoch_log_every(cfg)),
             optimizer=PerExperienceSGD(t.lr, list(t.milestones), t.gamma), quantization=QuantizationPlugin(cfg.quant),
-            cost=CostCounter(energy_table(cfg.cost), teachers(cfg.strategy.name)),
+            cost=CostCounter(energy_table(cfg.cost), teachers(cfg.strategy.name), t.weight_bits),
+            storage=None if t.weight_bits is None else WeightStorage(t.weight_bits),
             epochs=EpochCheckpoints(ExperienceCheckpoints(run_dir).root, t.checkpoint_every),
             graphs=CudaGraphPlugin(teachers(cfg.strategy.name)) if t.cuda_graph and device.type == "cuda" else None,
             augment=(BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)) if gpu_augment
@@ -174,7 +178,7 @@ class RunPlugins:
         found = {type(p): p for p in strategy.plugins}
         return cls(found[PredictionRecorder], found[TrainingMonitor], found[PerExperienceSGD],
                    found[QuantizationPlugin], found[CostCounter], found[EpochCheckpoints], found.get(CudaGraphPlugin),
-                   found.get(BatchAugment))
+                   found.get(BatchAugment), found.get(WeightStorage))
 
     def attach(self, strategy):
         """Place the epoch checkpoints just before avalanche's clock (the template appends its own plugins and the
@@ -184,8 +188,8 @@ class RunPlugins:
 
     def given(self) -> list:
         """The plugins handed to the strategy template, in order."""
-        return [p for p in (self.graphs, self.recorder, self.monitor, self.optimizer, self.quantization, self.augment,
-                            self.cost) if p is not None]
+        return [p for p in (self.graphs, self.recorder, self.monitor, self.optimizer, self.storage, self.quantization,
+                            self.augment, self.cost) if p is not None]
 
 
 def _run(cfg, run_dir: Path, gpu: int) -> dict:

@@ -43,7 +43,20 @@ def test_hydra_overrides_reach_the_scheme(make_cfg):
     assert s.grad_input.right.rounding == "stochastic" and s.hadamard_cap == 16 and s.seed == 5
 
 
+def test_the_authors_integer_backward_is_a_config(make_cfg):
+    """Their `int` backward flags: the output gradient clipped at 0.975·max and rounded to nearest, in both
+    backward products; the forward and the other operands as HDQT's."""
+    literal = scheme_from_config(make_cfg("quant=hdqt", "quant.grad_clip=0.975", "quant.rounding.grad_output=nearest",
+                                          "quant.rounding.bwd_input=nearest").quant)
+    default = preset("hdqt")
+    for product, plain in ((literal.grad_input, default.grad_input), (literal.grad_weight, default.grad_weight)):
+        assert (product.left.clip, product.left.rounding, product.left.scale) == (0.975, "nearest", "max")
+        assert product.right.clip == plain.right.clip == 1.0 and product.right.rounding == "nearest"
+    assert literal.forward == default.forward
+
+
 @pytest.mark.parametrize("cfg,message", [
+    ({"name": "hdqt", "grad_clip": 0}, r"quant.grad_clip=0.0 must be a fraction of max\|g\| in \(0, 1\]"),
     ({"name": "hdqt", "bits": 1}, r"quant.bits=1 must be an integer in 2..16"),
     ({"name": "hdqt", "bits": 17}, "quant.bits=17"),
     ({"name": "hdqt", "acc_bits": 3}, r"quant.acc_bits=3 must be null \(no saturation\).*quant.bits=4.*to 32"),

@@ -226,6 +226,9 @@ class HdqtConfig(QuantConfig):
     acc_bits: Optional[int] = 8
     tile: Optional[int] = setting(32, TILE)  # forward K tile (null = the whole K saturates once)
     fwd_clip: float = setting(0.975, Rule(lambda v: 0 < v <= 1, "a fraction of max|t| in (0, 1]"))
+    # The fraction of max|g| the output gradient's quantizer keeps in both backward products; the HDQT authors'
+    # `int` backward flags clip it at 0.975 (with nearest rounding: quant.rounding.grad_output=nearest).
+    grad_clip: float = setting(1.0, Rule(lambda v: 0 < v <= 1, "a fraction of max|g| in (0, 1]"))
     hadamard: bool = setting(True, BOOL)  # backward operands Hadamard-transformed along the contraction
     hadamard_cap: Optional[int] = setting(None, POWER_OF_TWO)  # largest Hadamard block (null: no cap)
     backward_tiling: bool = setting(False, BOOL)  # backward products tiled like the forward (the paper: whole K)
@@ -312,8 +315,8 @@ def _build_integer(cfg) -> Scheme:
         name=cfg.name,
         forward=Product(spec("input", "auto", cfg.fwd_clip), spec("weight", clip=cfg.fwd_clip),
                         tile=cfg.tile, acc_bits=cfg.acc_bits),
-        grad_input=Product(spec("grad_output"), spec("bwd_weight"), **backward),
-        grad_weight=Product(spec("grad_output"), spec("bwd_input"), **backward),
+        grad_input=Product(spec("grad_output", clip=cfg.grad_clip), spec("bwd_weight"), **backward),
+        grad_weight=Product(spec("grad_output", clip=cfg.grad_clip), spec("bwd_input"), **backward),
         hadamard_cap=cfg.hadamard_cap, ste=cfg.ste, seed=cfg.seed, backend=cfg.backend)
 
 

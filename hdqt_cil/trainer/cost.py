@@ -17,17 +17,21 @@ from avalanche.core import SupervisedPlugin
 from torch import nn
 
 from ..cost.counts import layer_tally
+from .weight_storage import stored_weights
 
 PHASES = ("forward", "backward", "teacher forward")
 
 
 class CostCounter(SupervisedPlugin):
     """`teachers`: the strategy's plugin attributes that may hold an old model (strategies/base.py); `energy`: the
-    cost config's EnergyTable."""
+    cost config's EnergyTable; `weight_bits`: the bits the weights are stored in between steps (None: float32)."""
+    weight_bits, weight_count = 32, 0  # what a counter restored from a checkpoint written before them holds
 
-    def __init__(self, energy, teachers: tuple[str, ...] = ()):
+    def __init__(self, energy, teachers: tuple[str, ...] = (), weight_bits: int | None = None):
         super().__init__()
         self.energy, self.teachers = energy, teachers
+        self.weight_bits = 32 if weight_bits is None else weight_bits
+        self.weight_count = 0  # Conv2d / Linear weights of the model (it may grow between experiences)
         self.shapes: dict[str, tuple] = {}  # layer name → (sample shape, whether its input needs a gradient)
         self.experiences: list[dict] = []
         self._modules: dict[str, nn.Module] = {}
@@ -83,6 +87,7 @@ class CostCounter(SupervisedPlugin):
 
     def before_training_exp(self, strategy, **kwargs):
         self._watch(strategy.model)
+        self.weight_count = sum(w.numel() for w in stored_weights(strategy.model))
         teacher = any(isinstance(getattr(p, name, None), nn.Module) for p in strategy.plugins for name in self.teachers)
         self.experiences.append({"teacher": teacher, "training batches": Counter(), "evaluation batches": Counter(),
                                  "training": None, "layers": None})
@@ -123,6 +128,8 @@ class CostCounter(SupervisedPlugin):
                                 "evaluation": dict(evaluation), "training energy J": self.energy.joules(training)})
         int_macs = sum(v for k, v in total.items() if k.startswith("int_mac"))
         return {"energy table": {"name": self.energy.name, "source": self.energy.source},
+                "weights stored": {"bits": self.weight_bits, "weights": self.weight_count,
+                                   "MiB": self.weight_count * self.weight_bits / 8 / 2**20},
                 "training": dict(total), "training int GMACs": int_macs / 1e9,
                 "training energy J": self.energy.joules(total), "experiences": experiences,
                 "layers": {name: dict(c) for name, c in layers.items()}}

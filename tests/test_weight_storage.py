@@ -1,0 +1,56 @@
+"""trainer.weight_bits: the weights live on a `bits`-bit grid of their own scale between optimizer steps."""
+import pytest
+import torch
+from torch import nn
+
+from hdqt_cil.experiment import run
+from hdqt_cil.trainer.weight_storage import WeightStorage, stored_weights
+
+
+def on_grid(weight: torch.Tensor, bits: int) -> bool:
+    """Whether weight = levels · (max|w| / qmax) with integer levels of magnitude at most qmax, qmax reached."""
+    qmax = 2 ** (bits - 1) - 1
+    scale = weight.abs().max() / qmax
+    levels = weight / scale
+    return bool(torch.allclose(levels, levels.round(), atol=1e-4) and levels.abs().max().round() == qmax)
+
+
+class _Strategy:
+    def __init__(self, model):
+        self.model = model
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_every_update_leaves_the_weights_on_their_grid(bits):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Flatten(), nn.Linear(8 * 4 * 4, 5))
+    storage, strategy = WeightStorage(bits), _Strategy(model)
+    storage.before_training_exp(strategy)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(torch.randn(4, 3, 6, 6)).square().mean().backward()
+        optimizer.step()
+        storage.after_update(strategy)
+        assert all(on_grid(w, bits) for w in stored_weights(model))
+    assert not on_grid(model[0].bias, bits) and not on_grid(model[1].weight + 0.1, bits)  # biases, norms: float
+
+
+def test_a_run_with_8_bit_weights_says_so_in_its_cost_and_trains_otherwise(make_cfg, tmp_path):
+    cfg = ("strategy=naive", "trainer.epochs=2", "trainer.device=cpu", "benchmark.n_experiences=2")
+    plain = run(make_cfg(*cfg), tmp_path / "plain")
+    stored = run(make_cfg(*cfg, "trainer.weight_bits=8"), tmp_path / "stored")
+    coarse = run(make_cfg(*cfg, "trainer.weight_bits=2"), tmp_path / "coarse")
+    assert stored["status"] == coarse["status"] == "complete"
+    assert plain["cost"]["weights stored"]["bits"] == 32 and stored["cost"]["weights stored"]["bits"] == 8
+    weights = stored["cost"]["weights stored"]["weights"]
+    assert weights == plain["cost"]["weights stored"]["weights"] > 0
+    assert stored["cost"]["weights stored"]["MiB"] == pytest.approx(weights / 2**20)
+    assert stored["train_loss"] != plain["train_loss"] != coarse["train_loss"]
+
+
+def test_weight_bits_out_of_range_is_refused(make_cfg):
+    from hdqt_cil.config import validate
+
+    with pytest.raises(ValueError, match=r"trainer.weight_bits=1 .*null \(float32 weights\) or an integer from 2 to 16"):
+        validate(make_cfg("trainer.weight_bits=1"))
