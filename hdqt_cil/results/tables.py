@@ -395,37 +395,73 @@ def _short(variant: str) -> str:
     return ", ".join(key.rsplit(".", 1)[-1] + "=" + value for key, value in (part.split("=", 1) for part in parts))
 
 
+# One colour per strategy and one marker per scheme, the same in every figure (strategies and schemes beyond these
+# lists take the next ones in order of appearance).
+STRATEGY_ORDER = ["naive", "lwf", "icarl", "bic", "joint", "replay", "der", "er_ace", "gdumb", "agem", "ewc", "si",
+                  "dyn_der"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+LINESTYLES = ["-", "--", ":", "-."]
+
+
+def _index(order: list, name: str) -> int:
+    if name not in order:
+        order.append(name)
+    return order.index(name)
+
+
+def _seeds(counts) -> str:
+    """'3 seeds a line', '1-3 seeds a line'."""
+    low, high = min(counts), max(counts)
+    return f"{low if low == high else f'{low}-{high}'} seed{'s' if high > 1 else ''} a line"
+
+
 def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
-    """Seen-class accuracy after each experience vs number of classes seen, mean ± std over complete seeds; one
-    line per table row (variants apart)."""
+    """Seen-class accuracy after each experience vs number of classes seen, mean ± std over complete seeds (no
+    error bar for one seed: the legend says n=1); one line per table row (variants apart): colour by strategy,
+    marker by scheme, line style by variant; each panel titled with its benchmark, epochs a task and seeds."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     done = df[df.status == "complete"]
     benchmarks = sorted(done.benchmark.unique())
-    fig, axes = plt.subplots(1, max(len(benchmarks), 1), figsize=(7.5 * max(len(benchmarks), 1), 4.5), squeeze=False)
+    tab20 = plt.get_cmap("tab20").colors
+    colors = tab20[0::2] + tab20[1::2]  # ten distinct hues first, then their light shades
+    strategies, schemes = list(STRATEGY_ORDER), list(SCHEME_ORDER)
+    panels = max(len(benchmarks), 1)
+    fig, axes = plt.subplots(1, panels, figsize=(10 * panels, 4.5), squeeze=False)  # each legend beside its panel
     for ax, bench in zip(axes[0], benchmarks):
-        lines = done[done.benchmark == bench].groupby(["strategy", "variant", "quant", "quant_variant"])
-        colors = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(lines), 2)))
-        for color, ((strategy, variant, quant, quant_variant), group) in zip(colors, lines):
+        runs = done[done.benchmark == bench]
+        lines = runs.groupby(["strategy", "epochs", "variant", "scheme", "quant", "quant_variant"])
+        variants = sorted({(epochs, variant, quant_variant) for (_, epochs, variant, _, _, quant_variant), _ in lines})
+        counts = []
+        for (strategy, epochs, variant, scheme, quant, quant_variant), group in lines:
             curves = np.array([c for c in group.seen_acc if len(c) == len(group.seen_acc.iloc[0])])
+            counts.append(len(curves))
             # the last points: a joint run's single evaluation comes after every class (domain-incremental runs:
             # after every experience, each holding every class)
             per_exp = group.classes_per_exp.iloc[0]
             seen = np.cumsum(per_exp) if per_exp else np.arange(1, group.n_experiences.iloc[0] + 1)
             classes = seen[-curves.shape[1]:]
-            detail = ", ".join(filter(None, (_short(variant), _short(quant_variant))))
-            ax.errorbar(classes, curves.mean(0), yerr=curves.std(0), marker="o", capsize=2, color=color,
+            detail = ", ".join(filter(None, (_short(variant), _short(quant_variant),
+                                             f"{epochs} epochs" if runs.epochs.nunique() > 1 else "",
+                                             "n=1" if len(curves) == 1 else "")))
+            ax.errorbar(classes, curves.mean(0), yerr=curves.std(0, ddof=1) if len(curves) > 1 else None,
+                        marker=MARKERS[_index(schemes, scheme) % len(MARKERS)], capsize=2,
+                        color=colors[_index(strategies, strategy) % len(colors)],
+                        linestyle=LINESTYLES[variants.index((epochs, variant, quant_variant)) % len(LINESTYLES)],
                         label=f"{strategy} / {quant}" + (f" ({detail})" if detail else ""))
         domain = bench.endswith("(domain)")
-        ax.set(title=bench, xlabel="experiences (domains) seen" if domain else "classes seen",
+        epochs = runs.epochs.unique()
+        schedule = f"{epochs[0]} epochs a task" if len(epochs) == 1 and epochs[0] != "–" else "epochs as labelled"
+        ax.set(title=f"{bench}: {schedule}, {_seeds(counts)}",
+               xlabel="experiences (domains) seen" if domain else "classes seen",
                ylabel="accuracy on seen classes (%)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=150)
     plt.close(fig)
 
 
