@@ -242,8 +242,8 @@ def test_domain_incremental_runs_are_plotted_against_the_experiences_seen(tmp_pa
                         lambda self, x, y, **kw: drawn.append((self, list(x), list(y))))
     make_tables([tmp_path / "runs"], tmp_path / "out")
     assert sorted((ax.get_title(), ax.get_xlabel(), x, y) for ax, x, y in drawn) == [
-        ("hapt", "classes seen", [2, 4], [90.0, 70.0]),
-        ("hapt (domain)", "experiences (domains) seen", [1, 2], [100.0, 80.0])]
+        ("hapt (domain): 1 seed a line", "experiences (domains) seen", [1, 2], [100.0, 80.0]),
+        ("hapt: 1 seed a line", "classes seen", [2, 4], [90.0, 70.0])]
 
 
 def test_load_runs_gives_a_row_a_run_with_its_settings_and_accuracy_matrix(make_cfg, tmp_path):
@@ -259,3 +259,23 @@ def test_load_runs_gives_a_row_a_run_with_its_settings_and_accuracy_matrix(make_
         written = np.loadtxt(f"{path}/accuracy_matrix.csv", delimiter=",", skiprows=1)[:, 1:]
         assert matrix.shape == (5, 5) and np.isnan(matrix[0, 1]) and np.isfinite(matrix[-1]).all()
         np.testing.assert_array_equal(np.round(matrix, 2), written)
+
+
+def test_plot_styles_follow_strategy_and_scheme_and_show_one_seed_as_such(tmp_path, monkeypatch):
+    """A colour per strategy and a marker per scheme, the same in every figure; one seed: no error bar, n=1."""
+    import matplotlib.axes
+    drawn = {}
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar",
+                        lambda self, x, y, **kw: drawn.__setitem__(kw["label"], kw))
+    _write(tmp_path / "a", _summary("icarl", "fp32", 0, 80.0), _summary("icarl", "hdqt", 0, 70.0),
+           _summary("bic", "fp32", 0, 75.0), _summary("bic", "fp32", 1, 77.0))
+    make_tables([tmp_path / "a"], tmp_path / "out_a")
+    first = dict(drawn)
+    drawn.clear()
+    _write(tmp_path / "b", _summary("icarl", "hdqt", 0, 60.0))
+    make_tables([tmp_path / "b"], tmp_path / "out_b")
+    assert first["icarl / fp32 (n=1)"]["color"] == first["icarl / hdqt (n=1)"]["color"] != first["bic / fp32"]["color"]
+    assert first["icarl / fp32 (n=1)"]["marker"] == first["bic / fp32"]["marker"] != first["icarl / hdqt (n=1)"]["marker"]
+    assert drawn["icarl / hdqt (n=1)"]["color"] == first["icarl / hdqt (n=1)"]["color"]  # another figure, alone
+    assert drawn["icarl / hdqt (n=1)"]["marker"] == first["icarl / hdqt (n=1)"]["marker"]
+    assert first["icarl / fp32 (n=1)"]["yerr"] is None and first["bic / fp32"]["yerr"] is not None

@@ -452,9 +452,9 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
                         linestyle=LINESTYLES[variants.index((epochs, variant, quant_variant)) % len(LINESTYLES)],
                         label=f"{strategy} / {quant}" + (f" ({detail})" if detail else ""))
         domain = bench.endswith("(domain)")
-        epochs = runs.epochs.unique()
-        schedule = f"{epochs[0]} epochs a task" if len(epochs) == 1 and epochs[0] != "–" else "epochs as labelled"
-        ax.set(title=f"{bench}: {schedule}, {_seeds(counts)}",
+        epochs = [e for e in runs.epochs.unique() if e != "–"]  # '–': a run that does not record them
+        schedule = [f"{epochs[0]} epochs a task"] if len(epochs) == 1 else ["epochs as labelled"] if epochs else []
+        ax.set(title=f"{bench}: {', '.join([*schedule, _seeds(counts)])}",
                xlabel="experiences (domains) seen" if domain else "classes seen",
                ylabel="accuracy on seen classes (%)")
         ax.grid(alpha=0.3)
