@@ -275,7 +275,8 @@ def test_plot_styles_follow_strategy_and_scheme_and_show_one_seed_as_such(tmp_pa
     _write(tmp_path / "b", _summary("icarl", "hdqt", 0, 60.0))
     make_tables([tmp_path / "b"], tmp_path / "out_b")
     assert first["icarl / fp32 (n=1)"]["color"] == first["icarl / hdqt (n=1)"]["color"] != first["bic / fp32"]["color"]
-    assert first["icarl / fp32 (n=1)"]["marker"] == first["bic / fp32"]["marker"] != first["icarl / hdqt (n=1)"]["marker"]
+    marker = {label: kw["marker"] for label, kw in first.items()}
+    assert marker["icarl / fp32 (n=1)"] == marker["bic / fp32"] != marker["icarl / hdqt (n=1)"]
     assert drawn["icarl / hdqt (n=1)"]["color"] == first["icarl / hdqt (n=1)"]["color"]  # another figure, alone
     assert drawn["icarl / hdqt (n=1)"]["marker"] == first["icarl / hdqt (n=1)"]["marker"]
     assert first["icarl / fp32 (n=1)"]["yerr"] is None and first["bic / fp32"]["yerr"] is not None

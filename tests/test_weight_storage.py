@@ -52,5 +52,5 @@ def test_a_run_with_8_bit_weights_says_so_in_its_cost_and_trains_otherwise(make_
 def test_weight_bits_out_of_range_is_refused(make_cfg):
     from hdqt_cil.config import validate
 
-    with pytest.raises(ValueError, match=r"trainer.weight_bits=1 .*null \(float32 weights\) or an integer from 2 to 16"):
+    with pytest.raises(ValueError, match=r"trainer.weight_bits=1 .*null \(float32 weights\) or an integer from 2 "):
         validate(make_cfg("trainer.weight_bits=1"))

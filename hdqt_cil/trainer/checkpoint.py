@@ -3,8 +3,9 @@ every N epochs inside an experience.
 
 avalanche's `save_checkpoint` pickles the whole strategy: model, every plugin's state (exemplar memories,
 iCaRL's class means, BiC's bias layer and old model, LwF's old model) and its RNG manager (python, numpy,
-torch and CUDA generators). We add the run's progress beside it and make the pair atomic: each checkpoint is written into a fresh folder, then a one-line `latest` file is atomically switched
-to it, and only then is the previous folder removed. A kill at any moment leaves the last good checkpoint.
+torch and CUDA generators). The run's progress goes beside it, and the pair is atomic: each checkpoint is written
+into a fresh folder, then a one-line `latest` file is atomically switched to it, and only then is the previous
+folder removed. A kill at any moment leaves the last good checkpoint.
 """
 import pickle
 import random
