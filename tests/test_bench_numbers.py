@@ -13,8 +13,10 @@ def test_a_changed_record_changes_the_table(tmp_path):
     for name in (numbers.KERNELS, numbers.STEPS, numbers.HOT):
         shutil.copy(numbers.ROOT / "results" / "bench" / name, tmp_path / name)
     record = json.loads((tmp_path / numbers.STEPS).read_text())
-    step = next(r for r in record["rows"] if r["name"] == "resnet32 hdqt kernels, CUDA graph")
+    rows = {r["name"]: r for r in record["rows"]}
+    step, fp32 = rows["resnet32 hdqt kernels, CUDA graph"], rows["resnet32 fp32 (TF32 off), CUDA graph"]
     step["seconds"] *= 2
     (tmp_path / numbers.STEPS).write_text(json.dumps(record))
     assert numbers.main(["--check", "--records", str(tmp_path)]) == 1
-    assert "19.44 ms: 2.04× FP32" in numbers.table(tmp_path)
+    doubled = f"{step['seconds'] * 1e3:.2f} ms: {step['seconds'] / fp32['seconds']:.2f}× FP32"
+    assert doubled in numbers.table(tmp_path)

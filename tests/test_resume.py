@@ -105,4 +105,4 @@ def test_divergence_is_recorded_and_optionally_lets_a_sweep_go_on(tmp_path):
     going_on = subprocess.run(_cmd(tmp_path / "b", *bad, "on_divergence=continue"), cwd=ROOT,
                               capture_output=True, text=True, timeout=600)
     assert going_on.returncode == 0, going_on.stderr
-    assert "| digits | class | mlp | naive | fp32 | diverged | diverged |" in going_on.stdout
+    assert "| digits | class | mlp | naive | fp32 | 2 | diverged | diverged |" in going_on.stdout
