@@ -74,8 +74,8 @@ class RunConfig:
     trainer: Any = MISSING
     cost: Any = MISSING  # the energy table of the cost estimate (hdqt_cil/configs/cost/)
     seed: int = setting(0, NON_NEGATIVE_INT)
-    # The paper protocol (hdqt_cil/configs/experiment/*_paper.yaml) the run's settings start from, and its epochs a task:
-    # tables name it, and a run that trains fewer epochs says so at its start.
+    # The paper protocol (hdqt_cil/configs/experiment/*_paper.yaml) the run's settings start from, and its epochs
+    # a task: tables name it, and a run that trains fewer epochs says so at its start.
     preset: Optional[str] = None
     preset_epochs: Optional[int] = setting(None, Rule(lambda v: v is None or (isinstance(v, int) and v >= 1),
                                                       "a positive integer or null"))

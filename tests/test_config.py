@@ -215,8 +215,8 @@ def test_a_hot_run_folder_matches_whether_its_convs_unfold_in_slices_or_not(make
 ])
 def test_the_default_model_is_the_one_the_benchmarks_inputs_call_for(make_cfg, overrides, model):
     cfg = make_cfg(*overrides)
-    assert cfg.model.name == model and run_path(cfg.benchmark.name, "class", cfg.model.name, "icarl", "hdqt", "", 0).split(
-        "/")[0].endswith(f"-{model}")
+    folder = run_path(cfg.benchmark.name, "class", cfg.model.name, "icarl", "hdqt", "", 0)
+    assert cfg.model.name == model and folder.split("/")[0].endswith(f"-{model}")
 
 
 @pytest.mark.parametrize("strategy", ["replay", "der", "er_ace", "gdumb", "agem"])

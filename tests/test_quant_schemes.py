@@ -6,7 +6,8 @@ from hdqt_cil.quant.schemes import SCHEMES, preset, preset_settings, scheme_from
 
 @pytest.mark.parametrize("name", SCHEMES.names())
 def test_config_files_are_the_presets(make_cfg, name):
-    """Each hdqt_cil/configs/quant/<name>.yaml composes to its scheme's defaults, and the run's seed reaches the scheme."""
+    """Each hdqt_cil/configs/quant/<name>.yaml composes to its scheme's defaults, and the run's seed reaches the
+    scheme."""
     cfg = make_cfg(f"quant={name}", "seed=0")
     assert OmegaConf.to_container(cfg.quant, resolve=True) == preset_settings(name)
     assert scheme_from_config(cfg.quant) == preset(name)

@@ -218,7 +218,8 @@ def filter_table(table: FeatureTable, drop_classes=(), drop_subjects=()) -> Feat
 
 
 def paper_filter(table: FeatureTable, dataset: str) -> FeatureTable:
-    """The HDQT paper's filtering of `dataset` (hapt: class 8, subjects 7 and 28; pamap2: class 24, subjects 3, 4, 9)."""
+    """The HDQT paper's filtering of `dataset` (hapt: class 8, subjects 7 and 28; pamap2: class 24, subjects 3, 4,
+    9)."""
     return filter_table(table, **PAPER_FILTERS[dataset])
 
 

@@ -99,8 +99,8 @@ def load(cfg, seed: int) -> Loaded:
 
 def _split_of(cfg, table) -> str:
     """The split to make: benchmark.split, or for auto the data's own split where it has one (a `split` column, a
-    test table), by subject where the table has subjects (class-incremental), at random otherwise. A table's own split that another
-    choice discards is said."""
+    test table), by subject where the table has subjects (class-incremental), at random otherwise. A table's own
+    split that another choice discards is said."""
     from . import features
 
     own = cfg.test_path is not None or table.is_test is not None

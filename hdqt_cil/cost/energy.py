@@ -1,6 +1,6 @@
 """An energy estimate from operation counts (cost/counts.py) and a table of energies per operation: the `cost`
-config group (hdqt_cil/configs/cost/<name>.yaml over `EnergyTable`, the schema `schema/cost/table`); docs/cost.md says what
-the model leaves out.
+config group (hdqt_cil/configs/cost/<name>.yaml over `EnergyTable`, the schema `schema/cost/table`); docs/cost.md
+says what the model leaves out.
 
 Widths the table does not list are scaled from its 8-bit integer figures: a multiplier's energy with the product
 of its operand widths (an array multiplier's size; the 45 nm figures agree: 8×8 bits 0.2 pJ → 32×32 bits 3.2 pJ

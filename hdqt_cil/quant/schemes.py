@@ -305,7 +305,8 @@ def _build_float(cfg) -> Scheme:
 @SCHEMES.register("hdqt", HdqtConfig)
 @SCHEMES.register("int4", Int4Config)
 def _build_integer(cfg) -> Scheme:
-    """HDQT and plain INT4: forward max-clip quantizers; backward re-quantizers max|t|/qmax, with or without Hadamard."""
+    """HDQT and plain INT4: forward max-clip quantizers; backward re-quantizers max|t|/qmax (the output gradient's
+    clipped by grad_clip), with or without Hadamard."""
     def spec(role: str, signedness="signed", clip=1.0) -> QuantSpec:
         return QuantSpec(cfg.bits, signedness, "max", clip, getattr(cfg.granularity, role, "tensor"),
                          getattr(cfg.rounding, role))
