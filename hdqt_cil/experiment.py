@@ -142,8 +142,8 @@ class RunPlugins:
     """The plugins every run adds to its strategy, in the order avalanche calls them: CUDA-graph replay first (its
     NaN check precedes the monitor's), the prediction recorder, the training monitor, the optimizer protocol,
     the weight storage (trainer.weight_bits), the quantization, the GPU batch augmentation, the cost counter; the
-    epoch checkpoints last, just before
-    avalanche's clock, so that they see every plugin's records of the epoch and the next epoch's lr."""
+    epoch checkpoints last, just before avalanche's clock, so that they see every plugin's records of the epoch and
+    the next epoch's lr."""
     recorder: PredictionRecorder
     monitor: TrainingMonitor
     optimizer: PerExperienceSGD

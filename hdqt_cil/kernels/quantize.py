@@ -117,24 +117,23 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, moments: to
     return levels, scale.view(scale_shape), keep
 
 
-def _storage_order(t: torch.Tensor, spec) -> tuple[int, ...] | None:
-    """The order of t's dims that lists its memory as it lies, where quantizing the memory in that order gives the
-    levels of t's own order: one scale for the whole tensor, nearest rounding (stochastic rounding draws its bits
-    by logical index), a dense layout other than contiguous (a BatchNorm's channels-last output).
-    None otherwise: the kernels read a contiguous copy."""
+def _storage_order(t: torch.Tensor, spec) -> tuple[int, ...]:
+    """The order of t's dims to quantize it in: the one that lists its memory as it lies where that gives the levels
+    of t's own order (one scale for the whole tensor, nearest rounding: stochastic rounding draws its bits by
+    logical index) and t is dense (a BatchNorm's channels-last output); else t's own order, from a contiguous
+    copy."""
+    own = tuple(range(t.dim()))
     if t.is_contiguous() or spec.granularity != "tensor" or spec.rounding != "nearest":
-        return None
-    order = tuple(sorted(range(t.dim()), key=lambda d: -t.stride(d)))
-    return order if t.permute(order).is_contiguous() else None
+        return own
+    lying = tuple(sorted(own, key=lambda d: -t.stride(d)))
+    return lying if t.permute(lying).is_contiguous() else own
 
 
 def _quantize_in_place_order(t: torch.Tensor, spec, counter, moments, worst, stats):
-    """_quantize_flat of t read in its memory's order where _storage_order allows it (no copy of t), the levels and
-    keep mask returned in t's shape with t's layout; of a contiguous copy otherwise. For the forward's operands
-    only: a backward operand's consumers (the GEMM's packing, col2im_int_matmul) want its levels contiguous."""
+    """_quantize_flat of t read in its _storage_order (no copy of a dense t), the levels and keep mask returned in
+    t's shape with t's layout. For the forward's operands only: a backward operand's consumers (the GEMM's
+    packing, col2im_int_matmul) want its levels contiguous."""
     order = _storage_order(t, spec)
-    if order is None:
-        return _quantize_flat(rt.flat_input(t), t.shape, spec, counter, 0, moments, worst, stats)
     lying = t.permute(order)
     levels, scale, keep = _quantize_flat(rt.flat_input(lying), lying.shape, spec, counter, 0, moments, worst, stats)
     back = tuple(order.index(d) for d in range(t.dim()))
@@ -151,8 +150,7 @@ def quantize(t: torch.Tensor, spec, counter=None, moments: torch.Tensor | None =
              worst: torch.Tensor | None = None):
     """(int8 levels, float32 scale) as `hdqt_cil.quant.quantize`. `counter`: the random bits' key of stochastic
     rounding; `moments`: for a SAWB scale, the (2, groups) float32 (mean t², mean |t|) of the reference's
-    `sawb_moments` on `t`; `worst`: a float32
-    slot raised to the largest scale (a NaN or Inf in t reaches it)."""
+    `sawb_moments` on `t`; `worst`: a float32 slot raised to the largest scale (a NaN or Inf in t reaches it)."""
     rt.require_cuda(t)
     _check_covered(t, spec)
     _needs_moments(spec, moments)

@@ -92,17 +92,21 @@ def _schedule(config: dict) -> dict:
 
 def collect_runs(*roots) -> pd.DataFrame:
     """One row per run folder (a folder holding summary.json) found under `roots`."""
-    rows, configs = [], []
+    return _collect(roots)[0]
+
+
+def _collect(roots) -> tuple[pd.DataFrame, list[dict]]:
+    """collect_runs' frame, and each run's config as its config.yaml resolves ({} where it has none)."""
+    rows, configs, sources = [], [], []
     for root in roots:
         for path in sorted(Path(root).rglob("summary.json")):
             summary, config = read_json(path), _run_config(path.parent)
-            # runs on other data: rows apart (the data before the seed's split; runs that do not record it are
-            # told apart by their configs alone)
-            configs.append({**config, "data": summary.get("data_source")})
+            configs.append(config)
+            sources.append(summary.get("data_source"))
             cost = summary.get("cost") or {}  # training's cost on integer hardware (trainer/cost.py)
             rows.append({**summary["run"], **summary["metrics"], "status": summary["status"],
                          "seen_acc": summary["seen_acc"], "classes_per_exp": summary["classes_per_exp"],
-                         "n_experiences": summary["n_experiences"],
+                         "n_experiences": summary["n_experiences"], "acc_matrix": summary.get("acc_matrix"),
                          "wall_time_s": summary.get("wall_time_s", math.nan), "path": str(path.parent),
                          "peak_memory_mib": summary.get("peak_memory_mib") or math.nan,
                          "setting": quant_setting(config), "int_gmacs": cost.get("training int GMACs", math.nan),
@@ -116,8 +120,10 @@ def collect_runs(*roots) -> pd.DataFrame:
     df["benchmark"] = [b if s == "class" else f"{b} ({s})" for b, s in zip(df.benchmark, df.scenario)]
     df["scheme"] = df["quant"]
     df["quant"] = df["quant"] + df["tag"].fillna("").map(lambda t: f"[{t}]" if t else "")
-    df["variant"], df["quant_variant"] = _variants(df, configs)
-    return df
+    # runs on other data: rows apart (the data before the seed's split; runs that do not record it are told apart
+    # by their configs alone)
+    df["variant"], df["quant_variant"] = _variants(df, [{**c, "data": d} for c, d in zip(configs, sources)])
+    return df, configs
 
 
 def load_runs(*roots) -> pd.DataFrame:
@@ -125,11 +131,10 @@ def load_runs(*roots) -> pd.DataFrame:
     time, peak memory, path) with each setting of the run's config as a column of its dotted name
     (`trainer.epochs`, `quant.acc_bits`, ...) and its accuracy matrix in `acc_matrix` (a float array, row k: after
     experience k, NaN for experiences not yet seen)."""
-    df = collect_runs(*roots)
-    settings = pd.DataFrame([_flat(_run_config(Path(path))) for path in df.path], index=df.index)
+    df, configs = _collect(roots)
+    settings = pd.DataFrame([_flat(c) for c in configs], index=df.index)
     df = pd.concat([df, settings[[c for c in settings.columns if c not in df.columns]]], axis=1)
-    df["acc_matrix"] = [np.array(read_json(Path(path) / "summary.json")["acc_matrix"], dtype=float)
-                        for path in df.path]
+    df["acc_matrix"] = [np.array(m, dtype=float) for m in df.acc_matrix]
     return df
 
 

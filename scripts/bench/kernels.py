@@ -350,13 +350,11 @@ def grad_input_unfused():
         kernels.col2im_int_matmul = fused
 
 
-def profile_steps(schemes: list[str], stack_rows: int, model_name: str = "resnet32") -> None:
-    """Where a step's device time goes: two eager steps by kernel, FP32 on torch and `schemes` on the kernels;
-    with stack_rows, the ops by the Python line that launched them too."""
+def profile_steps(schemes: list[str], model_name: str = "resnet32") -> None:
+    """Where a step's device time goes: two eager steps by kernel, FP32 on torch and `schemes` on the kernels."""
     for scheme in ["fp32", *schemes]:
         one, _ = training_step(model_name, scheme, "torch" if scheme == "fp32" else "cupy")
-        print_device_profile(f"two eager {model_name} {scheme} steps", lambda: (one(), one()), rows=60,
-                             stack_rows=0 if scheme == "fp32" else stack_rows)
+        print_device_profile(f"two eager {model_name} {scheme} steps", lambda: (one(), one()), rows=60)
 
 
 def training_steps(quick: bool):
@@ -425,8 +423,6 @@ def main():
     parser.add_argument("--quantize-only", action="store_true", help="only the copy bandwidth and the quantizers")
     parser.add_argument("--profile-steps", nargs="*", metavar="SCHEME", help="print the device time of a "
                         "ResNet-32 step by kernel (FP32 and these schemes, eager; none named: hdqt)")
-    parser.add_argument("--profile-stacks", type=int, default=0, metavar="ROWS",
-                        help="with --profile-steps, this many rows of ops by the Python line that launched them")
     parser.add_argument("--repeat-case", metavar="CASE", help="only run CASE three times, for a profiler "
                         "(gemm:CONFIG:SAT or quantize:NAME)")
     args = parser.parse_args()
@@ -453,7 +449,7 @@ def main():
     if not (args.skip_steps or args.quantize_only):
         training_steps(args.quick)
     if args.profile_steps is not None:
-        profile_steps(args.profile_steps or ["hdqt"], args.profile_stacks)
+        profile_steps(args.profile_steps or ["hdqt"])
 
     path = save_rows(args.out, "bench_kernels", device, header, started, ROWS)
     print(f"\n{header}\n")

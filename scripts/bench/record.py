@@ -19,14 +19,14 @@ def save_rows(out_dir, prefix: str, device: str, header: str, started: float, ro
     return path
 
 
-def _kernel_events(fn, with_stack: bool = False):
+def _kernel_events(fn):
     """(profiler, the device kernels fn() launched) under torch.profiler; kernels launched through CuPy on torch's
-    stream are recorded too. with_stack: the Python frames of each op kept (slower)."""
+    stream are recorded too."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=with_stack) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
     return prof, [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -38,13 +38,9 @@ def device_work(fn, calls: int = 2) -> tuple[float, float]:
     return len(kernels) / calls, sum(e.device_time for e in kernels) / 1e6 / calls
 
 
-def print_device_profile(title: str, fn, rows: int = 30, stack_rows: int = 0) -> None:
-    """Device time of fn() by kernel, largest first, and how many kernels it launched; with stack_rows, that many
-    rows more of the ops by the project's Python line that called them (where the glue ops come from)."""
-    prof, kernels = _kernel_events(fn, with_stack=stack_rows > 0)
+def print_device_profile(title: str, fn, rows: int = 30) -> None:
+    """Device time of fn() by kernel, largest first, and how many kernels it launched."""
+    prof, kernels = _kernel_events(fn)
     busy = sum(e.device_time for e in kernels)
     print(f"\nprofile: {title}: {len(kernels)} device ops, {busy / 1e3:.2f} ms of device time")
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows), flush=True)
-    if stack_rows:
-        by_line = prof.key_averages(group_by_stack_n=3)
-        print(by_line.table(sort_by="count", row_limit=stack_rows, max_name_column_width=40), flush=True)
