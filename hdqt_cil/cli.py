@@ -47,6 +47,7 @@ def main(cfg):
     from .run_folder import discard_unclaimed
     from .sweep import record_job
     from .sweep.gpu_slots import job_gpu
+    from .sweep.preemption import keep_ending_signals
 
     hydra_cfg = HydraConfig.get()
     run_dir = hydra_cfg.runtime.output_dir
@@ -59,6 +60,7 @@ def main(cfg):
             raise
         print(run_table(run_dir))
         return
+    keep_ending_signals()  # a SLURM job's pre-emption handler (submitit's) must not be lost
     try:  # in a sweep, one failed job must not stop the others (hdqt_cil/sweep/report.py)
         with job_gpu(hydra_cfg.job.num, torch.cuda.device_count()) as gpu:
             run(cfg, run_dir, gpu=gpu)
