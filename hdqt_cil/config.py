@@ -120,8 +120,10 @@ DATA_LOCATION = ("path", "root", "test_path")
 def comparable_config(cfg_dict: dict) -> dict:
     """The part of a resolved config that decides a run's results, but for the data: where they lie is left out
     (the fingerprint of their contents decides). A null setting counts as absent, so that a folder written before
-    a setting existed matches a run that leaves it at null."""
+    a setting existed matches a run that leaves it at null; so do the settings of a feature that is off."""
     out = {k: v for k, v in _without_nulls(cfg_dict).items() if k not in RUN_INDEPENDENT}
+    if "hp_replay" not in out.get("strategy", {}):  # the settings of higher-precision replay mean nothing while off
+        out["strategy"] = {k: v for k, v in out.get("strategy", {}).items() if not k.startswith("hp_replay_")}
     out["trainer"] = {k: v for k, v in out.get("trainer", {}).items() if k not in RUN_INDEPENDENT_TRAINER}
     out["quant"] = {k: v for k, v in out.get("quant", {}).items() if k not in RUN_INDEPENDENT_QUANT}
     benchmark = {k: v for k, v in out.get("benchmark", {}).items() if k not in DATA_LOCATION}

@@ -19,6 +19,7 @@ from .trainer.batch_augment import BatchAugment
 from .trainer.checkpoint import EpochCheckpoints, ExperienceCheckpoints
 from .trainer.cost import CostCounter
 from .trainer.cuda_graphs import CudaGraphPlugin
+from .trainer.hp_replay import HigherPrecisionReplay, higher_precision_scheme
 from .trainer.monitor import Diverged, TrainingMonitor
 from .trainer.optim import PerExperienceSGD
 from .trainer.quantization import QuantizationPlugin
@@ -141,9 +142,10 @@ def run(cfg, run_dir, gpu: int = 0) -> dict:
 class RunPlugins:
     """The plugins every run adds to its strategy, in the order avalanche calls them: CUDA-graph replay first (its
     NaN check precedes the monitor's), the prediction recorder, the training monitor, the optimizer protocol,
-    the weight storage (trainer.weight_bits), the quantization, the GPU batch augmentation, the cost counter; the
-    epoch checkpoints last, just before avalanche's clock, so that they see every plugin's records of the epoch and
-    the next epoch's lr."""
+    the weight storage (trainer.weight_bits), the quantization, the GPU batch augmentation, the cost counter, the
+    higher-precision replay (strategy.hp_replay, once the others have closed the epoch); the epoch checkpoints
+    last, just before avalanche's clock, so that they see every plugin's records of the epoch and the next
+    epoch's lr."""
     recorder: PredictionRecorder
     monitor: TrainingMonitor
     optimizer: PerExperienceSGD
@@ -153,6 +155,7 @@ class RunPlugins:
     graphs: CudaGraphPlugin | None = None
     augment: BatchAugment | None = None
     storage: WeightStorage | None = None
+    hp_replay: HigherPrecisionReplay | None = None
 
     @classmethod
     def declare(cls, cfg, device: torch.device, run_dir: Path, bench) -> "RunPlugins":
@@ -170,7 +173,8 @@ class RunPlugins:
             epochs=EpochCheckpoints(ExperienceCheckpoints(run_dir).root, t.checkpoint_every),
             graphs=CudaGraphPlugin(teachers(cfg.strategy.name)) if t.cuda_graph and device.type == "cuda" else None,
             augment=(BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)) if gpu_augment
-                     else None))
+                     else None),
+            hp_replay=_higher_precision_replay(cfg))
 
     @classmethod
     def of(cls, strategy) -> "RunPlugins":
@@ -178,7 +182,7 @@ class RunPlugins:
         found = {type(p): p for p in strategy.plugins}
         return cls(found[PredictionRecorder], found[TrainingMonitor], found[PerExperienceSGD],
                    found[QuantizationPlugin], found[CostCounter], found[EpochCheckpoints], found.get(CudaGraphPlugin),
-                   found.get(BatchAugment), found.get(WeightStorage))
+                   found.get(BatchAugment), found.get(WeightStorage), found.get(HigherPrecisionReplay))
 
     def attach(self, strategy):
         """Place the epoch checkpoints just before avalanche's clock (the template appends its own plugins and the
@@ -189,7 +193,20 @@ class RunPlugins:
     def given(self) -> list:
         """The plugins handed to the strategy template, in order."""
         return [p for p in (self.graphs, self.recorder, self.monitor, self.optimizer, self.storage, self.quantization,
-                            self.augment, self.cost) if p is not None]
+                            self.augment, self.cost, self.hp_replay) if p is not None]
+
+
+def _higher_precision_replay(cfg) -> HigherPrecisionReplay | None:
+    s = cfg.strategy
+    if s.get("hp_replay") is None:
+        return None
+    if s.hp_replay_acc_bits is not None and s.hp_replay_acc_bits < s.hp_replay_bits:
+        raise ValueError(f"strategy.hp_replay_acc_bits={s.hp_replay_acc_bits} is narrower than strategy.hp_replay_bits="
+                         f"{s.hp_replay_bits}; give it at least as many bits, or null (float accumulators)")
+    scheme = higher_precision_scheme(OmegaConf.to_container(cfg.quant, resolve=True), s.hp_replay_bits,
+                                     s.hp_replay_acc_bits)
+    return HigherPrecisionReplay(s.hp_replay, s.hp_replay_epochs, scheme, s.hp_replay_bits, s.hp_replay_acc_bits,
+                                 teachers(s.name))
 
 
 def _run(cfg, run_dir: Path, gpu: int) -> dict:
@@ -205,6 +222,8 @@ def _run(cfg, run_dir: Path, gpu: int) -> dict:
     strategy = plugins.attach(build_strategy(cfg.strategy, cfg.trainer, model,
                                              _template_arguments(cfg, model, device, plugins.given(), run_dir),
                                              DataFacts(len(bench.input_shape) == 3, bench.n_experiences)))
+    if plugins.hp_replay is not None:
+        plugins.hp_replay.check(strategy, cfg.strategy.name)
 
     # Only a run that could be built claims its folder: bad input leaves nothing behind.
     folder = RunFolder(run_dir)
@@ -255,9 +274,12 @@ def _train(cfg, bench, strategy, plugins: RunPlugins, folder: RunFolder, start: 
         summary = _summary(cfg, bench, history, status, elapsed, device, plugins.monitor.losses,
                            compile_seconds() - compiled_before, plugins.cost.summary(),
                            peak_memory_mib(device, start.peak_mib_before), error)
-        # quant_stats: the layers' saturation and clipping per epoch; lqs: HOT's per-layer choice (made once)
-        folder.write(summary, {"quant_stats.json": plugins.quantization.epochs,
-                               "lqs.json": plugins.quantization.calibration})
+        # quant_stats: the layers' saturation and clipping per epoch; lqs: HOT's per-layer choice (made once);
+        # hp_replay: each higher-precision replay phase's exemplars, epochs and mean loss
+        records = {"quant_stats.json": plugins.quantization.epochs, "lqs.json": plugins.quantization.calibration}
+        if plugins.hp_replay is not None:
+            records["hp_replay.json"] = plugins.hp_replay.phases
+        folder.write(summary, records)
 
     try:
         for k in steps[start.first:]:

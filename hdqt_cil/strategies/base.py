@@ -11,13 +11,15 @@ need (DataFacts). What a strategy tells the run besides:
 - `scenarios=(...)`: the scenarios it is made for, where not all (iCaRL and BiC need new classes each experience).
 """
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from avalanche.training import JointTraining, Naive
 from avalanche.training.templates import SupervisedTemplate
 from omegaconf import MISSING
 
+from ..quant.schemes import ACC_BITS_MAX, BITS
 from ..registry import Registry, load_members
+from ..settings import POSITIVE_INT, Rule, optional, setting
 
 STRATEGIES = Registry("strategy")
 
@@ -31,6 +33,15 @@ class DataFacts(NamedTuple):
 @dataclass
 class StrategyConfig:
     name: str = MISSING
+    # Higher-precision replay (trainer/hp_replay.py): after each experience past the first, this many exemplars are
+    # trained on for hp_replay_epochs epochs at hp_replay_bits-bit operands and hp_replay_acc_bits-bit accumulators
+    # (null: float); null: off. Strategies with an exemplar memory only.
+    hp_replay: Optional[int] = setting(None, optional(POSITIVE_INT))
+    hp_replay_epochs: int = setting(2, POSITIVE_INT)
+    hp_replay_bits: int = setting(8, BITS)
+    hp_replay_acc_bits: Optional[int] = setting(16, Rule(
+        lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 2 <= v <= ACC_BITS_MAX),
+        f"an integer in 2..{ACC_BITS_MAX}, at least hp_replay_bits, or null (float accumulators)"))
 
 
 @dataclass

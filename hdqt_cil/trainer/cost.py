@@ -8,10 +8,11 @@ as dyn_der's old extractors) counts as an inference forward. An iteration only c
 experience's end (and its evaluation's) the counts of a step at each batch size (the forward and the backward, and
 the old model's forward where the strategy distils from one: LwF, iCaRL, BiC; evaluation forwards apart) are
 multiplied by the steps taken at it. Not counted: BiC's bias-correction stage, iCaRL's herding forwards, the
-optimizer's update, data loading (docs/cost.md).
+higher-precision replay's steps, the optimizer's update, data loading (docs/cost.md).
 """
 import copy
 from collections import Counter
+from contextlib import contextmanager
 
 from avalanche.core import SupervisedPlugin
 from torch import nn
@@ -26,6 +27,7 @@ class CostCounter(SupervisedPlugin):
     """`teachers`: the strategy's plugin attributes that may hold an old model (strategies/base.py); `energy`: the
     cost config's EnergyTable; `weight_bits`: the bits the weights are stored in between steps (None: float32)."""
     weight_bits, weight_count = 32, 0  # what a counter restored from a checkpoint written before them holds
+    _paused = False
 
     def __init__(self, energy, teachers: tuple[str, ...] = (), weight_bits: int | None = None):
         super().__init__()
@@ -93,7 +95,17 @@ class CostCounter(SupervisedPlugin):
                                  "training": None, "layers": None})
 
     def after_training_iteration(self, strategy, **kwargs):
-        self.experiences[-1]["training batches"][len(strategy.mb_y)] += 1
+        if not self._paused:
+            self.experiences[-1]["training batches"][len(strategy.mb_y)] += 1
+
+    @contextmanager
+    def paused(self):
+        """Training steps taken meanwhile are not counted (higher-precision replay's, at other prices)."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
 
     def after_training_exp(self, strategy, **kwargs):
         self._finish(self.experiences[-1])

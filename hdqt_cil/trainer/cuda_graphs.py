@@ -10,6 +10,8 @@ bias stage runs eagerly as before. A NaN or Inf reaching a quantizer inside a re
 would need a sync per step): it is checked at each training epoch's end, before the divergence monitor and the
 epoch checkpoint see the epoch, and at each evaluation's end.
 """
+from contextlib import contextmanager
+
 from avalanche.core import SupervisedPlugin
 from torch import nn
 
@@ -56,6 +58,20 @@ class CudaGraphPlugin(SupervisedPlugin):
         self.captured.check()
         for _, _, wrapped in self.teachers:
             wrapped.check()
+
+    @contextmanager
+    def eager(self):
+        """Training steps and the old models' forwards run eagerly for a while (a phase whose layers run other
+        kernels than the captured ones: higher-precision replay)."""
+        captured, self.captured = self.captured, None
+        for plugin, name, wrapped in self.teachers:
+            setattr(plugin, name, wrapped.module)
+        try:
+            yield
+        finally:
+            self.captured = captured
+            for plugin, name, wrapped in self.teachers:
+                setattr(plugin, name, wrapped)
 
     def after_training_exp(self, strategy, **kwargs):
         self.captured.release()

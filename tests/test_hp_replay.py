@@ -1,0 +1,83 @@
+"""strategy.hp_replay: after each experience past the first, N exemplars trained on at 8-bit operands and 16-bit
+accumulators (the old model too), then training goes on at the scheme's own precision."""
+import random
+from collections import Counter
+
+import pytest
+
+from hdqt_cil.config import comparable_config
+from hdqt_cil.experiment import run
+from hdqt_cil.quant.layers import QuantLayer
+from hdqt_cil.trainer.hp_replay import HigherPrecisionReplay, spread_over_classes
+
+BASE = ("quant=hdqt", "trainer.epochs=2", "trainer.device=cpu", "benchmark.n_experiences=null",
+        "benchmark.classes_per_exp=4", "trainer.memory_size=60")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_exemplars_are_spread_evenly_over_the_classes_first_in_order(seed):
+    rng = random.Random(seed)
+    targets = [rng.randrange(rng.randint(1, 6)) for _ in range(rng.randint(1, 80))]
+    size = rng.randint(1, 60)
+    picked = spread_over_classes(targets, size)
+    per_class = max(1, size // len(set(targets)))
+    counts = Counter(targets)
+    assert picked == sorted(picked)
+    assert Counter(targets[i] for i in picked) == {c: min(n, per_class) for c, n in counts.items()}
+    for c in counts:  # the first of each class
+        of_class = [i for i, t in enumerate(targets) if t == c]
+        assert [i for i in picked if targets[i] == c] == of_class[: min(len(of_class), per_class)]
+
+
+def _bits(model) -> tuple:
+    layer = next(m for m in model.modules() if isinstance(m, QuantLayer))
+    return layer.scheme.forward.left.bits, layer.scheme.forward.acc_bits
+
+
+def test_the_phase_trains_the_exemplars_at_higher_precision_uncounted(make_cfg, tmp_path, monkeypatch):
+    seen = []
+    original = HigherPrecisionReplay.after_training_iteration
+
+    def spy(self, strategy, **kwargs):
+        teacher = next(getattr(p, "old_model") for p in strategy.plugins if hasattr(p, "old_model"))
+        seen.append((self._losses is not None, strategy.clock.train_exp_counter, len(strategy.mb_y),
+                     _bits(strategy.model), None if teacher is None else _bits(teacher)))
+        original(self, strategy, **kwargs)
+
+    monkeypatch.setattr(HigherPrecisionReplay, "after_training_iteration", spy)
+    replayed = run(make_cfg("strategy=icarl", *BASE, "strategy.hp_replay=20"), tmp_path / "hp")
+    monkeypatch.undo()
+    plain = run(make_cfg("strategy=icarl", *BASE), tmp_path / "plain")
+
+    phase = [s for s in seen if s[0]]
+    # experiences 2 and 3 (of 4, 4, 2 classes), 2 epochs each, one batch: 5 of each of the memory's 4 classes, then
+    # 2 of each of its 8
+    assert [(k, n) for _, k, n, _, _ in phase] == [(1, 20), (1, 20), (2, 16), (2, 16)]
+    assert {(model, teacher) for *_, model, teacher in phase} == {((8, 16), (8, 16))}
+    assert {model for inside, *_, model, _ in seen if not inside} == {(4, 8)}  # back to the scheme's own
+    assert [e["steps"] for e in replayed["cost"]["experiences"]] == [e["steps"] for e in plain["cost"]["experiences"]]
+    assert replayed["acc_matrix"][0] == plain["acc_matrix"][0]  # nothing changes before the first phase
+    assert replayed["acc_matrix"][1:] != plain["acc_matrix"][1:]
+    records = (tmp_path / "hp").rglob("hp_replay.json")
+    assert len(list(records)) == 1
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (("strategy=lwf", "strategy.hp_replay=20"), r"strategy=lwf keeps no exemplar memory"),
+    (("strategy=icarl", "quant=hot", "strategy.hp_replay=20"), r"quant=hot has no bits and acc_bits to raise"),
+    (("strategy=icarl", "strategy.hp_replay=20", "strategy.hp_replay_acc_bits=4"),
+     r"strategy.hp_replay_acc_bits=4 is narrower than strategy.hp_replay_bits=8"),
+    (("strategy=icarl", "strategy.hp_replay=0"), r"strategy.hp_replay=0"),
+])
+def test_impossible_replays_are_refused_naming_the_setting(make_cfg, tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        run(make_cfg(*BASE[1:], *overrides), tmp_path / "run")
+    assert not list((tmp_path / "run").rglob("config.yaml"))  # nothing left behind
+
+
+def test_the_replay_settings_count_only_when_it_is_on():
+    off = {"strategy": {"name": "icarl", "hp_replay": None, "hp_replay_epochs": 2}}
+    older = {"strategy": {"name": "icarl"}}
+    assert comparable_config(off) == comparable_config(older)
+    on = {"strategy": {"name": "icarl", "hp_replay": 20, "hp_replay_epochs": 2}}
+    assert comparable_config(on)["strategy"]["hp_replay_epochs"] == 2
