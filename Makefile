@@ -20,7 +20,7 @@ run: env
 	$(PY) run.py
 
 test: env
-	$(PY) -m pytest -q -n auto
+	$(PY) -m pytest -q -n auto --dist worksteal
 
 bench: env
 	$(PY) -m scripts.bench.kernels

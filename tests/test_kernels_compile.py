@@ -21,13 +21,22 @@ GEMM_EXPRESSIONS += [rt.gemm_expression(config, sat, count, out) for config in r
 
 
 @pytest.mark.parametrize("name", sorted(rt.SOURCES))
-def test_source_compiles_for_sm90(name):
+def test_source_compiles_for_sm90_and_reports_each_kernels_resources(name):
+    """Each kernel in the cubin; scripts/bench/kernel_resources.py reads its registers, spills and shared memory
+    off the same compile's log."""
+    from scripts.bench import kernel_resources as resources  # noqa: PLC0415
+
     expressions = tuple(GEMM_EXPRESSIONS) if name == "intmm.cu" else rt.SOURCES[name]
-    cubin, lowered, _ = rt.nvrtc_compile(name, expressions, "sm_90")
+    cubin, lowered, log = rt.nvrtc_compile(name, expressions, "sm_90", resources.PTXAS_VERBOSE)
     assert cubin[:4] == b"\x7fELF"
     assert set(lowered) == set(expressions)
     for kernel in lowered.values():
         assert kernel.encode() in cubin
+    rows = {r["kernel"]: r for r in resources.rows(lowered, log)}
+    assert set(rows) == set(expressions)
+    assert all(0 < r["registers"] <= 255 for r in rows.values())
+    if name == "quant.cu":  # a static tile: 64 rows of 64 bytes plus one of padding
+        assert rows["transpose_i8"]["smem bytes"] == 64 * 65
 
 
 def test_ieee_single_precision_options():
@@ -109,15 +118,3 @@ def test_torch_backend_fused_ops_are_the_compositions():
             TORCH_OPS.scaled_int_matmul(a, b, sa, sb, block)
         with pytest.raises(ValueError, match="power of two"):
             KERNEL_OPS.scaled_int_matmul(a, b, sa, sb, block)
-
-
-def test_resource_report_names_every_kernel_with_its_figures():
-    """scripts/bench/kernel_resources.py reads ptxas' registers, spills and shared memory off NVRTC's log."""
-    from scripts.bench import kernel_resources as resources  # noqa: PLC0415
-    rows = {r["kernel"]: r for r in resources.report("quant.cu", rt.QUANT_KERNELS, "sm_90")}
-    assert set(rows) == set(rt.QUANT_KERNELS)
-    assert all(0 < r["registers"] <= 255 for r in rows.values())
-    assert rows["transpose_i8"]["smem bytes"] == 64 * 65  # its static tile: 64 rows of 64 bytes plus one of padding
-    gemm = rt.gemm_expression("64x64", 2, True, 1)
-    (row,) = resources.report("intmm.cu", (gemm,), "sm_90")
-    assert row["kernel"] == gemm and row["registers"] > 0

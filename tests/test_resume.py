@@ -39,7 +39,7 @@ def _kill_and_resume(tmp_path, strategy, quant, overrides, killable, log_says):
     while not killable(run_dir / "checkpoints") and time.time() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, "the run finished before it could be killed"
-    time.sleep(0.05)  # inside the next epoch; an experience of 30 epochs takes several times longer
+    time.sleep(0.05)  # inside the next epoch; what is left of the run takes several times longer
     proc.send_signal(signal.SIGKILL)
     proc.wait()
 
@@ -57,7 +57,7 @@ def _kill_and_resume(tmp_path, strategy, quant, overrides, killable, log_says):
 
 
 def _overrides(strategy, quant, *more):
-    return [f"strategy={strategy}", f"quant={quant}", "trainer.epochs=30", "trainer.milestones=[20]",
+    return [f"strategy={strategy}", f"quant={quant}", "trainer.epochs=15", "trainer.milestones=[12]",
             *(["strategy.stage_2_epochs=5"] if strategy == "bic" else []), *more]
 
 
@@ -79,17 +79,18 @@ def test_sigkill_mid_experience_then_resume_matches_uninterrupted(tmp_path, stra
                                                      ("der", "fp32", 2), ("er_ace", "fp32", 2), ("agem", "fp32", 2),
                                                      ("dyn_der", "hdqt", 2)])
 def test_sigkill_after_an_epoch_checkpoint_resumes_from_that_epoch(tmp_path, strategy, quant, experience):
-    """trainer.checkpoint_every=5: the resumed run restarts at epoch 10 or later of the experience (the first one
-    has no boundary checkpoint before it) and still ends as the uninterrupted run (DER++, ER-ACE and A-GEM: with
-    their memory batches drawn on from where they were, strategies/resumable_replay.py; dyn_der: into a model
-    expanded again before the epoch's weights are laid over it)."""
+    """trainer.checkpoint_every=5: the resumed run restarts at epoch 10 of the experience (the first one has no
+    boundary checkpoint before it), before its learning rate drops at epoch 12, and still ends as the uninterrupted
+    run (DER++, ER-ACE and A-GEM: with their memory batches drawn on from where they were,
+    strategies/resumable_replay.py; dyn_der: into a model expanded again before the epoch's weights are laid over
+    it)."""
     def past_epoch_10(checkpoints):
         return any(int(p.name.rsplit("epoch", 1)[1]) >= 10 for p in checkpoints.glob(f"exp{experience:03d}_epoch*"))
 
     output = _kill_and_resume(tmp_path, strategy, quant, _overrides(strategy, quant, "trainer.checkpoint_every=5"),
                               past_epoch_10, f"after experience {experience}, epoch")
-    # progress lines count each epoch of the experience's 30, the resumed one's too
-    assert set(re.findall(r"epoch \d+/(\d+): mean training loss", output)) == {"30"}
+    # progress lines count each epoch of the experience's 15, the resumed one's too
+    assert set(re.findall(r"epoch \d+/(\d+): mean training loss", output)) == {"15"}
 
 
 def test_divergence_is_recorded_and_optionally_lets_a_sweep_go_on(tmp_path):

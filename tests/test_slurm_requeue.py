@@ -18,7 +18,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "digits-mlp/icarl/fp32/seed0"
-CONFIG = ["strategy=icarl", "quant=fp32", "trainer.epochs=30", "trainer.device=cpu", "logging.progress=off"]
+CONFIG = ["strategy=icarl", "quant=fp32", "trainer.epochs=20", "trainer.device=cpu", "logging.progress=off"]
 
 
 def _start(results_root, *flags):

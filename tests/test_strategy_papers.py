@@ -249,6 +249,18 @@ def test_ewc_penalty_is_lambda_times_the_per_sample_fisher_distance(stream):
         assert torch.equal(ewc.saved_params[1][k].data, theta_star[1][k])
 
 
+def test_ewc_makes_no_fisher_pass_after_the_runs_last_experience(stream, monkeypatch):
+    passes = []
+    original = EWCPlugin.compute_importances
+    monkeypatch.setattr(EWCPlugin, "compute_importances", lambda self, *a, **k: passes.append(1) or original(
+        self, *a, **k))
+    strategy = build("ewc", mlp())
+    ewc = next(p for p in strategy.plugins if isinstance(p, EWCPlugin))
+    for exp in stream:
+        strategy.train(exp)
+    assert len(passes) == N_EXP - 1 and sorted(ewc.saved_params) == [N_EXP - 2]
+
+
 def test_si_importance_is_the_task_loss_path_integral_and_the_penalty_c_times_it(stream):
     """SI: ω = −Σ_steps g·Δθ (g the task loss's gradient, Δθ the step SGD with momentum took), Ω = Σ_experiences
     ω / (Δ² + ξ), and the loss adds c·Σ Ω (θ − θ*)². avalanche's plugin kept views of the weights on the CPU (all

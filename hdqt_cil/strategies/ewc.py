@@ -20,6 +20,18 @@ from .base import STRATEGIES, StrategyConfig
 
 
 class EWCPlugin(avalanche_ewc.EWCPlugin):
+    """`n_experiences`: the run's; the Fisher information of its last experience would weigh no later one, so its
+    pass over that experience's samples (one backward each) is not made."""
+    n_experiences = None  # what a plugin restored from a checkpoint written before the setting existed holds
+
+    def __init__(self, *args, n_experiences: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.n_experiences = n_experiences
+
+    def after_training_exp(self, strategy, **kwargs):
+        if strategy.clock.train_exp_counter + 1 != self.n_experiences:
+            super().after_training_exp(strategy, **kwargs)
+
     def compute_importances(self, model, criterion, optimizer, dataset, device, batch_size, num_workers=0):
         """Per-sample empirical Fisher: mean over the samples of (∂ criterion(model(x), y) / ∂θ)²."""
         model.eval()
@@ -50,5 +62,5 @@ class EWCConfig(StrategyConfig):
 
 @STRATEGIES.register("ewc", EWCConfig)
 def build(cfg, trainer, model, common, data):
-    ewc = EWCPlugin(cfg.ewc_lambda, mode="online", decay_factor=cfg.decay)
+    ewc = EWCPlugin(cfg.ewc_lambda, mode="online", decay_factor=cfg.decay, n_experiences=data.n_experiences)
     return SupervisedTemplate(model=model, **{**common, "plugins": [*common["plugins"], ewc]})

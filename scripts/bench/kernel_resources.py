@@ -23,9 +23,17 @@ FIGURES = {
 }
 
 
+PTXAS_VERBOSE = "--ptxas-options=-v"
+
+
 def report(name: str, expressions: tuple[str, ...], arch: str) -> list[dict]:
     """One row per kernel of `name`: its expression (template instantiations by their source spelling)."""
-    _, lowered, log = rt.nvrtc_compile(name, expressions, arch, "--ptxas-options=-v")
+    _, lowered, log = rt.nvrtc_compile(name, expressions, arch, PTXAS_VERBOSE)
+    return rows(lowered, log)
+
+
+def rows(lowered: dict, log: str) -> list[dict]:
+    """report's rows from a compile's lowered names and its log (NVRTC run with PTXAS_VERBOSE)."""
     spelled = {mangled: expression for expression, mangled in lowered.items()}
     parts = ENTRY.split(log.replace("\0", ""))  # [preamble, kernel, its lines, kernel, its lines, ...]
     return [{"kernel": spelled.get(kernel, kernel),
