@@ -6,12 +6,17 @@ import os
 import sys
 import warnings
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
+# avalanche imports qpsolvers, which imports every QP solver installed; two of them load jax (about a second of
+# every run's start, and a garbage-collector callback at every collection). No strategy here solves a QP, and the
+# command's process has no other use for jax: its import fails there, and qpsolvers leaves those two solvers out.
+sys.modules.setdefault("jax", None)
 
-from .config import register_schemas
-from .results.__main__ import main as tables
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
+
+from .config import register_schemas  # noqa: E402
+from .results.__main__ import main as tables  # noqa: E402
 
 register_schemas()
 # avalanche imports an optional QP solver it never needs here and deprecates its own internals: not the user's concern.

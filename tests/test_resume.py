@@ -10,6 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+
+from hdqt_cil.experiment import run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,13 +26,17 @@ def _summary(results_root, strategy, quant="fp32"):
     return json.loads((results_root / f"digits-mlp/{strategy}/{quant}/seed0/summary.json").read_text())
 
 
-def _kill_and_resume(tmp_path, strategy, quant, overrides, killable, log_says):
-    """An uninterrupted run, then the same run SIGKILLed once `killable()` sees its folder ready and resumed:
-    the two accuracy matrices, losses and operation counts must be equal. Returns the resumed run's output."""
+def _kill_and_resume(tmp_path, make_cfg, strategy, quant, overrides, killable, log_says):
+    """An uninterrupted run (in this process, on one thread as the command's are), then the same run as a command
+    SIGKILLed once `killable()` sees its folder ready and resumed: the two accuracy matrices, losses and operation
+    counts must be equal. Returns the resumed run's output."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    reference = subprocess.run(_cmd(tmp_path / "ref", *overrides), cwd=ROOT, env=env, capture_output=True,
-                               text=True, timeout=600)
-    assert reference.returncode == 0, reference.stderr
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = run(make_cfg("trainer.device=cpu", *overrides), tmp_path / "ref")
+    finally:
+        torch.set_num_threads(threads)
 
     killed = tmp_path / "killed"
     run_dir = killed / f"digits-mlp/{strategy}/{quant}/seed0"
@@ -47,7 +54,7 @@ def _kill_and_resume(tmp_path, strategy, quant, overrides, killable, log_says):
                              timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     assert log_says in resumed.stderr + resumed.stdout
-    got, want = _summary(killed, strategy, quant), _summary(tmp_path / "ref", strategy, quant)
+    got = _summary(killed, strategy, quant)
     assert got["status"] == "complete"
     np.testing.assert_array_equal(np.array(got["acc_matrix"], float), np.array(want["acc_matrix"], float))
     np.testing.assert_array_equal(np.array(got["class_acc"], float), np.array(want["class_acc"], float))
@@ -62,14 +69,14 @@ def _overrides(strategy, quant, *more):
 
 
 @pytest.mark.parametrize("strategy,quant", [("bic", "hdqt")])
-def test_sigkill_mid_experience_then_resume_matches_uninterrupted(tmp_path, strategy, quant):
+def test_sigkill_mid_experience_then_resume_matches_uninterrupted(tmp_path, make_cfg, strategy, quant):
     """From the last experience boundary: stochastic rounding draws from per-layer step counters, which must
     resume exactly too (HOT's LQS buffers and FP32: the epoch-checkpoint cases below)."""
     def in_experience_2(checkpoints):
         latest = checkpoints / "latest"
         return latest.exists() and latest.read_text().strip() == "exp002"
 
-    _kill_and_resume(tmp_path, strategy, quant, _overrides(strategy, quant), in_experience_2,
+    _kill_and_resume(tmp_path, make_cfg, strategy, quant, _overrides(strategy, quant), in_experience_2,
                      "after experience 2")
 
 
@@ -78,7 +85,7 @@ def test_sigkill_mid_experience_then_resume_matches_uninterrupted(tmp_path, stra
 @pytest.mark.parametrize("strategy,quant,experience", [("icarl", "fp32", 2), ("lwf", "hot", 1), ("si", "fp32", 1),
                                                      ("der", "fp32", 2), ("er_ace", "fp32", 2), ("agem", "fp32", 2),
                                                      ("dyn_der", "hdqt", 2)])
-def test_sigkill_after_an_epoch_checkpoint_resumes_from_that_epoch(tmp_path, strategy, quant, experience):
+def test_sigkill_after_an_epoch_checkpoint_resumes_from_that_epoch(tmp_path, make_cfg, strategy, quant, experience):
     """trainer.checkpoint_every=5: the resumed run restarts at epoch 10 of the experience (the first one has no
     boundary checkpoint before it), before its learning rate drops at epoch 12, and still ends as the uninterrupted
     run (DER++, ER-ACE and A-GEM: with their memory batches drawn on from where they were,
@@ -87,7 +94,8 @@ def test_sigkill_after_an_epoch_checkpoint_resumes_from_that_epoch(tmp_path, str
     def past_epoch_10(checkpoints):
         return any(int(p.name.rsplit("epoch", 1)[1]) >= 10 for p in checkpoints.glob(f"exp{experience:03d}_epoch*"))
 
-    output = _kill_and_resume(tmp_path, strategy, quant, _overrides(strategy, quant, "trainer.checkpoint_every=5"),
+    output = _kill_and_resume(tmp_path, make_cfg, strategy, quant,
+                              _overrides(strategy, quant, "trainer.checkpoint_every=5"),
                               past_epoch_10, f"after experience {experience}, epoch")
     # progress lines count each epoch of the experience's 15, the resumed one's too
     assert set(re.findall(r"epoch \d+/(\d+): mean training loss", output)) == {"15"}
