@@ -1,0 +1,137 @@
+"""The float formats' reference (quant/floats.py): torch's own float8 casts, hand-computed edges, the HDQT authors'
+float quantizer on pinned values, unbiased stochastic rounding, and the scaled formats' contracts."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hdqt_cil.quant.floats import (E2M1, E4M3, E5M2, FloatFormat, authors_float, microscaled, nvfp4, per_tensor,
+                                   round_to_format)
+from hdqt_cil.quant.rounding import Counter
+
+# The authors' `dynamic_fpQ` (QuantizedCIL quant.py at da4ce01) run on fixed inputs: random values over 24 decades,
+# ± powers of two, their neighbours below, and mantissas 1.5, 1.25, 1.125, 1.0625, 1.9, 1.99 over 81 binades.
+AUTHORS_VALUES = Path(__file__).parent / "data" / "authors_float_values.npz"
+E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _random(n: int, seed: int, low: int, high: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, generator=g) * torch.pow(2.0, torch.randint(low, high, (n,), generator=g).float())
+
+
+@pytest.mark.parametrize("fmt, dtype", [(E4M3, torch.float8_e4m3fn), (E5M2, torch.float8_e5m2)])
+@pytest.mark.parametrize("seed", range(3))
+def test_casts_equal_torchs_float8_within_range(fmt, dtype, seed):
+    x = _random(50_000, seed, fmt.min_normal_exponent - fmt.man_bits - 3, 17).clamp(-fmt.max, fmt.max)
+    grid = torch.arange(-2000, 2000, dtype=torch.float32) * fmt.smallest / 2  # every tie of the subnormal range
+    for v in (x, grid):
+        assert torch.equal(round_to_format(v, fmt), v.to(dtype).float())
+
+
+def test_e2m1_is_the_nearest_grid_value_ties_to_the_even_mantissa():
+    x = torch.linspace(-7, 7, 2801)
+    grid = torch.cat([-E2M1_GRID.flip(0), E2M1_GRID])
+    distance = (x[:, None] - grid[None]).abs()
+    nearest = grid[distance.argmin(dim=1)]
+    tie = (distance.sort(dim=1).values[:, :2].diff(dim=1).squeeze(1) == 0) & (x.abs() < 6)
+    got = round_to_format(x, E2M1)
+    assert torch.equal(got[~tie], nearest[~tie].clamp(-6, 6))
+    ties = {0.25: 0.0, 0.75: 1.0, 1.25: 1.0, 1.75: 2.0, 2.5: 2.0, 3.5: 4.0, 5.0: 4.0}
+    for value, expected in ties.items():
+        assert round_to_format(torch.tensor([value, -value]), E2M1).tolist() == [expected, -expected]
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2, E2M1])
+def test_edges_saturate_keep_zero_subnormals_and_nan(fmt):
+    tiny, min_normal = fmt.smallest, 2.0 ** fmt.min_normal_exponent
+    x = torch.tensor([fmt.max, fmt.max * 1.01, 1e30, float("inf"), -float("inf"), 0.0, -0.0, min_normal, tiny,
+                      tiny / 2, tiny * 0.75, float("nan")])
+    got = round_to_format(x, fmt)
+    expected = [fmt.max, fmt.max, fmt.max, fmt.max, -fmt.max, 0.0, -0.0, min_normal, tiny, 0.0, tiny]
+    assert got[:-1].tolist() == expected and torch.isnan(got[-1])
+    assert torch.signbit(got[6])  # -0 keeps its sign, as a cast does
+
+
+def test_formats_refuse_impossible_widths():
+    with pytest.raises(ValueError, match="exp_bits=0 must be an integer in 1..8"):
+        FloatFormat("bad", 0, 2, 1.0)
+    with pytest.raises(ValueError, match="man_bits=24 must be an integer in 0..23"):
+        FloatFormat("bad", 5, 24, 1.0)
+
+
+@pytest.mark.parametrize("fmt", ["e5m2", "e4m3", "e2m1", "e5m10", "e3m2"])
+def test_the_authors_float_quantizer_is_reproduced(fmt):
+    pinned = np.load(AUTHORS_VALUES)
+    exp_bits, man_bits = int(fmt[1]), int(fmt[3:])
+    got = authors_float(torch.from_numpy(pinned["x"]), exp_bits, man_bits)
+    np.testing.assert_array_equal(got.numpy(), pinned[fmt])
+
+
+def test_the_authors_quantizer_keeps_a_mantissa_outside_the_exponent_range_and_rounds_down_past_the_last():
+    # E5M2, bias 15, exponents -15..16: 1.9 lies past 1.75, its binade's last mantissa; 1.5·2^-40 and 3e9
+    # (1.397·2^31) keep their mantissas at the ends of the range; no subnormals, no saturation to one maximum
+    got = authors_float(torch.tensor([1.9, 1.5 * 2**-40, 3e9, 2.0**40, 0.0]), 5, 2)
+    assert got.tolist() == [1.75, 1.5 * 2**-15, 1.5 * 2**16, 2**16, 0.0]
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2, E2M1])
+def test_stochastic_rounding_is_unbiased_and_lands_on_the_neighbours(fmt):
+    low = round_to_format(torch.tensor(1.0), fmt)
+    high = low + 2.0 ** -fmt.man_bits
+    value = low + 0.3 * (high - low)
+    draws = torch.stack([round_to_format(value.expand(4096), fmt, "stochastic", Counter(7, step, 3))
+                         for step in range(8)])
+    assert set(draws.unique().tolist()) == {low.item(), high.item()}
+    assert draws.mean().item() == pytest.approx(value.item(), abs=4 * 0.46 * (high - low).item() / 181)
+    with pytest.raises(ValueError, match="needs a Counter"):
+        round_to_format(value, fmt, "stochastic")
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+def test_per_tensor_scaling_maps_amax_to_the_formats_max(fmt):
+    x = _random(4096, 3, -6, 6).reshape(64, 64)
+    values, scale = per_tensor(x, fmt)
+    assert values.abs().max() == fmt.max and scale.shape == (1, 1)
+    assert torch.equal(round_to_format(values, fmt), values)  # on the grid
+    relative = ((values * scale - x).abs() / x.abs().clamp(min=2.0 ** fmt.min_normal_exponent * scale)).max()
+    assert relative <= 2.0 ** -(fmt.man_bits + 1) * 1.0001
+    zeros, unit = per_tensor(torch.zeros(3, 4), fmt)
+    assert torch.equal(zeros, torch.zeros(3, 4)) and unit.item() == 1
+
+
+def test_mx_blocks_take_a_power_of_two_scale_from_their_largest_value():
+    x = _random(8 * 96, 4, -8, 8).reshape(8, 96)
+    x[2, 32:64] = 0  # an all-zero block
+    values, scale = microscaled(x, E2M1, block=32, dim=1)
+    assert values.shape == scale.shape == x.shape
+    assert torch.equal(round_to_format(values, E2M1), values)
+    assert torch.equal(torch.frexp(scale)[0], torch.full_like(scale, 0.5))  # powers of two
+    blocks = scale.reshape(8, 3, 32)
+    assert torch.equal(blocks, blocks[..., :1].expand_as(blocks))  # one scale a block
+    amax = x.abs().reshape(8, 3, 32).amax(dim=-1)
+    ratio = amax / blocks[..., 0]
+    assert ((ratio >= 4) & (ratio < 8) | (amax == 0)).all()  # emax(E2M1) = 2: amax / 2^(floor(log2 amax) - 2)
+    assert blocks[2, 1, 0] == 1 and torch.equal(values[2, 32:64], torch.zeros(32))
+    by_columns, _ = microscaled(x.t().contiguous(), E2M1, block=32, dim=0)
+    assert torch.equal(by_columns.t(), values)
+
+
+def test_nvfp4_blocks_take_an_e4m3_scale_under_one_tensor_scale():
+    x = _random(4 * 64, 5, -10, 10).reshape(4, 64)
+    values, scale = nvfp4(x)
+    tensor_scale = x.abs().max() / (448 * 6)
+    block_scales = (scale.reshape(4, 4, 16)[..., 0] / tensor_scale)
+    assert torch.allclose(block_scales, round_to_format(block_scales, E4M3), rtol=1e-6)
+    assert torch.equal(round_to_format(values, E2M1), values)
+    block_amax = x.abs().reshape(4, 4, 16).amax(dim=-1)
+    assert torch.allclose((values.abs().reshape(4, 4, 16).amax(dim=-1) * scale.reshape(4, 4, 16)[..., 0]),
+                          block_amax, rtol=0.3)  # the largest value of each block lands near 6 · its scale
+
+
+def test_a_block_that_does_not_divide_the_dimension_is_refused():
+    with pytest.raises(ValueError, match="a block of 32 values does not divide the dimension of 48"):
+        microscaled(torch.ones(2, 48))
+    with pytest.raises(ValueError, match="a block of 16 values does not divide the dimension of 24"):
+        nvfp4(torch.ones(24, 3), dim=0)
