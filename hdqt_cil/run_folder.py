@@ -78,7 +78,9 @@ class RunFolder:
         except BlockingIOError:
             os.close(fd)
             raise RunInUse(f"{self.path} is being written by another process; wait for it to end or stop it, "
-                           "then run this again (it resumes where that one stopped)") from None
+                           "then run this again (it resumes where that one stopped). Within one sweep: its jobs "
+                           "differ only in settings that are not part of a run folder's path (benchmark, model, "
+                           "strategy, quant, tag, seed); give them a tag= each") from None
         except OSError as err:
             os.close(fd)
             log.warning("%s cannot be locked here (%s): nothing stops a second process writing this run", self.path,

@@ -101,7 +101,7 @@ def test_a_run_folder_is_written_by_one_process_at_a_time(make_cfg, tmp_path):
     run_dir, cfg = tmp_path / "run", make_cfg("strategy=naive", "trainer.epochs=1")
     holder = RunFolder(run_dir)
     holder.claim({"other": "config"}, overwrite=False, data_fingerprint="x")
-    with pytest.raises(RunInUse, match=re.escape(str(run_dir))):
+    with pytest.raises(RunInUse, match=re.escape(str(run_dir)) + r".*Within one sweep.*give them a tag= each"):
         run(cfg, run_dir)
     assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "config.yaml", "data.json"]  # the holder's alone
     holder.release()
