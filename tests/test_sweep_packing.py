@@ -306,3 +306,24 @@ def test_a_sweep_finishes_every_run_after_one_of_its_job_processes_is_killed(tmp
     assert "a job process died" in out and "restart 1 of 1" in out
     assert "2 of 2 jobs completed" in (tmp_path / "sweep_summary.md").read_text()
     assert "resuming" in out + err
+
+
+def test_a_sweep_ended_by_sigterm_ends_its_job_processes(tmp_path):
+    """`kill` (SIGTERM) to the sweep's process, as a scheduler or a user would send it: its job processes end with
+    it, instead of training on with their run folders held."""
+    import psutil
+
+    sweep = subprocess.Popen([sys.executable, "run.py", "-m", "hydra/launcher=gpus", "hydra.launcher.n_jobs=2",
+                              f"results_root={tmp_path}", "strategy=naive", "quant=fp32", "seed=0,1",
+                              "trainer.epochs=40", "trainer.checkpoint_every=5", "logging.progress=off"],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not any(tmp_path.glob("**/checkpoints/*")) and time.monotonic() < deadline and sweep.poll() is None:
+        time.sleep(0.05)
+    workers = [p for p in psutil.Process(sweep.pid).children(recursive=True) if "popen_loky" in " ".join(p.cmdline())]
+    assert workers, "no job process found while the runs trained"
+    sweep.terminate()
+    sweep.communicate(timeout=120)
+    assert sweep.returncode != 0
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, f"job processes outlived the sweep: {[p.pid for p in alive]}"

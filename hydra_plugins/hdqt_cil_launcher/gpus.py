@@ -16,6 +16,7 @@ resume from their checkpoints (experiment.run).
 """
 import logging
 import os
+import signal
 import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -100,6 +101,18 @@ class GpusLauncher(JoblibLauncher):
         self.threads = threads_per_job
 
     def launch(self, job_overrides, initial_job_idx):
+        """The sweep's jobs; a SIGTERM to the sweep (`kill`, a scheduler) ends their processes with it, as Ctrl-C
+        does: loky's workers outlive a parent killed outright and would train on, holding their run folders."""
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            return self._launch_restarting(job_overrides, initial_job_idx)
+        except BaseException:
+            _stop_workers()
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _launch_restarting(self, job_overrides, initial_job_idx):
         from joblib.externals.loky.process_executor import TerminatedWorkerError  # noqa: PLC0415
 
         for attempt in range(self.restarts + 1):
@@ -135,6 +148,10 @@ class GpusLauncher(JoblibLauncher):
                 log.info("%d GPU(s) x %d job(s) each, %d at once, %s CPU thread(s) a job", gpus, per_gpu,
                          self.joblib["n_jobs"], os.environ["OMP_NUM_THREADS"])
             return super().launch(job_overrides, initial_job_idx)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
 def _stop_workers() -> None:
