@@ -218,6 +218,8 @@ def test_evaluation_runs_from_graphs_and_hands_the_forward_back():
     ("joint", "int4", []), ("naive", "fp32", []),
     ("replay", "hdqt", []), ("der", "hdqt", []), ("er_ace", "hdqt", []), ("gdumb", "hdqt", []), ("agem", "hdqt", []),
     ("ewc", "hdqt", []), ("si", "hdqt", []), ("dyn_der", "hdqt", []), ("icarl", "hdqt", ["trainer.weight_bits=8"]),
+    ("icarl", "hdqt", ["strategy.hp_replay=40"]),
+    ("bic", "int4", ["strategy.hp_replay=40", "strategy.stage_2_epochs=2"]),
 ])
 def test_experiment_with_cuda_graphs_gives_the_same_results(make_cfg, tmp_path, strategy, quant, extra):
     """The whole run through the plugin: accuracy matrix and per-epoch losses as the eager run's."""
