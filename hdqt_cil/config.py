@@ -106,6 +106,10 @@ RUN_INDEPENDENT_TRAINER = ("device", "num_workers", "checkpoint_every", "cuda_gr
 RUN_INDEPENDENT_QUANT = ("sliced_unfold",)  # memory against speed, the same numbers
 
 
+# Settings that mean something only while another is set: (node, the switch, the prefix of its settings).
+SWITCHED_SETTINGS = (("strategy", "hp_replay", "hp_replay_"),)
+
+
 def _without_nulls(value):
     if isinstance(value, dict):
         return {k: _without_nulls(v) for k, v in value.items() if v is not None}
@@ -122,8 +126,9 @@ def comparable_config(cfg_dict: dict) -> dict:
     (the fingerprint of their contents decides). A null setting counts as absent, so that a folder written before
     a setting existed matches a run that leaves it at null; so do the settings of a feature that is off."""
     out = {k: v for k, v in _without_nulls(cfg_dict).items() if k not in RUN_INDEPENDENT}
-    if "hp_replay" not in out.get("strategy", {}):  # the settings of higher-precision replay mean nothing while off
-        out["strategy"] = {k: v for k, v in out.get("strategy", {}).items() if not k.startswith("hp_replay_")}
+    for node, switch, prefix in SWITCHED_SETTINGS:
+        if switch not in out.get(node, {}):
+            out[node] = {k: v for k, v in out.get(node, {}).items() if not k.startswith(prefix)}
     out["trainer"] = {k: v for k, v in out.get("trainer", {}).items() if k not in RUN_INDEPENDENT_TRAINER}
     out["quant"] = {k: v for k, v in out.get("quant", {}).items() if k not in RUN_INDEPENDENT_QUANT}
     benchmark = {k: v for k, v in out.get("benchmark", {}).items() if k not in DATA_LOCATION}

@@ -173,6 +173,18 @@ def test_runs_differing_in_settings_are_split_and_named_never_averaged(tmp_path)
     assert "| hapt | 100 | icarl [strategy.loss=ce_kd] | 95.5 ± 0.7 | 85.5 ± 0.7 | 5.0 ± 0.0 | – | – | – |" in main
 
 
+def test_the_settings_of_a_feature_split_rows_only_where_they_differ_among_runs_that_use_it(tmp_path):
+    runs, replay = tmp_path / "runs", {"hp_replay_epochs": 2, "hp_replay_bits": 8}
+    for name, hp, epochs in (("plain", None, 2), ("hp200", 200, 2), ("hp100", 100, 2), ("hp200e4", 200, 4)):
+        _run_with_config(runs, name, _summary("icarl", "hdqt", 0, 80.0),
+                         strategy={"name": "icarl", "hp_replay": hp, **replay, "hp_replay_epochs": epochs})
+    table = make_tables([runs], tmp_path / "out")
+    assert sorted(table.variant) == [
+        "strategy.hp_replay=100, strategy.hp_replay_epochs=2", "strategy.hp_replay=200, strategy.hp_replay_epochs=2",
+        "strategy.hp_replay=200, strategy.hp_replay_epochs=4",
+        "strategy.hp_replay=unset, strategy.hp_replay_epochs=unset"]
+
+
 def test_tagged_runs_only_leave_the_main_table_empty_and_table_md_whole(tmp_path):
     runs = tmp_path / "runs"
     _run_with_config(runs, "fp", _summary("bic", "fp32", 0, 40.0, tag="short3"))

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from ..config import RUN_INDEPENDENT_QUANT, comparable_config
+from ..config import RUN_INDEPENDENT_QUANT, SWITCHED_SETTINGS, comparable_config
 from ..quant.schemes import SCHEMES, preset_settings
 from ..files import read_json, write_atomic
 
@@ -60,13 +60,21 @@ def quant_setting(config: dict) -> str:
                      if k not in _NEUTRAL_SETTINGS and k in preset and preset[k] != v)
 
 
+def _set_alike_where_switched_on(key: str, flat: list[dict]) -> bool:
+    """Whether `key` is a switched setting (config.SWITCHED_SETTINGS) with one value in every run that has its
+    switch on: it then differs only with its switch, which the rows show already."""
+    switched = any(key.startswith(f"{node}.{prefix}") for node, _, prefix in SWITCHED_SETTINGS)
+    return switched and len({repr(f[key]) for f in flat if key in f}) == 1
+
+
 def _differences(df: pd.DataFrame, flat: list[dict], by: list[str]) -> list[str]:
     """Per run, 'key=value, ...' for the settings in which it differs from other runs of its `by` group."""
     out = [""] * len(df)
     for _, group in df.groupby(by):
         rows = group.index.tolist()
         keys = sorted(set().union(*(flat[i] for i in rows)))
-        differing = [k for k in keys if len({repr(flat[i].get(k, "unset")) for i in rows}) > 1]
+        differing = [k for k in keys if len({repr(flat[i].get(k, "unset")) for i in rows}) > 1
+                     and not _set_alike_where_switched_on(k, [flat[i] for i in rows])]
         for i in rows:
             out[i] = ", ".join(f"{k}={flat[i].get(k, 'unset')}" for k in differing)
     return out
