@@ -286,20 +286,27 @@ def test_gpus_launcher_sweep_runs_end_to_end_on_the_cpu(tmp_path):
     assert "| digits | class | mlp | naive | fp32 |" in out.stdout
 
 
-def test_a_sweep_finishes_every_run_after_one_of_its_job_processes_is_killed(tmp_path):
-    """The real launcher through run.py on the CPU: SIGKILL to a job process mid-run (as a segfault or the OOM
-    killer would end it) costs a restart, not the sweep: both runs finish, resumed from their epoch checkpoints."""
+def _training_sweep(results_root):
+    """Two CPU runs side by side through the real launcher, returned once one has an epoch checkpoint: the sweep's
+    process and its job processes."""
     import psutil
 
     sweep = subprocess.Popen([sys.executable, "run.py", "-m", "hydra/launcher=gpus", "hydra.launcher.n_jobs=2",
-                              f"results_root={tmp_path}", "strategy=naive", "quant=fp32", "seed=0,1",
+                              f"results_root={results_root}", "strategy=naive", "quant=fp32", "seed=0,1",
                               "trainer.epochs=40", "trainer.checkpoint_every=5", "logging.progress=off"],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
-    while not any(tmp_path.glob("**/checkpoints/*")) and time.monotonic() < deadline and sweep.poll() is None:
+    while not any(results_root.glob("**/checkpoints/*")) and time.monotonic() < deadline and sweep.poll() is None:
         time.sleep(0.05)
     workers = [p for p in psutil.Process(sweep.pid).children(recursive=True) if "popen_loky" in " ".join(p.cmdline())]
     assert workers, "no job process found while the runs trained"
+    return sweep, workers
+
+
+def test_a_sweep_finishes_every_run_after_one_of_its_job_processes_is_killed(tmp_path):
+    """The real launcher through run.py on the CPU: SIGKILL to a job process mid-run (as a segfault or the OOM
+    killer would end it) costs a restart, not the sweep: both runs finish, resumed from their epoch checkpoints."""
+    sweep, workers = _training_sweep(tmp_path)
     workers[0].kill()
     out, err = sweep.communicate(timeout=600)
     assert sweep.returncode == 0, err
@@ -313,15 +320,7 @@ def test_a_sweep_ended_by_sigterm_ends_its_job_processes(tmp_path):
     it, instead of training on with their run folders held."""
     import psutil
 
-    sweep = subprocess.Popen([sys.executable, "run.py", "-m", "hydra/launcher=gpus", "hydra.launcher.n_jobs=2",
-                              f"results_root={tmp_path}", "strategy=naive", "quant=fp32", "seed=0,1",
-                              "trainer.epochs=40", "trainer.checkpoint_every=5", "logging.progress=off"],
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not any(tmp_path.glob("**/checkpoints/*")) and time.monotonic() < deadline and sweep.poll() is None:
-        time.sleep(0.05)
-    workers = [p for p in psutil.Process(sweep.pid).children(recursive=True) if "popen_loky" in " ".join(p.cmdline())]
-    assert workers, "no job process found while the runs trained"
+    sweep, workers = _training_sweep(tmp_path)
     sweep.terminate()
     sweep.communicate(timeout=120)
     assert sweep.returncode != 0
