@@ -133,7 +133,7 @@ def microscaled(x: torch.Tensor, fmt: FloatFormat = E2M1, block: int = 32, dim: 
     all-zero block; exponents clamped to E8M0's -127..127), values round(x / scale) in `fmt`, saturating."""
     blocked = _blocks(x.float(), block, dim)
     amax = blocked.abs().amax(dim=-1, keepdim=True)
-    emax = _binade_exponent(torch.tensor(fmt.max)).item()
+    emax = math.frexp(fmt.max)[1] - 1  # floor(log2 max): 2 for E2M1
     shared = (_binade_exponent(torch.where(amax > 0, amax, 1.0)) - emax).clamp(-127, 127)
     scale = torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), shared), 1.0)
     values = round_to_format(blocked / scale, fmt, rounding, counter)

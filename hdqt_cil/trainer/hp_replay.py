@@ -30,15 +30,18 @@ log = logging.getLogger(__name__)
 RAISABLE = ("bits", "acc_bits")  # the settings a scheme needs for a higher-precision phase
 
 
+def _raisable(scheme: str) -> bool:
+    return set(RAISABLE) <= {f.name for f in fields(SCHEMES.settings(scheme))}
+
+
 def higher_precision_scheme(quant: dict, bits: int, acc_bits: int | None):
     """The run's scheme (the `quant` settings) at `bits`-bit operands and `acc_bits`-bit accumulators; fp32 as it
     is (a float run's phase is the same replay at its own precision: the control)."""
     name = quant["name"]
     if name == "fp32":
         return scheme_from_config(quant)
-    if not set(RAISABLE) <= {f.name for f in fields(SCHEMES.settings(name))}:
-        raisable = [n for n in SCHEMES.names()
-                    if n == "fp32" or set(RAISABLE) <= {f.name for f in fields(SCHEMES.settings(n))}]
+    if not _raisable(name):
+        raisable = [n for n in SCHEMES.names() if n == "fp32" or _raisable(n)]
         raise ValueError(f"strategy.hp_replay: quant={name} has no bits and acc_bits to raise; higher-precision "
                          f"replay runs under quant={', '.join(raisable)}")
     return scheme_from_config({**quant, "bits": bits, "acc_bits": acc_bits})
