@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from hdqt_cil.sweep import gpu_slots, mps
 from hydra_plugins.hdqt_cil_launcher import gpus as launcher
@@ -173,6 +174,21 @@ class _Config:
         name = "resnet32"
 
 
+class _HydraContext:
+    """Hydra's context as far as the launcher reads it: each job's run folder, named by its overrides."""
+    class config_loader:
+        @staticmethod
+        def load_sweep_config(config, overrides):
+            return OmegaConf.create({"hydra": {"sweep": {"subdir": "/".join(overrides)}}})
+
+
+def _launcher(**settings):
+    """The launcher as Hydra sets it up for a sweep of a ResNet-32 config."""
+    made = launcher.GpusLauncher(default_jobs_per_gpu=1, n_jobs=None, **settings)
+    made.config, made.hydra_context = _Config, _HydraContext
+    return made
+
+
 def test_launcher_packs_jobs_per_gpu_and_runs_the_sweep_under_mps(tmp_path, fake_mps, monkeypatch):
     """With 2 (faked) GPUs and 3 jobs a GPU: 6 jobs at once, the slots announced to the jobs, MPS up while the
     jobs run and down after."""
@@ -188,9 +204,7 @@ def test_launcher_packs_jobs_per_gpu_and_runs_the_sweep_under_mps(tmp_path, fake
     monkeypatch.setattr(launcher.JoblibLauncher, "launch", fake_joblib_launch)
     monkeypatch.setattr(mps, "cuda_probe", lambda env: "")
     monkeypatch.setattr(launcher, "_stop_workers", lambda: None)
-    sweep = launcher.GpusLauncher(jobs_per_gpu="auto", jobs_per_gpu_by_model={"resnet32": 3}, default_jobs_per_gpu=1,
-                                  mps="auto", n_jobs=None)
-    sweep.config = _Config
+    sweep = _launcher(jobs_per_gpu="auto", jobs_per_gpu_by_model={"resnet32": 3}, mps="auto")
     sweep.launch([["seed=0"], ["seed=1"]], 0)
     assert seen["n_jobs"] == 6 and seen["slots"].startswith("2:3:") and seen["mps"]
     assert gpu_slots.ENV not in os.environ and fake_mps.read_text().split()[::2] == ["start", "quit"]
@@ -211,10 +225,7 @@ def test_each_job_gets_its_gpus_share_of_the_host_cores(monkeypatch, fake_mps):
         monkeypatch.delenv(name, raising=False)
 
     def sweep(threads=None):
-        made = launcher.GpusLauncher(jobs_per_gpu=3, jobs_per_gpu_by_model={}, default_jobs_per_gpu=1, mps="auto",
-                                     threads_per_job=threads, n_jobs=None)
-        made.config = _Config
-        made.launch([["seed=0"]], 0)
+        _launcher(jobs_per_gpu=3, jobs_per_gpu_by_model={}, mps="auto", threads_per_job=threads).launch([["seed=0"]], 0)
         return dict(seen)
 
     assert sweep() == dict.fromkeys(launcher.THREAD_VARIABLES, "5")
@@ -247,10 +258,7 @@ def test_a_sweep_whose_job_process_died_starts_again_with_a_fresh_mps_daemon(tmp
     caplog.set_level("WARNING")
 
     def sweep(restarts):
-        made = launcher.GpusLauncher(jobs_per_gpu=2, jobs_per_gpu_by_model={}, default_jobs_per_gpu=1, mps="auto",
-                                     restarts=restarts, n_jobs=None)
-        made.config = _Config
-        return made.launch([["seed=0"], ["seed=1"]], 0)
+        return _launcher(jobs_per_gpu=2, jobs_per_gpu_by_model={}, mps="auto", restarts=restarts).launch([["seed=0"], ["seed=1"]], 0)
 
     assert sweep(restarts=1) == ["done"] and attempts == [True, True]
     assert fake_mps.read_text().split()[::2] == ["start", "quit", "start", "quit"]
@@ -267,10 +275,7 @@ def test_launcher_without_a_gpu_runs_one_job_at_a_time_without_mps(monkeypatch, 
     monkeypatch.setattr(launcher, "device_count", lambda: 0)
     monkeypatch.setattr(launcher.JoblibLauncher, "launch",
                         lambda self, overrides, idx: seen.update(n_jobs=self.joblib["n_jobs"]) or [])
-    sweep = launcher.GpusLauncher(jobs_per_gpu=4, jobs_per_gpu_by_model={}, default_jobs_per_gpu=1, mps="auto",
-                                  n_jobs=None)
-    sweep.config = _Config
-    sweep.launch([["seed=0"]], 0)
+    _launcher(jobs_per_gpu=4, jobs_per_gpu_by_model={}, mps="auto").launch([["seed=0"]], 0)
     assert seen["n_jobs"] == 1 and fake_mps.read_text() == ""
     with pytest.raises(ValueError, match="hydra.launcher.mps='sometimes' must be one of auto, on, off"):
         launcher.GpusLauncher(jobs_per_gpu=1, jobs_per_gpu_by_model={}, default_jobs_per_gpu=1, mps="sometimes")
