@@ -135,6 +135,17 @@ def test_float_products_equal_torchs_flop_count(model_fn, monkeypatch):
     assert analytic(hot_model, x)["float_mac"] == flops.get_total_flops() // 2
 
 
+@pytest.mark.parametrize("model_fn", [mlp, convnet])
+@pytest.mark.parametrize("scheme", ["fp8", "mxfp4", "nvfp4", "fp"])
+def test_float_format_products_equal_torchs_flop_count(model_fn, scheme, monkeypatch):
+    """A float scheme's products run on torch's matmul, tile by tile: their multiply-accumulates are torch's FLOPs."""
+    x, y = step_inputs(model_fn, 6)
+    model = quantize_model(model_fn(), preset(scheme))
+    counted = analytic(model, x)
+    _, macs = observed(model, x, y, monkeypatch)
+    assert sum(n for kind, n in counted.items() if kind.startswith("float_mac ")) == macs > 0
+
+
 def test_integer_products_are_keyed_by_operand_and_accumulator_bits():
     model = quantize_model(mlp(), preset("hdqt"))
     counted = analytic(model, step_inputs(mlp, 8)[0])
@@ -157,6 +168,8 @@ def test_saved_activations_by_width_and_the_energy_model():
     assert table.per_op("int_mac int4xint4 acc8") == pytest.approx(0.2 * 16 / 64 + 0.03)
     assert table.per_op("int_mac int8xint8 accnone") == pytest.approx(0.2 + 0.12)
     assert table.per_op("int_mac log4xint4 accnone") == pytest.approx(0.015 + 0.12)  # a shift, costed as an add
+    assert table.per_op("float_mac e4m3xe4m3 accfp32") == pytest.approx(3.7 * 16 / 576 + 0.9)
+    assert table.per_op("float_mac e2m1xe2m1 acce5m2") == pytest.approx(3.7 * 4 / 576 + 0.9 / 4)
     assert table.joules({"float_mac": 1e12, "saved_bit int4": 1e12}) == pytest.approx(
         {"compute": 4.6, "saved activations": 61.0, "total": 65.6})
     with pytest.raises(KeyError, match="no energy for operations of kind 'teleport'"):

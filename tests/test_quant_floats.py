@@ -140,8 +140,13 @@ def test_nvfp4_blocks_take_an_e4m3_scale_under_one_tensor_scale():
                           block_amax, rtol=0.3)  # the largest value of each block lands near 6 · its scale
 
 
-def test_a_block_that_does_not_divide_the_dimension_is_refused():
-    with pytest.raises(ValueError, match="a block of 32 values does not divide the dimension of 48"):
-        microscaled(torch.ones(2, 48))
-    with pytest.raises(ValueError, match="a block of 16 values does not divide the dimension of 24"):
-        nvfp4(torch.ones(24, 3), dim=0)
+def test_a_dimension_that_the_block_does_not_divide_ends_in_a_narrower_block():
+    """48 values in blocks of 32: the last 16 share one scale taken from them alone, as a block of their own."""
+    x = _random(2 * 48, 6, -8, 8).reshape(2, 48)
+    values, scale = microscaled(x, E2M1)
+    head, _ = microscaled(x[:, :32], E2M1)
+    tail, tail_scale = microscaled(torch.cat([x[:, 32:], torch.zeros(2, 16)], dim=1), E2M1)
+    assert torch.equal(values, torch.cat([head, tail[:, :16]], dim=1))
+    assert torch.equal(scale[:, 32:], tail_scale[:, :16])
+    by_rows, row_scale = nvfp4(x.t().contiguous(), dim=0)
+    assert by_rows.shape == row_scale.shape == (48, 2)

@@ -64,7 +64,7 @@ def test_the_authors_integer_backward_is_a_config(make_cfg):
     ({"name": "hdqt", "acc_bits": 33}, "quant.acc_bits=33"),
     ({"name": "hdqt", "tile": 0}, "quant.tile=0 must be a positive integer"),
     ({"name": "hdqt", "tile": -32}, "quant.tile=-32"),
-    ({"name": "hadamard"}, "unknown quantization scheme quant.name='hadamard'; choose one of fp32, hdqt"),
+    ({"name": "hadamard"}, "unknown quantization scheme quant.name='hadamard'; choose one of fp, fp32, fp8, hdqt"),
     ({"name": "hdqt", "bitz": 4}, "quant.bitz is not a setting of quant=hdqt; its settings are name, backend"),
     ({"name": "fp32", "bits": 4}, "quant.bits is not a setting of quant=fp32"),
     ({"name": "hdqt", "rounding": {"activations": "nearest"}}, "quant.rounding.activations is not a setting"),

@@ -258,7 +258,8 @@ def test_a_sweep_whose_job_process_died_starts_again_with_a_fresh_mps_daemon(tmp
     caplog.set_level("WARNING")
 
     def sweep(restarts):
-        return _launcher(jobs_per_gpu=2, jobs_per_gpu_by_model={}, mps="auto", restarts=restarts).launch([["seed=0"], ["seed=1"]], 0)
+        made = _launcher(jobs_per_gpu=2, jobs_per_gpu_by_model={}, mps="auto", restarts=restarts)
+        return made.launch([["seed=0"], ["seed=1"]], 0)
 
     assert sweep(restarts=1) == ["done"] and attempts == [True, True]
     assert fake_mps.read_text().split()[::2] == ["start", "quit", "start", "quit"]

@@ -7,16 +7,20 @@ Counts are keyed by kind; each is a number of operations (or of bits, for `rando
                              (`accnone`: exact, never saturating); log2-grid operands (LUQ's FP4) are `log<bits>`
     saturate                 clamps of a tile's (or the whole K's) sum to the accumulator's range
     float_mac                float32 multiply-accumulates (FP32 training, HOT's forward, float operands)
+    float_mac <a>x<b> acc<c> multiply-accumulates of float operands of formats a and b (e4m3, e2m1, ...) into a
+                             c accumulator (fp32, or the format each K tile's sum is rounded to)
     float_op                 other float32 operations: scaling integer products back, col2im's additions, summing
                              per-sample weight gradients, the straight-through estimator's masks
     hadamard_add             additions / subtractions of block Hadamard transforms (n·log2(block) a block of n)
     quantize int<b>|log<b>   elements quantized to b-bit levels (a max, a division, a rounding and a clamp each)
+    quantize <format>        elements rounded to a float format (e4m3, e5m2, e2m1, ...), the same operations
     random_bit               random bits drawn by stochastic rounding (24 an element)
     saved_bit <width>        bits of activations the forward keeps for the backward, by the width of an element
-                             (`int4`, `mask` for the straight-through estimator's 1-bit masks, `float32`)
+                             (`int4`, `e4m3`, `mask` for the straight-through estimator's 1-bit masks, `float32`)
 
-The rules are the layers' own (quant/layers.py, quant/operands.py, quant/hot.py), read from the same scheme
-objects and helpers; tests/test_cost.py holds the counts equal to counters hooked into the torch reference.
+The rules are the layers' own (quant/layers.py, quant/operands.py, quant/float_product.py, quant/hot.py), read
+from the same scheme objects and helpers; tests/test_cost.py holds the counts equal to counters hooked into the
+torch reference.
 """
 import math
 from collections import Counter
@@ -24,6 +28,8 @@ from collections import Counter
 from torch import nn
 
 from ..quant.compact import store_spec
+from ..quant.float_product import transform_block
+from ..quant.float_schemes import FloatScheme
 from ..quant.hadamard import hadamard_block_size
 from ..quant.hot import HotConv2d, HotLinear, _hla_shape
 from ..quant.layers import QuantLayer
@@ -56,6 +62,13 @@ class Tally:
             phase[f"quantize {level_name(spec)}"] += elements
             if spec.rounding == "stochastic":
                 phase["random_bit"] += RANDOM_BITS * elements
+
+    def float_quantize(self, phase: Counter, spec, elements: int, block: int = 1) -> None:
+        """A tensor of `elements` transformed by a Hadamard block (1: none) and rounded to spec's float format."""
+        phase["hadamard_add"] += elements * _log2(block)
+        phase[f"quantize {spec.fmt.name}"] += elements
+        if spec.rounding == "stochastic":
+            phase["random_bit"] += RANDOM_BITS * elements
 
     def product(self, phase: Counter, left: QuantSpec | None, right: QuantSpec | None, entries: int, m: int, n: int,
                 k: int, tile: int | None = None, acc_bits: int | None = None, summed: bool = False) -> None:
@@ -151,6 +164,51 @@ def quant_layer_tally(layer: QuantLayer, x_shape: tuple, input_grad: bool, train
     return t
 
 
+def float_layer_tally(layer: QuantLayer, x_shape: tuple, input_grad: bool, training: bool) -> Tally:
+    """One call of a QuantLinear / QuantConv2d under a FloatScheme (quant/float_product.py): block-scaled inputs
+    are rounded after im2col, the others before it; the backward keeps x in its format, or in float32 where its
+    scales are per block."""
+    scheme, g, t = layer.scheme, Geometry(layer, x_shape), Tally()
+    fwd, bwd = t.forward, t.backward
+    bias = g.rows * g.out if layer.bias is not None else 0
+    product = scheme.forward
+    blocked = product.left.block is not None
+    _format_product(t, fwd, product, g.rows * g.k if blocked else g.x_elements, g.out * g.k, 1, g.rows, g.out, g.k)
+    fwd["float_op"] += bias
+    if not training:
+        return t
+    masks = g.x_elements if scheme.ste != "none" else 0
+    fwd["saved_bit float32" if blocked else f"saved_bit {product.left.fmt.name}"] += (
+        FLOAT_BITS if blocked else 1 + product.left.fmt.exp_bits + product.left.fmt.man_bits) * g.x_elements
+    fwd["saved_bit mask"] += masks
+    bwd["float_op"] += bias
+    if input_grad:
+        entries, rows = (g.batch, g.positions) if g.conv else (1, g.rows)
+        _format_product(t, bwd, scheme.grad_input, g.rows * g.out, g.k * g.out, entries, rows, g.k, g.out)
+        bwd["float_op"] += (g.rows * g.k if g.conv else 0) + masks
+    contraction = g.positions if g.conv else g.rows
+    _format_product(t, bwd, scheme.grad_weight, g.rows * g.out, g.rows * g.k, g.batch, g.out, g.k, contraction,
+                    summed=True)
+    bwd["float_op"] += g.out * g.k if scheme.ste != "none" else 0
+    return t
+
+
+def _format_product(t: Tally, phase: Counter, product, left: int, right: int, entries: int, m: int, n: int, k: int,
+                    summed: bool = False) -> None:
+    """A FormatProduct of `entries` × (m, k) · (k, n) whose operands have `left` and `right` elements: their
+    rounding, the multiply-accumulates, a scale pair per output and K block where scales are per block, one scale
+    per output otherwise (format_matmul)."""
+    block = transform_block(product, k)
+    for spec, elements in ((product.left, left), (product.right, right)):
+        phase["float_op"] += elements if product.random_signs and block > 1 else 0
+        t.float_quantize(phase, spec, elements, block)
+    acc = product.acc.name if product.acc is not None else "fp32"
+    phase[f"float_mac {product.left.fmt.name}x{product.right.fmt.name} acc{acc}"] += entries * m * n * k
+    outputs = entries * m * n
+    phase["float_op"] += outputs * (2 * math.ceil(k / product.left.block) if product.left.block else 1)
+    phase["float_op"] += (entries - 1) * m * n if summed else 0
+
+
 def _saved(phase: Counter, spec: QuantSpec | None, elements: int) -> None:
     """`elements` kept for the backward as `spec`'s levels (None: float32)."""
     if spec is None:
@@ -212,6 +270,8 @@ def layer_tally(layer: nn.Module, x_shape: tuple, input_grad: bool, training: bo
     """The counts of one call of any Linear / Conv2d layer (quantized or not) on an input of `x_shape`."""
     if isinstance(layer, (HotLinear, HotConv2d)):
         return hot_layer_tally(layer, x_shape, input_grad, training)
+    if isinstance(layer, QuantLayer) and isinstance(layer.scheme, FloatScheme):
+        return float_layer_tally(layer, x_shape, input_grad, training)
     if isinstance(layer, QuantLayer):
         return quant_layer_tally(layer, x_shape, input_grad, training)
     return _float_tally(Geometry(layer, x_shape), layer.bias is not None, input_grad, training)

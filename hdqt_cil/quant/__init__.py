@@ -11,6 +11,7 @@ from .lqs import calibrate_lqs, lqs_choices, lqs_pending
 from .quantizers import QuantSpec, compute_scale, dequantize, quantize
 from .rounding import Counter, counter_uniform, round_nearest, round_stochastic
 from .schemes import HotScheme, Product, Scheme, preset, scheme_from_config
+from .float_schemes import FloatScheme, FormatProduct
 
 __all__ = [
     "col2im", "im2col", "block_hadamard", "hadamard_block_size", "sequency_order", "sum_entries",
@@ -20,5 +21,5 @@ __all__ = [
     "compute_scale", "dequantize", "quantize", "Counter", "counter_uniform", "round_nearest",
     "round_stochastic", "Product", "Scheme", "preset", "scheme_from_config", "hla_compress", "hla_rank",
     "hla_reconstruct", "hla_rows", "lp_l1_rank", "HotConv2d", "HotLinear", "calibrate_lqs", "lqs_choices",
-    "lqs_pending", "HotScheme",
+    "lqs_pending", "HotScheme", "FloatScheme", "FormatProduct",
 ]

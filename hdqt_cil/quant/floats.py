@@ -114,17 +114,16 @@ def per_tensor(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest", cou
 
 
 def _blocks(x: torch.Tensor, block: int, dim: int) -> torch.Tensor:
-    """`x` with `dim` moved last and split into (..., n_blocks, block); refuses a block that does not divide it."""
-    size = x.shape[dim]
-    if size % block:
-        raise ValueError(f"a block of {block} values does not divide the dimension of {size} it scales along")
+    """`x` with `dim` moved last and cut into (..., n_blocks, block): consecutive runs of `block` values from 0, the
+    last one narrower where `block` does not divide the dimension (zero-padded, which no block amax sees)."""
     moved = x.movedim(dim, -1)
-    return moved.reshape(*moved.shape[:-1], size // block, block)
+    pad = -moved.shape[-1] % block
+    return torch.nn.functional.pad(moved, (0, pad)).unflatten(-1, (-1, block))
 
 
 def _unblock(blocked: torch.Tensor, shape, dim: int) -> torch.Tensor:
-    moved = blocked.reshape(*blocked.shape[:-2], -1)
-    return moved.movedim(-1, dim).reshape(shape)
+    size = shape[dim]
+    return blocked.flatten(-2)[..., :size].movedim(-1, dim).reshape(shape)
 
 
 def microscaled(x: torch.Tensor, fmt: FloatFormat = E2M1, block: int = 32, dim: int = -1,
@@ -153,3 +152,51 @@ def nvfp4(x: torch.Tensor, block: int = 16, dim: int = -1, rounding: str = "near
     scale = torch.where(block_scale > 0, block_scale * tensor_scale, 1.0)
     values = round_to_format(blocked / scale, E2M1, rounding, counter)
     return _unblock(values, x.shape, dim), _unblock(scale.expand_as(values), x.shape, dim)
+
+
+SCALINGS = {"none": None, "tensor": None, "mx": 32, "nv": 16}  # scaling → its block along the contraction
+
+
+@dataclass(frozen=True)
+class FloatSpec:
+    """How one operand of a product is rounded to a float format, along its last dimension (the contraction).
+
+    scaling: none (the HDQT authors' quantizer, `authors_float`: no scale, nearest only), tensor (`per_tensor`), mx
+    (`microscaled`, E8M0 scales per 32) or nv (`nvfp4`: E2M1 with E4M3 scales per 16 under a tensor scale)."""
+    fmt: FloatFormat
+    scaling: str = "tensor"
+    rounding: str = "nearest"
+
+    def __post_init__(self):
+        for name, value, allowed in (("scaling", self.scaling, tuple(SCALINGS)),
+                                     ("rounding", self.rounding, FLOAT_ROUNDINGS)):
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} is not allowed; choose one of {', '.join(allowed)}")
+        if self.scaling == "none" and self.rounding != "nearest":
+            raise ValueError("the authors' float quantizer (scaling=none) rounds to nearest only")
+        if self.scaling == "nv" and self.fmt != E2M1:
+            raise ValueError(f"NVFP4 scaling is defined for E2M1 values; got {self.fmt.name}")
+
+    @property
+    def block(self) -> int | None:
+        """The values one scale covers along the contraction (None: the whole tensor or no scale)."""
+        return SCALINGS[self.scaling]
+
+    @property
+    def largest(self) -> float:
+        """The largest magnitude a value of the grid can take (the authors' format: its top exponent's)."""
+        if self.scaling != "none":
+            return self.fmt.max
+        return 2.0 ** (2**self.fmt.exp_bits - 1 - self.fmt.bias) * (2 - 2.0 ** -self.fmt.man_bits)
+
+
+def quantize_float(t: torch.Tensor, spec: FloatSpec, counter: Counter | None = None):
+    """(values on spec's grid, float32 scale broadcastable to them, per block along the last dimension where the
+    scaling has blocks) with t ≈ values · scale."""
+    if spec.scaling == "none":
+        return authors_float(t, spec.fmt.exp_bits, spec.fmt.man_bits), t.new_ones([], dtype=torch.float32)
+    if spec.scaling == "tensor":
+        return per_tensor(t, spec.fmt, spec.rounding, counter)
+    if spec.scaling == "mx":
+        return microscaled(t, spec.fmt, spec.block, -1, spec.rounding, counter)
+    return nvfp4(t, spec.block, -1, spec.rounding, counter)

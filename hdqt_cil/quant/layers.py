@@ -1,4 +1,5 @@
-"""QuantLinear / QuantConv2d: every product of the layer an integer product defined by a Scheme (docs/quant.md).
+"""QuantLinear / QuantConv2d: every product of the layer an integer product defined by a Scheme (docs/quant.md), or
+a float-format one defined by a FloatScheme (quant/float_product.py).
 
 A convolution is im2col (K in `F.unfold`'s (channel, kh, kw) order) followed by the products of a linear layer;
 the input gradient goes back through col2im (the sum of overlapping patches in float, quant/im2col.py). Operands
@@ -12,6 +13,8 @@ import torch
 from torch import nn
 
 from .backend import resolve_ops
+from .float_product import FloatProduct
+from .float_schemes import FloatScheme
 from .im2col import conv_output_size
 from . import operands
 from .operands import Operand, backward_operand, forward_operand, hadamard_block
@@ -21,7 +24,8 @@ from .schemes import Product, Scheme
 # role id = layer index * ROLE_STRIDE + code: every quantized tensor of a step draws its own random bits.
 ROLE_STRIDE = 8
 ROLE_CODES = {"input": 0, "weight": 1, "grad_input.grad_output": 2, "grad_input.weight": 3,
-              "grad_weight.grad_output": 4, "grad_weight.input": 5, "lqs.grad_output": 6}
+              "grad_weight.grad_output": 4, "grad_weight.input": 5, "lqs.grad_output": 6,
+              "grad_weight.signs": 7}
 # Counted per layer on the device (row 0 hits, row 1 totals): saturated tile sums of each product, clipped values
 # of each forward operand.
 STATS = ("forward_saturated", "grad_input_saturated", "grad_weight_saturated", "input_clipped", "weight_clipped")
@@ -80,7 +84,8 @@ class QuantLayer:
         if not self.scheme.quantizes or x.numel() == 0:  # an empty batch has nothing to quantize
             return super().forward(x)
         training = self.training and torch.is_grad_enabled()
-        y = _QuantProduct.apply(x, self.weight, self, self._step_for(training), training)
+        product = FloatProduct if isinstance(self.scheme, FloatScheme) else _QuantProduct
+        y = product.apply(x, self.weight, self, self._step_for(training), training)
         return y if self.bias is None else y + self._bias_for(y)
 
     def _counter(self, role: str, step: torch.Tensor) -> Counter:

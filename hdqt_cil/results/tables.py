@@ -34,7 +34,7 @@ METRICS = {"avg_acc": "avg acc", "last_acc": "last acc", "forgetting": "forgetti
            "peak_memory_mib": "peak GPU MiB", "int_gmacs": "int GMACs", "energy_j": "energy J"}
 # the cost columns span orders of magnitude; memory in whole MiB
 FORMATS = {"int_gmacs": ".4g", "energy_j": ".3g", "peak_memory_mib": ".0f"}
-SCHEME_ORDER = ["fp32", "hdqt", "hot", "int4", "luq"]
+SCHEME_ORDER = ["fp32", "hdqt", "hot", "int4", "luq", "fp8", "fp", "mxfp4", "nvfp4"]
 # Settings that do not change a scheme's numerics, left out when a run's settings are compared with its preset.
 _NEUTRAL_SETTINGS = ("name", "seed", "backend", *RUN_INDEPENDENT_QUANT)
 
@@ -412,7 +412,7 @@ def _short(variant: str) -> str:
 # lists take the next ones in order of appearance).
 STRATEGY_ORDER = ["naive", "lwf", "icarl", "bic", "joint", "replay", "der", "er_ace", "gdumb", "agem", "ewc", "si",
                   "dyn_der"]
-MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "h"]
 LINESTYLES = ["-", "--", ":", "-."]
 
 

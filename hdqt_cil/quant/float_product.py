@@ -1,0 +1,137 @@
+"""The products of a layer whose operands are low-precision floats (FP8, MXFP4, NVFP4, the HDQT authors' float
+quantizer): quant/float_schemes.py says which format each operand takes; docs/numerics.md "Float training" fixes
+the arithmetic.
+
+Every operand is rounded along the product's contraction K (its last dimension here), after a block Hadamard
+transform along K where the product has one. Where one scale spans the operand (FP8's per-tensor scale, the authors'
+unscaled quantizer), the backward re-quantizes what the forward's product saw, as the integer schemes do; a
+block-scaled operand's scales run along the forward's K, so its backward re-quantizes the float tensor along the
+backward's own K (as the MX and NVFP4 training recipes do).
+"""
+import math
+
+import torch
+
+from .backend import TORCH_OPS
+from .floats import FloatSpec, authors_float, quantize_float
+from .hadamard import block_hadamard, hadamard_block_size
+from .intmm import sum_entries
+
+
+class FloatOperand:
+    """Values on a format's grid with their scale (0-dim, or per block along K broadcast to the values)."""
+
+    def __init__(self, values: torch.Tensor, scale: torch.Tensor, block: int | None):
+        self.values, self.scale, self.block = values, scale, block
+
+    def dequantized(self) -> torch.Tensor:
+        return self.values * self.scale
+
+    def block_scales(self, start: int) -> torch.Tensor:
+        """The scale of each row's block that begins at K index `start`, as a column (..., rows, 1)."""
+        return self.scale[..., start:start + 1]
+
+
+def format_matmul(a: FloatOperand, b: FloatOperand, product, hadamard: int = 1, tally=None) -> torch.Tensor:
+    """a (..., M, K) times bᵀ (b is (..., N, K)) as the format hardware sums it, / `hadamard` (the transform's n).
+
+    Without block scales or an accumulator format: the values' products summed in float32 (torch.matmul), then
+    scaled once. Otherwise K is cut into tiles (a block-scaled format's block, else `product.tile`, else the whole
+    K); each tile's sum of value products is rounded to `product.acc` (the authors' quantizer) where there is one,
+    scaled by the tile's scale pair where scales are per block, and the tiles are added in order. `tally`: an int64
+    (2,) view to which (tile sums past the accumulator's largest value, tile sums) are added."""
+    width = a.block or (product.tile if product.acc is not None else None)
+    if width is None and product.acc is None:
+        out = torch.matmul(a.values, b.values.mT)
+        return out * ((a.scale.reshape(()) * b.scale.reshape(())) / hadamard)
+    k = a.values.shape[-1]
+    width = min(width or k, max(k, 1))
+    out, saturated = 0, 0
+    for start in range(0, k, width):
+        partial = torch.matmul(a.values[..., start:start + width], b.values[..., start:start + width].mT)
+        if product.acc is not None:
+            saturated = saturated + (partial.abs() > product.acc_spec.largest).sum()
+            partial = authors_float(partial, product.acc.exp_bits, product.acc.man_bits)
+        if a.block:
+            partial = partial * (a.block_scales(start) * b.block_scales(start).mT)
+        out = out + partial
+    if tally is not None and product.acc is not None:
+        tally[0].add_(saturated)
+        tally[1].add_(out.numel() * math.ceil(k / width))
+    if not a.block:
+        out = out * (a.scale.reshape(()) * b.scale.reshape(()))
+    return out / hadamard
+
+
+def transform_block(product, k: int) -> int:
+    """The Hadamard block along a product's K (1: none)."""
+    return hadamard_block_size(k, product.hadamard_cap) if product.hadamard else 1
+
+
+def random_signs(layer, role: str, step, k: int, device) -> torch.Tensor:
+    """±1 along K from the layer's counter: both operands of a product are multiplied by them before the transform,
+    which leaves the product unchanged and makes the Hadamard basis random (NVFP4's weight-gradient product)."""
+    return torch.where(layer._counter(role, step).uniform((k,), device) < 0.5, -1.0, 1.0)
+
+
+def quantize_operand(layer, t: torch.Tensor, spec: FloatSpec, role: str, step, block: int = 1,
+                     signs: torch.Tensor | None = None) -> FloatOperand:
+    """`t` (..., rows, K) signed by `signs`, transformed along K by `block`, rounded to spec (its scales along K)."""
+    t = t.to(torch.float32)
+    t = t * signs if signs is not None else t
+    t = block_hadamard(t, -1, block) if block > 1 else t
+    values, scale = quantize_float(t, spec, layer._counter(role, step) if spec.rounding == "stochastic" else None)
+    return FloatOperand(values, scale, spec.block)
+
+
+def _product(layer, left, right, product, roles, step, tally=None, sum_batch=False):
+    """The product of float tensors left (..., M, K) and right (..., N, K) as `product` computes it."""
+    k = left.shape[-1]
+    block = transform_block(product, k)
+    signs = random_signs(layer, roles[0].split(".")[0] + ".signs", step, k, left.device) \
+        if product.random_signs and block > 1 else None
+    a = quantize_operand(layer, left, product.left, roles[0], step, block, signs)
+    b = quantize_operand(layer, right, product.right, roles[1], step, block, signs)
+    out = format_matmul(a, b, product, block, tally)
+    return sum_entries(out) if sum_batch else out
+
+
+class FloatProduct(torch.autograd.Function):
+    """y = x · Wᵀ as a FloatScheme's forward product; its backward computes g_x and g_W the same way."""
+
+    @staticmethod
+    def forward(ctx, x, weight, layer, step, training):
+        scheme, product = layer.scheme, layer.scheme.forward
+        w = weight.reshape(weight.shape[0], -1)
+        tally = layer._tally("forward_saturated") if training else None
+        if product.left.block:  # scales per block along K: the input is cut into blocks after im2col
+            y = _product(layer, layer._forward_rows(x, TORCH_OPS), w, product, ("input", "weight"), step, tally)
+            seen_x, seen_w = x, weight
+        else:  # one scale an operand: x is rounded once, before im2col, as the integer schemes do
+            xq = quantize_operand(layer, x, product.left, "input", step)
+            wq = quantize_operand(layer, w, product.right, "weight", step)
+            rows = FloatOperand(layer._forward_rows(xq.values, TORCH_OPS), xq.scale, None)
+            y = format_matmul(rows, wq, product, tally=tally)
+            seen_x, seen_w = xq.dequantized(), wq.dequantized().reshape(weight.shape)
+        x_keep, w_keep = (scheme.keep(x), scheme.keep(weight)) if training else (None, None)
+        ctx.save_for_backward(seen_x, seen_w, x_keep, w_keep)
+        ctx.layer, ctx.step, ctx.x_shape, ctx.w_shape = layer, step, x.shape, weight.shape
+        return layer._forward_output(y, x.shape)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        layer, step, scheme = ctx.layer, ctx.step, ctx.layer.scheme
+        x, weight, x_keep, w_keep = ctx.saved_tensors
+        g_rows, g_cols = layer._grad_output_layouts(grad_y.to(torch.float32))
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            w_cols = weight.reshape(weight.shape[0], -1).t()  # (K, O): contraction over the outputs
+            rows = _product(layer, g_rows, w_cols, scheme.grad_input, ("grad_input.grad_output", "grad_input.weight"),
+                            step, layer._tally("grad_input_saturated"))
+            grad_x = layer._grad_input(rows, ctx.x_shape, TORCH_OPS, x_keep)
+        if ctx.needs_input_grad[1]:
+            grad_w = _product(layer, g_cols, layer._input_columns(x, TORCH_OPS), scheme.grad_weight,
+                              ("grad_weight.grad_output", "grad_weight.input"), step,
+                              layer._tally("grad_weight_saturated"), sum_batch=True).reshape(ctx.w_shape)
+            grad_w = grad_w if w_keep is None else grad_w * w_keep
+        return grad_x, grad_w, None, None, None
