@@ -1,5 +1,6 @@
 """CPU checks of hdqt_cil.kernels: every .cu source of the repository compiles through NVRTC for sm_90 (no GPU
 needed), and the package refuses CPU tensors with a clear error."""
+import re
 from pathlib import Path
 
 import pytest
@@ -21,22 +22,31 @@ GEMM_EXPRESSIONS += [rt.gemm_expression(config, sat, count, out) for config in r
 
 
 @pytest.mark.parametrize("name", sorted(rt.SOURCES))
-def test_source_compiles_for_sm90_and_reports_each_kernels_resources(name):
-    """Each kernel in the cubin; scripts/bench/kernel_resources.py reads its registers, spills and shared memory
-    off the same compile's log."""
+def test_every_kernel_of_each_source_compiles(name):
+    """NVRTC's front end for sm_90 (PTX): every kernel and GEMM instantiation is there by its lowered name."""
+    expressions = tuple(GEMM_EXPRESSIONS) if name == "intmm.cu" else rt.SOURCES[name]
+    ptx, lowered, _ = rt.nvrtc_compile(name, expressions, "compute_90")
+    ptx = ptx.decode().rstrip("\0")
+    assert set(lowered) == set(expressions)
+    entries = set(re.findall(r"\.entry (\S+)\(", ptx))
+    assert entries == set(lowered.values())
+    if name == "quant.cu":  # a static tile: 64 rows of 64 bytes plus one of padding
+        body = ptx[ptx.index(f".entry {lowered['transpose_i8']}("):]
+        assert re.search(r"\.shared \.align \d+ \.b8 \S+\[(\d+)\]", body).group(1) == str(64 * 65)
+
+
+def test_a_cubin_reports_each_kernels_resources():
+    """The machine code for sm_90 of one source: scripts/bench/kernel_resources.py reads each kernel's registers,
+    spills and shared memory off the same compile's log."""
     from scripts.bench import kernel_resources as resources  # noqa: PLC0415
 
-    expressions = tuple(GEMM_EXPRESSIONS) if name == "intmm.cu" else rt.SOURCES[name]
-    cubin, lowered, log = rt.nvrtc_compile(name, expressions, "sm_90", resources.PTXAS_VERBOSE)
+    expressions = rt.SOURCES["im2col.cu"]
+    cubin, lowered, log = rt.nvrtc_compile("im2col.cu", expressions, "sm_90", resources.PTXAS_VERBOSE)
     assert cubin[:4] == b"\x7fELF"
-    assert set(lowered) == set(expressions)
-    for kernel in lowered.values():
-        assert kernel.encode() in cubin
+    assert all(kernel.encode() in cubin for kernel in lowered.values())
     rows = {r["kernel"]: r for r in resources.rows(lowered, log)}
     assert set(rows) == set(expressions)
     assert all(0 < r["registers"] <= 255 for r in rows.values())
-    if name == "quant.cu":  # a static tile: 64 rows of 64 bytes plus one of padding
-        assert rows["transpose_i8"]["smem bytes"] == 64 * 65
 
 
 def test_ieee_single_precision_options():

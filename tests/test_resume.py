@@ -64,7 +64,11 @@ def _kill_and_resume(tmp_path, make_cfg, strategy, quant, overrides, killable, l
 
 
 def _overrides(strategy, quant, *more):
-    return [f"strategy={strategy}", f"quant={quant}", "trainer.epochs=15", "trainer.milestones=[12]",
+    """Three experiences of digits (4, 4 and 2 classes; the killed one is the last or the one before it), 15 epochs
+    each."""
+    return [f"strategy={strategy}", f"quant={quant}", "benchmark.n_experiences=null", "benchmark.classes_per_exp=4",
+            "trainer.epochs=15",
+            "trainer.milestones=[12]",
             *(["strategy.stage_2_epochs=5"] if strategy == "bic" else []), *more]
 
 
