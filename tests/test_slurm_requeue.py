@@ -18,7 +18,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "digits-mlp/icarl/fp32/seed0"
-CONFIG = ["strategy=icarl", "quant=fp32", "trainer.epochs=20", "trainer.device=cpu", "logging.progress=off"]
+CONFIG = ["strategy=icarl", "quant=fp32", "benchmark.n_experiences=null", "benchmark.classes_per_exp=4",
+          "trainer.epochs=20", "trainer.device=cpu", "logging.progress=off"]  # 3 experiences
 
 
 def _start(results_root, *flags):

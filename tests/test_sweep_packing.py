@@ -299,7 +299,8 @@ def _training_sweep(results_root):
 
     sweep = subprocess.Popen([sys.executable, "run.py", "-m", "hydra/launcher=gpus", "hydra.launcher.n_jobs=2",
                               f"results_root={results_root}", "strategy=naive", "quant=fp32", "seed=0,1",
-                              "trainer.epochs=40", "trainer.checkpoint_every=5", "logging.progress=off"],
+                              "benchmark.n_experiences=null", "benchmark.classes_per_exp=4", "trainer.epochs=30",
+                              "trainer.checkpoint_every=5", "logging.progress=off"],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not any(results_root.glob("**/checkpoints/*")) and time.monotonic() < deadline and sweep.poll() is None:
