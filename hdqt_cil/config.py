@@ -14,6 +14,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from .cost.energy import EnergyTable
+from .trainer.diagnostics import DiagnosticsConfig
 from .benchmarks import BENCHMARKS
 from .registry import load_members
 from .settings import (BOOL, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, POSITIVE_INT, Rule, check_settings, one_of,
@@ -73,6 +74,7 @@ class RunConfig:
     quant: Any = MISSING
     trainer: Any = MISSING
     cost: Any = MISSING  # the energy table of the cost estimate (hdqt_cil/configs/cost/)
+    diagnostics: Any = MISSING  # what the run measures of its gradients (hdqt_cil/configs/diagnostics/)
     seed: int = setting(0, NON_NEGATIVE_INT)
     # The paper protocol (hdqt_cil/configs/experiment/*_paper.yaml) the run's settings start from, and its epochs
     # a task: tables name it, and a run that trains fewer epochs says so at its start.
@@ -101,7 +103,7 @@ def run_path(benchmark, scenario, model, strategy, quant, tag, seed) -> str:
 
 # Keys that may differ between two runs of the same experiment: they change how, not what, is computed.
 RUN_INDEPENDENT = ("overwrite", "resume", "on_divergence", "logging", "results_root", "data_root", "cost", "preset",
-                   "preset_epochs")
+                   "preset_epochs", "diagnostics")
 RUN_INDEPENDENT_TRAINER = ("device", "num_workers", "checkpoint_every", "cuda_graph", "deterministic")
 RUN_INDEPENDENT_QUANT = ("sliced_unfold",)  # memory against speed, the same numbers
 
@@ -179,6 +181,7 @@ def register_schemas() -> None:
     store.store(name="run_schema", node=RunConfig)
     store.store(group="schema/trainer", name="default", node=TrainerConfig)
     store.store(group="schema/cost", name="table", node=EnergyTable)
+    store.store(group="schema/diagnostics", name="default", node=DiagnosticsConfig)
     load_members()
 
 

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from .trainer.batch_augment import BatchAugment
 from .trainer.checkpoint import EpochCheckpoints, ExperienceCheckpoints
 from .trainer.cost import CostCounter
+from .trainer.diagnostics import GradientDiagnostics
 from .trainer.cuda_graphs import CudaGraphPlugin
 from .trainer.hp_replay import HigherPrecisionReplay, higher_precision_scheme
 from .trainer.monitor import Diverged, TrainingMonitor
@@ -143,7 +144,8 @@ class RunPlugins:
     """The plugins every run adds to its strategy, in the order avalanche calls them: CUDA-graph replay first (its
     NaN check precedes the monitor's), the prediction recorder, the training monitor, the optimizer protocol,
     the weight storage (trainer.weight_bits), the quantization, the GPU batch augmentation, the cost counter, the
-    higher-precision replay (strategy.hp_replay, once the others have closed the epoch); the epoch checkpoints
+    gradient diagnostics (diagnostics=light), the higher-precision replay (strategy.hp_replay, once the others
+    have closed the epoch); the epoch checkpoints
     last, just before avalanche's clock, so that they see every plugin's records of the epoch and the next
     epoch's lr."""
     recorder: PredictionRecorder
@@ -156,6 +158,7 @@ class RunPlugins:
     augment: BatchAugment | None = None
     storage: WeightStorage | None = None
     hp_replay: HigherPrecisionReplay | None = None
+    diagnostics: GradientDiagnostics | None = None
 
     @classmethod
     def declare(cls, cfg, device: torch.device, run_dir: Path, bench) -> "RunPlugins":
@@ -174,7 +177,8 @@ class RunPlugins:
             graphs=CudaGraphPlugin(teachers(cfg.strategy.name)) if t.cuda_graph and device.type == "cuda" else None,
             augment=(BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)) if gpu_augment
                      else None),
-            hp_replay=_higher_precision_replay(cfg))
+            hp_replay=_higher_precision_replay(cfg),
+            diagnostics=GradientDiagnostics(cfg.diagnostics.every) if cfg.diagnostics.level == "light" else None)
 
     @classmethod
     def of(cls, strategy) -> "RunPlugins":
@@ -182,7 +186,8 @@ class RunPlugins:
         found = {type(p): p for p in strategy.plugins}
         return cls(found[PredictionRecorder], found[TrainingMonitor], found[PerExperienceSGD],
                    found[QuantizationPlugin], found[CostCounter], found[EpochCheckpoints], found.get(CudaGraphPlugin),
-                   found.get(BatchAugment), found.get(WeightStorage), found.get(HigherPrecisionReplay))
+                   found.get(BatchAugment), found.get(WeightStorage), found.get(HigherPrecisionReplay),
+                   found.get(GradientDiagnostics))
 
     def attach(self, strategy):
         """Place the epoch checkpoints just before avalanche's clock (the template appends its own plugins and the
@@ -193,7 +198,7 @@ class RunPlugins:
     def given(self) -> list:
         """The plugins handed to the strategy template, in order."""
         return [p for p in (self.graphs, self.recorder, self.monitor, self.optimizer, self.storage, self.quantization,
-                            self.augment, self.cost, self.hp_replay) if p is not None]
+                            self.augment, self.cost, self.diagnostics, self.hp_replay) if p is not None]
 
 
 def _higher_precision_replay(cfg) -> HigherPrecisionReplay | None:
@@ -279,6 +284,9 @@ def _train(cfg, bench, strategy, plugins: RunPlugins, folder: RunFolder, start: 
         records = {"quant_stats.json": plugins.quantization.epochs, "lqs.json": plugins.quantization.calibration}
         if plugins.hp_replay is not None:
             records["hp_replay.json"] = plugins.hp_replay.phases
+        if plugins.diagnostics is not None:  # per experience and layer; summary.json has the means over layers
+            records["diagnostics.json"] = plugins.diagnostics.experiences
+            summary["diagnostics"] = plugins.diagnostics.summary()
         folder.write(summary, records)
 
     try:

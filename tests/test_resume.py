@@ -60,6 +60,7 @@ def _kill_and_resume(tmp_path, make_cfg, strategy, quant, overrides, killable, l
     np.testing.assert_array_equal(np.array(got["class_acc"], float), np.array(want["class_acc"], float))
     assert got["train_loss"] == want["train_loss"]
     assert got["cost"]["experiences"] == want["cost"]["experiences"]  # every operation counted once
+    assert got.get("diagnostics") == want.get("diagnostics")  # every diagnosed batch once
     return resumed.stderr + resumed.stdout
 
 
@@ -80,7 +81,8 @@ def test_sigkill_mid_experience_then_resume_matches_uninterrupted(tmp_path, make
         latest = checkpoints / "latest"
         return latest.exists() and latest.read_text().strip() == "exp002"
 
-    _kill_and_resume(tmp_path, make_cfg, strategy, quant, _overrides(strategy, quant), in_experience_2,
+    _kill_and_resume(tmp_path, make_cfg, strategy, quant,
+                     _overrides(strategy, quant, "diagnostics=light", "diagnostics.every=9"), in_experience_2,
                      "after experience 2")
 
 
@@ -98,8 +100,9 @@ def test_sigkill_after_an_epoch_checkpoint_resumes_from_that_epoch(tmp_path, mak
     def past_epoch_10(checkpoints):
         return any(int(p.name.rsplit("epoch", 1)[1]) >= 10 for p in checkpoints.glob(f"exp{experience:03d}_epoch*"))
 
+    diagnosed = ["diagnostics=light", "diagnostics.every=9"] if strategy == "dyn_der" else []
     output = _kill_and_resume(tmp_path, make_cfg, strategy, quant,
-                              _overrides(strategy, quant, "trainer.checkpoint_every=5"),
+                              _overrides(strategy, quant, "trainer.checkpoint_every=5", *diagnosed),
                               past_epoch_10, f"after experience {experience}, epoch")
     # progress lines count each epoch of the experience's 15, the resumed one's too
     assert set(re.findall(r"epoch \d+/(\d+): mean training loss", output)) == {"15"}

@@ -1,0 +1,237 @@
+"""diagnostics=light: what low-bit training does to a run's gradients, measured inside the run (docs/diagnostics.md).
+
+On every `every`-th training batch of an experience (the first included), G = ∂loss/∂logits of that step (taken
+during its backward) is sent back, before the update, through two copies of the model at the step's weights, on the
+same batch: the quantized model as the step ran it (its stochastic rounding at the step's counters) and a float
+shadow (every layer plain FP32). For each Linear and Conv2d layer the weight gradient g_W and the input gradient g_x
+of the two are compared (cosine similarity, relative L2 error ‖q − f‖ / ‖f‖, sign agreement where the float
+gradient is not zero), for G whole and, once old classes exist, for G restricted to the old classes' logits and to
+the new ones'; the quantized copy's tensors by role (input, weight, grad_output, g_x, g_W) are summarised (max, min,
+mean, L2 norm). The copies draw the same dropout masks from a forked generator: the run's own random streams and
+numbers are untouched. Records are means over an experience's diagnosed batches, kept in the plugin and in its
+epoch checkpoints, written with the run as diagnostics.json.
+"""
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+from avalanche.core import SupervisedPlugin
+from torch import nn
+
+from ..quant import preset, quantize_model
+from ..quant.layers import QuantLayer
+from ..settings import POSITIVE_INT, one_of, setting
+
+LEVELS = ("off", "light")
+GRADIENTS = ("g_W", "g_x")
+ROLES = ("input", "weight", "grad_output", "g_x", "g_W")
+
+
+@dataclass
+class DiagnosticsConfig:
+    level: str = setting("off", one_of(*LEVELS))  # off | light (gradient fidelity and statistics)
+    every: int = setting(50, POSITIVE_INT)  # every Nth training batch of an experience, from its first
+
+
+def fidelity(quantized: torch.Tensor, reference: torch.Tensor) -> dict:
+    """Cosine similarity, relative L2 error and sign agreement (where the reference is not zero) of two gradients;
+    NaN where the reference is all zero."""
+    q, f = quantized.double().reshape(-1), reference.double().reshape(-1)
+    norm = f.norm()
+    nonzero = f != 0
+    if norm == 0:
+        return dict.fromkeys(("cosine", "rel_error", "sign"), math.nan)
+    return {"cosine": (q @ f / (q.norm() * norm)).item() if q.norm() > 0 else 0.0,
+            "rel_error": ((q - f).norm() / norm).item(),
+            "sign": (torch.sign(q[nonzero]) == torch.sign(f[nonzero])).double().mean().item()}
+
+
+def summary_statistics(t: torch.Tensor) -> dict:
+    t = t.double()
+    return {"max": t.max().item(), "min": t.min().item(), "mean": t.mean().item(), "norm": t.norm().item()}
+
+
+def _layers(model: nn.Module) -> dict:
+    return {name: m for name, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))}
+
+
+def quantizer_steps(model: nn.Module) -> dict:
+    """Each quantized layer's step counter: what its next forward's stochastic rounding draws from."""
+    return {name: m.step for name, m in model.named_modules() if isinstance(m, QuantLayer)}
+
+
+def replayed(model: nn.Module, steps: dict) -> nn.Module:
+    """A copy of `model` whose quantized layers draw again from the counters `steps` (quantizer_steps)."""
+    twin = copy.deepcopy(model)
+    for name, module in twin.named_modules():
+        if name in steps:
+            module.step = steps[name]
+    return twin
+
+
+def float_shadow(model: nn.Module) -> nn.Module:
+    """A copy of `model` at its weights whose every layer computes in plain FP32."""
+    return quantize_model(copy.deepcopy(model), preset("fp32"))
+
+
+class _Pass:
+    """One backward of G through a model copy: each layer's g_x, grad_output (hooks) and g_W."""
+
+    def __init__(self, model: nn.Module, x: torch.Tensor, seed: int):
+        self.model, self.layers = model, _layers(model)
+        self.seen, self.hooks = {}, []
+        for name, layer in self.layers.items():
+            self.hooks.append(layer.register_forward_hook(self._forward(name)))
+            self.hooks.append(layer.register_full_backward_hook(self._backward(name)))
+        with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            self.logits = model(x.detach().requires_grad_(True))
+
+    def _forward(self, name):
+        def hook(module, inputs, output):
+            self.seen.setdefault(name, {})["input"] = inputs[0].detach()
+        return hook
+
+    def _backward(self, name):
+        def hook(module, grad_input, grad_output):
+            record = self.seen.setdefault(name, {})
+            record["grad_output"] = grad_output[0].detach()
+            if grad_input[0] is not None:
+                record["g_x"] = grad_input[0].detach()
+        return hook
+
+    def backward(self, g: torch.Tensor) -> dict:
+        """{layer: {g_W, g_x, grad_output, input}} of G = g."""
+        trained = {name: layer for name, layer in self.layers.items() if layer.weight.requires_grad}  # not frozen
+        grads = torch.autograd.grad(self.logits, [layer.weight for layer in trained.values()], g, retain_graph=True,
+                                    allow_unused=True)
+        g_weights = dict(zip(trained, grads))
+        out = {}
+        for name in self.layers:
+            g_w = g_weights.get(name)
+            record = dict(self.seen.get(name, {}))
+            if g_w is not None:
+                record["g_W"] = g_w
+            out[name] = record
+            self.seen.get(name, {}).pop("g_x", None)
+        return out
+
+    def close(self):
+        for hook in self.hooks:
+            hook.remove()
+
+
+class GradientDiagnostics(SupervisedPlugin):
+    def __init__(self, every: int = 50):
+        super().__init__()
+        self.every = every
+        self.experiences: list[dict] = []
+        self._steps: dict | None = None
+        self._g: torch.Tensor | None = None
+        self._output_hook = None
+
+    def before_training_exp(self, strategy, **kwargs):
+        k = strategy.clock.train_exp_counter
+        self.experiences = [e for e in self.experiences if e["experience"] != k]
+        self.experiences.append({"experience": k, "batches": 0, "layers": {}})
+
+    def epoch_state(self) -> list:
+        """What an epoch checkpoint keeps of this plugin (trainer/checkpoint.py): the records so far."""
+        return copy.deepcopy(self.experiences)
+
+    def load_epoch_state(self, state: list) -> None:
+        self.experiences = state
+
+    def _diagnosing(self, strategy) -> bool:
+        return strategy.clock.train_exp_iterations % self.every == 0
+
+    def before_forward(self, strategy, **kwargs):
+        """The quantizers' counters the step's forward draws from (the quantized copy replays them), and a hook on
+        the model's output: G arrives during the step's own backward with every term of the loss in it (a plugin's
+        distillation too, whichever order the plugins run in; a strategy that splits the output, an auxiliary
+        head's too)."""
+        if strategy.is_training and self._diagnosing(strategy):
+            self._steps = quantizer_steps(strategy.model)
+            self._output_hook = strategy.model.register_forward_hook(self._hook_output)
+
+    def _hook_output(self, module, inputs, output):
+        self._output_hook.remove()
+        self._output_hook = None
+        if output.requires_grad:
+            output.register_hook(self._keep_output_gradient)
+
+    def after_forward(self, strategy, **kwargs):
+        """A step replayed from CUDA graphs runs no module forward: its output's gradient is hooked instead."""
+        if self._output_hook is not None:
+            self._output_hook.remove()
+            self._output_hook = None
+            if strategy.mb_output is not None and strategy.mb_output.requires_grad:
+                strategy.mb_output.register_hook(self._keep_output_gradient)
+
+    def _keep_output_gradient(self, g):
+        self._g = g.detach().clone()
+
+    def after_backward(self, strategy, **kwargs):
+        """The step's weights are still those of its forward: the copies are made now."""
+        if self._g is None:
+            self._steps = None
+            return
+        steps, g, self._steps, self._g = self._steps, self._g, None, None
+        parts = {"all": g}
+        old = [c for c in getattr(strategy.experience, "previous_classes", None) or [] if c < g.shape[-1]]
+        if old:
+            mask = torch.zeros(g.shape[-1], dtype=torch.bool, device=g.device)
+            mask[old] = True
+            parts.update(old=g * mask, new=g * ~mask)
+        self._record(strategy, steps, parts)
+
+    def _record(self, strategy, steps: dict, parts: dict) -> None:
+        seed = strategy.clock.train_iterations
+        passes = [_Pass(model, strategy.mb_x, seed) for model in (replayed(strategy.model, steps),
+                                                                   float_shadow(strategy.model))]
+        try:
+            grads = {part: [p.backward(g) for p in passes] for part, g in parts.items()}
+        finally:
+            for p in passes:
+                p.close()
+        record = self.experiences[-1]
+        record["batches"] += 1
+        n = record["batches"]
+        for name in passes[0].layers:
+            layer = record["layers"].setdefault(name, {})
+            for part, (q, f) in grads.items():
+                for kind in GRADIENTS:
+                    if kind in q[name] and kind in f[name]:
+                        _mean_into(layer.setdefault(kind, {}).setdefault(part, {}), fidelity(q[name][kind],
+                                                                                              f[name][kind]), n)
+            q = grads["all"][0][name]
+            stats = {"weight": passes[0].layers[name].weight.detach(), **q}
+            for role in ROLES:
+                if role in stats:
+                    _mean_into(layer.setdefault("stats", {}).setdefault(role, {}), summary_statistics(stats[role]), n)
+
+    def summary(self) -> list[dict]:
+        """Per experience: the mean over layers of each gradient's fidelity, by part of G."""
+        out = []
+        for exp in self.experiences:
+            means = {}
+            for kind in GRADIENTS:
+                for part in ("all", "old", "new"):
+                    values = [layer[kind][part] for layer in exp["layers"].values()
+                              if part in layer.get(kind, {})]
+                    if values:
+                        means[f"{kind} {part}"] = {m: _nanmean([v[m] for v in values]) for m in values[0]}
+            out.append({"experience": exp["experience"], "batches": exp["batches"], "mean over layers": means})
+        return out
+
+
+def _mean_into(mean: dict, values: dict, n: int) -> None:
+    """The running mean over n observations: `mean` (of n - 1) updated in place with `values`."""
+    for key, value in values.items():
+        mean[key] = value if n == 1 or key not in mean else mean[key] + (value - mean[key]) / n
+
+
+def _nanmean(values: list) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else math.nan

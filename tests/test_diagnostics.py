@@ -1,0 +1,86 @@
+"""diagnostics=light (trainer/diagnostics.py): the copies it compares, the measures, and a run that records them
+without changing its numbers."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hdqt_cil.experiment import run
+from hdqt_cil.quant import preset, quantize_model
+from hdqt_cil.trainer.diagnostics import _Pass, fidelity, float_shadow, quantizer_steps, replayed
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 5))
+
+
+def test_the_measures_on_hand_made_gradients():
+    m = fidelity(torch.tensor([1.0, 0.0, -2.0]), torch.tensor([1.0, 1.0, 0.0]))
+    assert m["cosine"] == pytest.approx(1 / math.sqrt(5) / math.sqrt(2))
+    assert m["rel_error"] == pytest.approx(math.sqrt(0 + 1 + 4) / math.sqrt(2))
+    assert m["sign"] == 0.5  # the reference's zero is not counted; 0 against 1 disagrees
+    assert fidelity(torch.ones(3), torch.ones(3)) == {"cosine": pytest.approx(1.0), "rel_error": 0.0, "sign": 1.0}
+    assert all(math.isnan(v) for v in fidelity(torch.ones(2), torch.zeros(2)).values())
+
+
+def test_the_quantized_copy_replays_the_steps_own_gradients_and_the_shadow_is_plain_fp32():
+    model = quantize_model(_mlp(), preset("hdqt")).train()
+    x, y = torch.randn(8, 12), torch.randint(0, 5, (8,))
+    model(x)  # a step before: the counters have moved on from 0
+    steps = quantizer_steps(model)
+    torch.manual_seed(3)
+    logits = model(x)
+    g = torch.autograd.grad(F.cross_entropy(logits, y), logits, retain_graph=True)[0]
+    logits.backward(g)
+    copy_pass = _Pass(replayed(model, steps), x, seed=3)
+    got = copy_pass.backward(g)
+    for name, layer in {"0": model[0], "3": model[3]}.items():
+        assert torch.equal(got[name]["g_W"], layer.weight.grad), name
+
+    plain = _mlp()
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if k in plain.state_dict()})
+    torch.manual_seed(3)
+    reference = plain(x)
+    expected = torch.autograd.grad(reference, [plain[0].weight, plain[3].weight], g)
+    shadow = _Pass(float_shadow(model), x, seed=3).backward(g)
+    assert torch.equal(shadow["0"]["g_W"], expected[0]) and torch.equal(shadow["3"]["g_W"], expected[1])
+    assert fidelity(got["3"]["g_W"], shadow["3"]["g_W"])["cosine"] < 1
+
+
+def _light(make_cfg, quant, *more):
+    return make_cfg("strategy=lwf", f"quant={quant}", "trainer.epochs=2", "trainer.device=cpu",
+                    "benchmark.n_experiences=null", "benchmark.classes_per_exp=4", *more)
+
+
+def test_a_run_records_fidelity_per_layer_and_experience_without_changing_its_numbers(make_cfg, tmp_path):
+    plain = run(_light(make_cfg, "hdqt"), tmp_path / "off")
+    measured = run(_light(make_cfg, "hdqt", "diagnostics=light", "diagnostics.every=4"), tmp_path / "light")
+    assert measured["acc_matrix"] == plain["acc_matrix"] and measured["train_loss"] == plain["train_loss"]
+    records = json.loads((tmp_path / "light" / "diagnostics.json").read_text())
+    assert [r["experience"] for r in records] == [0, 1, 2] and all(r["batches"] > 0 for r in records)
+    first_layer = [next(iter(r["layers"].values())) for r in records]
+    assert set(first_layer[0]["g_W"]) == {"all"} and set(first_layer[1]["g_W"]) == {"all", "old", "new"}
+    assert 0 < first_layer[1]["g_W"]["all"]["cosine"] < 1
+    assert set(first_layer[1]["stats"]) == {"input", "weight", "grad_output", "g_x", "g_W"}
+    assert [e["experience"] for e in measured["diagnostics"]] == [0, 1, 2]
+    assert "diagnostics" not in plain
+
+
+def test_under_fp32_every_gradient_is_its_own_reference(make_cfg, tmp_path):
+    summary = run(_light(make_cfg, "fp32", "diagnostics=light", "diagnostics.every=6"), tmp_path / "run")
+    for experience in summary["diagnostics"]:
+        for measures in experience["mean over layers"].values():
+            assert measures["cosine"] == pytest.approx(1, abs=1e-12) and measures["rel_error"] == 0
+    np.testing.assert_equal(len(summary["diagnostics"]), 3)
+
+
+def test_bad_diagnostics_settings_are_refused(make_cfg):
+    from hdqt_cil.config import validate
+
+    with pytest.raises(ValueError, match="diagnostics.every=0 must be a positive integer"):
+        validate(make_cfg("diagnostics=light", "diagnostics.every=0"))
