@@ -11,6 +11,7 @@ from torch import nn
 
 from hdqt_cil.experiment import run
 from hdqt_cil.quant import preset, quantize_model
+from hdqt_cil.results.tables import make_tables
 from hdqt_cil.trainer.diagnostics import _Pass, fidelity, float_shadow, quantizer_steps, replayed
 
 
@@ -67,8 +68,15 @@ def test_a_run_records_fidelity_per_layer_and_experience_without_changing_its_nu
     assert set(first_layer[0]["g_W"]) == {"all"} and set(first_layer[1]["g_W"]) == {"all", "old", "new"}
     assert 0 < first_layer[1]["g_W"]["all"]["cosine"] < 1
     assert set(first_layer[1]["stats"]) == {"input", "weight", "grad_output", "g_x", "g_W"}
+    assert all("g_x" in layer and "g_W" in layer for layer in records[1]["layers"].values())  # the first layer too
     assert [e["experience"] for e in measured["diagnostics"]] == [0, 1, 2]
     assert "diagnostics" not in plain
+
+    make_tables([tmp_path / "light"], tmp_path / "tables")
+    rows = (tmp_path / "tables" / "fidelity.md").read_text().splitlines()
+    assert "g_W cosine old classes" in rows[0] and len(rows) == 2 + len(records[1]["layers"])
+    assert (tmp_path / "tables" / "fidelity.png").stat().st_size > 0
+    assert "| grad_output |" in (tmp_path / "tables" / "gradient_stats.md").read_text()
 
 
 def test_under_fp32_every_gradient_is_its_own_reference(make_cfg, tmp_path):

@@ -86,7 +86,8 @@ class _Pass:
             self.hooks.append(layer.register_full_backward_hook(self._backward(name)))
         with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
             torch.manual_seed(seed)
-            self.logits = model(x.detach().requires_grad_(True))
+            self.x = x.detach().requires_grad_(True)
+            self.logits = model(self.x)
 
     def _forward(self, name):
         def hook(module, inputs, output):
@@ -104,8 +105,9 @@ class _Pass:
     def backward(self, g: torch.Tensor) -> dict:
         """{layer: {g_W, g_x, grad_output, input}} of G = g."""
         trained = {name: layer for name, layer in self.layers.items() if layer.weight.requires_grad}  # not frozen
-        grads = torch.autograd.grad(self.logits, [layer.weight for layer in trained.values()], g, retain_graph=True,
-                                    allow_unused=True)
+        # the input among the differentiated tensors: the first layer's g_x is on no weight's path
+        grads = torch.autograd.grad(self.logits, [layer.weight for layer in trained.values()] + [self.x], g,
+                                    retain_graph=True, allow_unused=True)
         g_weights = dict(zip(trained, grads))
         out = {}
         for name in self.layers:

@@ -1,0 +1,93 @@
+"""Tables and plots of the runs' gradient diagnostics (diagnostics.json, trainer/diagnostics.py): fidelity by layer
+and by experience, old against new classes, and the gradients' statistics by layer."""
+import json
+from pathlib import Path
+
+import pandas as pd
+
+RUN_KEYS = ["benchmark", "strategy", "variant", "scheme", "quant_variant"]
+MEASURES = ("cosine", "rel_error", "sign")
+
+
+def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(fidelity, statistics) in long form, one row per run, experience, layer and measured thing; empty where no
+    run recorded diagnostics."""
+    fidelity, statistics = [], []
+    for _, run in runs.iterrows():
+        path = Path(run["path"]) / "diagnostics.json"
+        if not path.exists():
+            continue
+        keys = {k: run[k] for k in RUN_KEYS + ["seed"] if k in run}
+        for record in json.loads(path.read_text()):
+            for position, (layer, found) in enumerate(record["layers"].items()):
+                where = {**keys, "experience": record["experience"], "position": position, "layer": layer}
+                for kind in ("g_W", "g_x"):
+                    for part, measures in found.get(kind, {}).items():
+                        fidelity.append({**where, "gradient": kind, "part": part, **measures})
+                for role, values in found.get("stats", {}).items():
+                    statistics.append({**where, "role": role, **values})
+    return pd.DataFrame(fidelity), pd.DataFrame(statistics)
+
+
+def _keys(frame: pd.DataFrame) -> list[str]:
+    return [k for k in RUN_KEYS if k in frame and (frame[k] != "").any()]
+
+
+def fidelity_table(fidelity: pd.DataFrame) -> pd.DataFrame:
+    """Per run kind and layer: each gradient's fidelity to the float shadow's, the mean over experiences and seeds
+    (n: the diagnosed experiences × seeds)."""
+    keys = _keys(fidelity) + ["position", "layer"]
+    whole = fidelity[fidelity.part == "all"].pivot_table(index=keys + ["experience", "seed"], columns="gradient",
+                                                         values=list(MEASURES)).groupby(level=keys).mean()
+    whole.columns = [f"{kind} {measure}" for measure, kind in whole.columns]
+    parts = fidelity[(fidelity.gradient == "g_W") & fidelity.part.isin(["old", "new"])]
+    if len(parts):
+        split = parts.pivot_table(index=keys, columns="part", values="cosine")
+        whole = whole.join(split.rename(columns=lambda p: f"g_W cosine {p} classes"))
+    whole["n"] = fidelity[fidelity.part == "all"].groupby(keys)[["experience", "seed"]].apply(
+        lambda g: len(g.drop_duplicates()))
+    return whole.reset_index().drop(columns="position").round(3)
+
+
+def statistics_table(statistics: pd.DataFrame) -> pd.DataFrame:
+    keys = _keys(statistics) + ["position", "layer", "role"]
+    table = statistics.groupby(keys)[["max", "min", "mean", "norm"]].mean().reset_index().drop(columns="position")
+    for column in ("max", "min", "mean", "norm"):
+        table[column] = table[column].map(lambda v: f"{v:.4g}")
+    return table
+
+
+def plot_fidelity(fidelity: pd.DataFrame, path) -> None:
+    """Cosine to the float gradient by layer (g_W, g_x), and g_W's over the experiences for the old and the new
+    classes' logits: one line per strategy and scheme, means over seeds."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = _keys(fidelity)
+    benchmarks = sorted(fidelity.benchmark.unique())
+    fig, axes = plt.subplots(len(benchmarks), 3, figsize=(15, 4 * len(benchmarks)), squeeze=False)
+    for row, bench in zip(axes, benchmarks):
+        runs = fidelity[fidelity.benchmark == bench]
+        for ax, kind in zip(row[:2], ("g_W", "g_x")):
+            chosen = runs[(runs.gradient == kind) & (runs.part == "all")]
+            for label, group in chosen.groupby(keys[1:]):
+                curve = group.groupby("position").cosine.mean()
+                ax.plot(curve.index, curve.values, marker="o", label=" / ".join(filter(None, label)))
+            ax.set(title=f"{bench}: {kind} against FP32, by layer", xlabel="layer (model order)",
+                   ylabel="cosine similarity")
+        ax = row[2]
+        split = runs[(runs.gradient == "g_W") & runs.part.isin(["old", "new"])]
+        for (label, group), color in zip(split.groupby(keys[1:]), plt.get_cmap("tab10").colors * 3):
+            for part, style in (("old", "-"), ("new", "--")):
+                curve = group[group.part == part].groupby("experience").cosine.mean()
+                ax.plot(curve.index + 1, curve.values, style, color=color, marker=".",
+                        label=f"{' / '.join(filter(None, label))}, {part} classes")
+        ax.set(title=f"{bench}: g_W against FP32, old and new classes' logits", xlabel="experience",
+               ylabel="cosine similarity (mean over layers)")
+        for ax in row:
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
