@@ -117,7 +117,7 @@ def test_ablation_preset_sweeps_into_tagged_folders(tmp_path):
 def test_help_is_the_products_and_names_every_member_and_default():
     out = subprocess.run([sys.executable, "run.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "schema/" not in out.stdout
-    for group in ("strategy", "quant", "benchmark", "model", "cost", "experiment", "hydra/launcher"):
+    for group in ("strategy", "quant", "benchmark", "model", "cost", "diagnostics", "experiment", "hydra/launcher"):
         for member in (ROOT / "hdqt_cil" / "configs" / group).glob("*.yaml"):
             assert member.stem in out.stdout, f"{group}={member.stem} missing from --help"
     from hdqt_cil.config import TrainerConfig
