@@ -68,10 +68,11 @@ def transform_block(product, k: int) -> int:
     return hadamard_block_size(k, product.hadamard_cap) if product.hadamard else 1
 
 
-def random_signs(layer, role: str, step, k: int, device) -> torch.Tensor:
-    """±1 along K from the layer's counter: both operands of a product are multiplied by them before the transform,
-    which leaves the product unchanged and makes the Hadamard basis random (NVFP4's weight-gradient product)."""
-    return torch.where(layer._counter(role, step).uniform((k,), device) < 0.5, -1.0, 1.0)
+def random_signs(layer, step, k: int, device) -> torch.Tensor:
+    """±1 along K from the layer's counter (one draw a layer and step): both operands of a product are multiplied by
+    them before the transform, which leaves the product unchanged and makes the Hadamard basis random (NVFP4's
+    weight-gradient product)."""
+    return torch.where(layer._counter("hadamard.signs", step).uniform((k,), device) < 0.5, -1.0, 1.0)
 
 
 def quantize_operand(layer, t: torch.Tensor, spec: FloatSpec, role: str, step, block: int = 1,
@@ -88,8 +89,7 @@ def _product(layer, left, right, product, roles, step, tally=None, sum_batch=Fal
     """The product of float tensors left (..., M, K) and right (..., N, K) as `product` computes it."""
     k = left.shape[-1]
     block = transform_block(product, k)
-    signs = random_signs(layer, roles[0].split(".")[0] + ".signs", step, k, left.device) \
-        if product.random_signs and block > 1 else None
+    signs = random_signs(layer, step, k, left.device) if product.random_signs and block > 1 else None
     a = quantize_operand(layer, left, product.left, roles[0], step, block, signs)
     b = quantize_operand(layer, right, product.right, roles[1], step, block, signs)
     out = format_matmul(a, b, product, block, tally)

@@ -25,7 +25,7 @@ from .schemes import Product, Scheme
 ROLE_STRIDE = 8
 ROLE_CODES = {"input": 0, "weight": 1, "grad_input.grad_output": 2, "grad_input.weight": 3,
               "grad_weight.grad_output": 4, "grad_weight.input": 5, "lqs.grad_output": 6,
-              "grad_weight.signs": 7}
+              "hadamard.signs": 7}
 # Counted per layer on the device (row 0 hits, row 1 totals): saturated tile sums of each product, clipped values
 # of each forward operand.
 STATS = ("forward_saturated", "grad_input_saturated", "grad_weight_saturated", "input_clipped", "weight_clipped")
