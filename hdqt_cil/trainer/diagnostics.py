@@ -125,6 +125,8 @@ class _Pass:
 
 
 class GradientDiagnostics(SupervisedPlugin):
+    """The plugin of diagnostics=light (module docstring): `experiences` holds one record per trained experience."""
+
     def __init__(self, every: int = 50):
         super().__init__()
         self.every = every
