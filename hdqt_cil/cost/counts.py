@@ -30,6 +30,7 @@ from torch import nn
 from ..quant.compact import store_spec
 from ..quant.float_product import transform_block
 from ..quant.float_schemes import FloatScheme
+from ..quant.floats import FloatSpec
 from ..quant.hadamard import hadamard_block_size
 from ..quant.hot import HotConv2d, HotLinear, _hla_shape
 from ..quant.layers import QuantLayer
@@ -40,7 +41,9 @@ RANDOM_BITS = 24  # a stochastic rounding's uniform: 24 bits (quant/rounding.py 
 FLOAT_BITS = 32
 
 
-def level_name(spec: QuantSpec) -> str:
+def level_name(spec: QuantSpec | FloatSpec) -> str:
+    if isinstance(spec, FloatSpec):
+        return spec.fmt.name
     return f"{'log' if spec.grid == 'log2' else 'int'}{spec.bits}"
 
 
@@ -54,7 +57,7 @@ class Tally:
     def __init__(self):
         self.forward, self.backward = Counter(), Counter()
 
-    def quantize(self, phase: Counter, spec: QuantSpec | None, elements: int, block: int = 1) -> None:
+    def quantize(self, phase: Counter, spec: QuantSpec | FloatSpec | None, elements: int, block: int = 1) -> None:
         """A tensor of `elements` transformed by a Hadamard block (1: none) and quantized by `spec` (None: left
         float, transformed only)."""
         phase["hadamard_add"] += elements * _log2(block)
@@ -62,13 +65,6 @@ class Tally:
             phase[f"quantize {level_name(spec)}"] += elements
             if spec.rounding == "stochastic":
                 phase["random_bit"] += RANDOM_BITS * elements
-
-    def float_quantize(self, phase: Counter, spec, elements: int, block: int = 1) -> None:
-        """A tensor of `elements` transformed by a Hadamard block (1: none) and rounded to spec's float format."""
-        phase["hadamard_add"] += elements * _log2(block)
-        phase[f"quantize {spec.fmt.name}"] += elements
-        if spec.rounding == "stochastic":
-            phase["random_bit"] += RANDOM_BITS * elements
 
     def product(self, phase: Counter, left: QuantSpec | None, right: QuantSpec | None, entries: int, m: int, n: int,
                 k: int, tile: int | None = None, acc_bits: int | None = None, summed: bool = False) -> None:
@@ -178,8 +174,7 @@ def float_layer_tally(layer: QuantLayer, x_shape: tuple, input_grad: bool, train
     if not training:
         return t
     masks = g.x_elements if scheme.ste != "none" else 0
-    fwd["saved_bit float32" if blocked else f"saved_bit {product.left.fmt.name}"] += (
-        FLOAT_BITS if blocked else 1 + product.left.fmt.exp_bits + product.left.fmt.man_bits) * g.x_elements
+    _saved(fwd, None if blocked else product.left, g.x_elements)
     fwd["saved_bit mask"] += masks
     bwd["float_op"] += bias
     if input_grad:
@@ -201,7 +196,7 @@ def _format_product(t: Tally, phase: Counter, product, left: int, right: int, en
     block = transform_block(product, k)
     for spec, elements in ((product.left, left), (product.right, right)):
         phase["float_op"] += elements if product.random_signs and block > 1 else 0
-        t.float_quantize(phase, spec, elements, block)
+        t.quantize(phase, spec, elements, block)
     acc = product.acc.name if product.acc is not None else "fp32"
     phase[f"float_mac {product.left.fmt.name}x{product.right.fmt.name} acc{acc}"] += entries * m * n * k
     outputs = entries * m * n
@@ -209,7 +204,7 @@ def _format_product(t: Tally, phase: Counter, product, left: int, right: int, en
     phase["float_op"] += (entries - 1) * m * n if summed else 0
 
 
-def _saved(phase: Counter, spec: QuantSpec | None, elements: int) -> None:
+def _saved(phase: Counter, spec: QuantSpec | FloatSpec | None, elements: int) -> None:
     """`elements` kept for the backward as `spec`'s levels (None: float32)."""
     if spec is None:
         phase["saved_bit float32"] += FLOAT_BITS * elements

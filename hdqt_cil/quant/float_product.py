@@ -47,10 +47,11 @@ def format_matmul(a: FloatOperand, b: FloatOperand, product, hadamard: int = 1, 
     k = a.values.shape[-1]
     width = min(width or k, max(k, 1))
     out, saturated = 0, 0
+    limit = product.acc_spec.largest if product.acc is not None else None
     for start in range(0, k, width):
         partial = torch.matmul(a.values[..., start:start + width], b.values[..., start:start + width].mT)
-        if product.acc is not None:
-            saturated = saturated + (partial.abs() > product.acc_spec.largest).sum()
+        if limit is not None:
+            saturated = saturated + (partial.abs() > limit).sum()
             partial = authors_float(partial, product.acc.exp_bits, product.acc.man_bits)
         if a.block:
             partial = partial * (a.block_scales(start) * b.block_scales(start).mT)

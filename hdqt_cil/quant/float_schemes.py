@@ -22,11 +22,11 @@ from typing import Optional
 import torch
 
 from ..settings import BOOL, Rule, setting, one_of
-from .floats import E2M1, E4M3, E5M2, FloatFormat, FloatSpec
+from .floats import E2M1, E4M3, E5M2, EXP_BITS_RANGE, MAN_BITS_RANGE, FloatFormat, FloatSpec, bits_in
 from .schemes import POWER_OF_TWO, ROLES, SCHEMES, TILE, QuantConfig
 
-EXP_BITS = Rule(lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 8, "an integer in 1..8")
-MAN_BITS = Rule(lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 23, "an integer in 0..23")
+EXP_BITS, MAN_BITS = (Rule(lambda v, r=bounds: bits_in(v, r), f"an integer in {bounds[0]}..{bounds[1]}")
+                      for bounds in (EXP_BITS_RANGE, MAN_BITS_RANGE))
 ACCUMULATORS = ("none", "fp")  # float32 sums | each tile's sum rounded to acc_exp_bits/acc_man_bits
 
 

@@ -23,6 +23,11 @@ import torch
 from .rounding import Counter, round_nearest, round_stochastic
 
 FLOAT_ROUNDINGS = ("nearest", "stochastic")
+EXP_BITS_RANGE, MAN_BITS_RANGE = (1, 8), (0, 23)  # a float32 holds every such format exactly
+
+
+def bits_in(value, bounds: tuple[int, int]) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and bounds[0] <= value <= bounds[1]
 
 
 @dataclass(frozen=True)
@@ -35,10 +40,10 @@ class FloatFormat:
     max: float
 
     def __post_init__(self):
-        if not (isinstance(self.exp_bits, int) and 1 <= self.exp_bits <= 8):
-            raise ValueError(f"{self.name}: exp_bits={self.exp_bits!r} must be an integer in 1..8")
-        if not (isinstance(self.man_bits, int) and 0 <= self.man_bits <= 23):
-            raise ValueError(f"{self.name}: man_bits={self.man_bits!r} must be an integer in 0..23")
+        for field, value, (low, high) in (("exp_bits", self.exp_bits, EXP_BITS_RANGE),
+                                          ("man_bits", self.man_bits, MAN_BITS_RANGE)):
+            if not bits_in(value, (low, high)):
+                raise ValueError(f"{self.name}: {field}={value!r} must be an integer in {low}..{high}")
 
     @property
     def bias(self) -> int:
@@ -181,6 +186,11 @@ class FloatSpec:
     def block(self) -> int | None:
         """The values one scale covers along the contraction (None: the whole tensor or no scale)."""
         return SCALINGS[self.scaling]
+
+    @property
+    def bits(self) -> int:
+        """An element's width: sign, exponent and mantissa."""
+        return 1 + self.fmt.exp_bits + self.fmt.man_bits
 
     @property
     def largest(self) -> float:

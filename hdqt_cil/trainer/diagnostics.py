@@ -80,7 +80,7 @@ class _Pass:
 
     def __init__(self, model: nn.Module, x: torch.Tensor, seed: int):
         self.model, self.layers = model, _layers(model)
-        self.seen, self.hooks = {}, []
+        self.inputs, self.grads, self.hooks = {}, {}, []
         for name, layer in self.layers.items():
             self.hooks.append(layer.register_forward_hook(self._forward(name)))
             self.hooks.append(layer.register_full_backward_hook(self._backward(name)))
@@ -91,19 +91,19 @@ class _Pass:
 
     def _forward(self, name):
         def hook(module, inputs, output):
-            self.seen.setdefault(name, {})["input"] = inputs[0].detach()
+            self.inputs[name] = inputs[0].detach()
         return hook
 
     def _backward(self, name):
         def hook(module, grad_input, grad_output):
-            record = self.seen.setdefault(name, {})
-            record["grad_output"] = grad_output[0].detach()
+            record = self.grads.setdefault(name, {"grad_output": grad_output[0].detach()})
             if grad_input[0] is not None:
                 record["g_x"] = grad_input[0].detach()
         return hook
 
     def backward(self, g: torch.Tensor) -> dict:
         """{layer: {g_W, g_x, grad_output, input}} of G = g."""
+        self.grads = {}
         trained = {name: layer for name, layer in self.layers.items() if layer.weight.requires_grad}  # not frozen
         # the input among the differentiated tensors: the first layer's g_x is on no weight's path
         grads = torch.autograd.grad(self.logits, [layer.weight for layer in trained.values()] + [self.x], g,
@@ -111,12 +111,12 @@ class _Pass:
         g_weights = dict(zip(trained, grads))
         out = {}
         for name in self.layers:
-            g_w = g_weights.get(name)
-            record = dict(self.seen.get(name, {}))
-            if g_w is not None:
-                record["g_W"] = g_w
+            record = dict(self.grads.get(name, {}))
+            if name in self.inputs:
+                record["input"] = self.inputs[name]
+            if g_weights.get(name) is not None:
+                record["g_W"] = g_weights[name]
             out[name] = record
-            self.seen.get(name, {}).pop("g_x", None)
         return out
 
     def close(self):
