@@ -65,7 +65,7 @@ def _deterministic_cudnn():
 
 
 @pytest.mark.parametrize("model_name", ["mlp", "resnet32"])
-@pytest.mark.parametrize("scheme_name", ["fp32", "hdqt", "int4", "luq", "hot"])
+@pytest.mark.parametrize("scheme_name", ["fp32", "hdqt", "int4", "luq", "hot", "fp8", "mxfp4", "nvfp4", "fp"])
 def test_graph_steps_equal_eager_steps(model_name, scheme_name):
     """Three steps on fresh batches, then a shorter last batch (a second captured shape)."""
     batches = make_batches(model_name, [128, 128, 128, 40])
@@ -218,7 +218,9 @@ def test_evaluation_runs_from_graphs_and_hands_the_forward_back():
     ("joint", "int4", []), ("naive", "fp32", []),
     ("replay", "hdqt", []), ("der", "hdqt", []), ("er_ace", "hdqt", []), ("gdumb", "hdqt", []), ("agem", "hdqt", []),
     ("ewc", "hdqt", []), ("si", "hdqt", []), ("dyn_der", "hdqt", []), ("icarl", "hdqt", ["trainer.weight_bits=8"]),
-    ("icarl", "hdqt", ["strategy.hp_replay=40"]),
+    ("icarl", "hdqt", ["strategy.hp_replay=40"]), ("icarl", "hdqt", ["diagnostics=light", "diagnostics.every=2"]),
+    ("lwf", "mxfp4", ["diagnostics=light", "diagnostics.every=2"]), ("icarl", "fp8", []), ("bic", "nvfp4", []),
+    ("icarl", "fp", []),
     ("bic", "int4", ["strategy.hp_replay=40", "strategy.stage_2_epochs=2"]),
 ])
 def test_experiment_with_cuda_graphs_gives_the_same_results(make_cfg, tmp_path, strategy, quant, extra):

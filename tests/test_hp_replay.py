@@ -2,13 +2,18 @@
 accumulators (the old model too), then training goes on at the scheme's own precision."""
 import random
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 
 from hdqt_cil.config import comparable_config
 from hdqt_cil.experiment import run
+from hdqt_cil.graph_replay import CapturedInference
+from hdqt_cil.models import build_model
+from hdqt_cil.quant import preset, quantize_model
 from hdqt_cil.quant.layers import QuantLayer
-from hdqt_cil.trainer.hp_replay import HigherPrecisionReplay, spread_over_classes
+from hdqt_cil.trainer.cuda_graphs import CudaGraphPlugin
+from hdqt_cil.trainer.hp_replay import HigherPrecisionReplay, higher_precision_scheme, spread_over_classes
 
 BASE = ("quant=hdqt", "trainer.epochs=2", "trainer.device=cpu", "benchmark.n_experiences=null",
         "benchmark.classes_per_exp=4", "trainer.memory_size=60")
@@ -60,6 +65,25 @@ def test_the_phase_trains_the_exemplars_at_higher_precision_uncounted(make_cfg, 
     assert replayed["acc_matrix"][1:] != plain["acc_matrix"][1:]
     records = (tmp_path / "hp").rglob("hp_replay.json")
     assert len(list(records)) == 1
+
+
+def test_the_phase_raises_an_old_model_that_cuda_graphs_hold():
+    """While an experience trains under CUDA graphs the old model is its graphs' wrapper; the phase sets the graphs
+    aside first, so the old model itself runs at the higher precision, and hands the wrapper back after."""
+    model = quantize_model(build_model("mlp", (8,), 4), preset("hdqt"))
+    old = SimpleNamespace(old_model=quantize_model(build_model("mlp", (8,), 4), preset("hdqt")))
+    graphs = CudaGraphPlugin(("old_model",))
+    phase = HigherPrecisionReplay(4, 1, higher_precision_scheme({"name": "hdqt"}, 8, 16), 8, 16, ("old_model",))
+    strategy = SimpleNamespace(model=model, forward=lambda: None, plugins=[graphs, old, phase], is_training=True,
+                               dataloader="the experience's")
+    graphs.before_training_exp(strategy)
+    wrapped = old.old_model
+    assert isinstance(wrapped, CapturedInference)
+    with phase._phase(strategy, "exemplars"):
+        assert strategy.dataloader == "exemplars" and graphs.captured is None
+        assert _bits(old.old_model) == _bits(model) == (8, 16)
+    assert old.old_model is wrapped and _bits(wrapped.module) == _bits(model) == (4, 8)
+    assert strategy.dataloader == "the experience's"
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -91,24 +91,25 @@ class HigherPrecisionReplay(SupervisedPlugin):
 
     @contextmanager
     def _phase(self, strategy, loader):
-        """The strategy on `loader`, its quantized layers at the higher precision, eager, uncounted; all restored."""
-        models = self._models(strategy)
-        schemes = [{m: m.scheme for m in model.modules() if isinstance(m, QuantLayer)} for model in models]
+        """The strategy on `loader`, its quantized layers at the higher precision, eager, uncounted; all restored.
+        The models are looked up once the graphs are set aside: until then an old model is its graphs' wrapper."""
         graphs = next((p for p in strategy.plugins if isinstance(p, CudaGraphPlugin)), None)
         cost = next((p for p in strategy.plugins if isinstance(p, CostCounter)), None)
-        dataloader, self._losses = strategy.dataloader, []
-        for model in models:
-            quantize_model(model, self.scheme)
-        try:
-            with graphs.eager() if graphs else nullcontext(), cost.paused() if cost else nullcontext():
+        with graphs.eager() if graphs else nullcontext(), cost.paused() if cost else nullcontext():
+            models = self._models(strategy)
+            schemes = [{m: m.scheme for m in model.modules() if isinstance(m, QuantLayer)} for model in models]
+            dataloader, self._losses = strategy.dataloader, []
+            for model in models:
+                quantize_model(model, self.scheme)
+            try:
                 strategy.dataloader = loader
                 yield
-        finally:
-            strategy.dataloader = dataloader
-            for layers in schemes:
-                for layer, scheme in layers.items():
-                    layer.scheme = scheme
-            self._losses = None
+            finally:
+                strategy.dataloader = dataloader
+                for layers in schemes:
+                    for layer, scheme in layers.items():
+                        layer.scheme = scheme
+                self._losses = None
 
     def after_training_iteration(self, strategy, **kwargs):
         if self._losses is not None:
