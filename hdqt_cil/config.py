@@ -40,6 +40,9 @@ class TrainerConfig:
     checkpoint_every: int = setting(0, NON_NEGATIVE_INT)  # also checkpoint every N epochs inside an experience
     # Replay each training step's forward + backward from CUDA graphs (the same results): auto = on CUDA devices.
     cuda_graph: Any = setting("auto", Rule(lambda v: v == "auto" or isinstance(v, bool), "auto, true or false"))
+    # The captured training step compiled by torch.compile (inductor fuses BatchNorm, ReLU and the additions): FP32
+    # runs on CUDA with trainer.cuda_graph; their numbers move within FP32's own run-to-run differences.
+    compile: bool = setting(False, BOOL)
     # torch's deterministic kernels (cuDNN, cuBLAS): FP32 GPU runs otherwise differ between machines; slower. The
     # quantized kernels are deterministic either way.
     deterministic: bool = setting(False, BOOL)
@@ -104,7 +107,7 @@ def run_path(benchmark, scenario, model, strategy, quant, tag, seed) -> str:
 # Keys that may differ between two runs of the same experiment: they change how, not what, is computed.
 RUN_INDEPENDENT = ("overwrite", "resume", "on_divergence", "logging", "results_root", "data_root", "cost", "preset",
                    "preset_epochs", "diagnostics")
-RUN_INDEPENDENT_TRAINER = ("device", "num_workers", "checkpoint_every", "cuda_graph", "deterministic")
+RUN_INDEPENDENT_TRAINER = ("device", "num_workers", "checkpoint_every", "cuda_graph", "compile", "deterministic")
 RUN_INDEPENDENT_QUANT = ("sliced_unfold",)  # memory against speed, the same numbers
 
 

@@ -166,6 +166,14 @@ class RunPlugins:
         if t.cuda_graph is True and device.type != "cuda":
             raise ValueError(f"trainer.cuda_graph=true needs a CUDA device; this run is on {device} "
                              f"(trainer.device={t.device}); use auto or false")
+        if t.compile and cfg.quant.name != "fp32":
+            raise ValueError(f"trainer.compile=true applies to quant=fp32 only; quant={cfg.quant.name} runs its own "
+                             f"kernels, whose inputs torch.compile's fused float ops would change; use "
+                             f"trainer.compile=false (its steps are replayed from CUDA graphs)")
+        if t.compile and not (t.cuda_graph and device.type == "cuda"):
+            raise ValueError(f"trainer.compile=true compiles the step that CUDA graphs replay; this run has "
+                             f"trainer.cuda_graph={t.cuda_graph} on {device}; use a CUDA device with cuda_graph "
+                             f"auto or true, or trainer.compile=false")
         gpu_augment = cfg.benchmark.get("augment") and cfg.benchmark.augment_on == "gpu"
         return cls(
             recorder=PredictionRecorder(bench.task_classes() if cfg.benchmark.scenario == "task" else None),
@@ -174,7 +182,8 @@ class RunPlugins:
             cost=CostCounter(energy_table(cfg.cost), teachers(cfg.strategy.name), t.weight_bits),
             storage=None if t.weight_bits is None else WeightStorage(t.weight_bits),
             epochs=EpochCheckpoints(ExperienceCheckpoints(run_dir).root, t.checkpoint_every),
-            graphs=CudaGraphPlugin(teachers(cfg.strategy.name)) if t.cuda_graph and device.type == "cuda" else None,
+            graphs=(CudaGraphPlugin(teachers(cfg.strategy.name), t.compile) if t.cuda_graph and device.type == "cuda"
+                    else None),
             augment=(BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)) if gpu_augment
                      else None),
             hp_replay=_higher_precision_replay(cfg),

@@ -1,17 +1,18 @@
 """A module's training forward and backward replayed from CUDA graphs: one launch each instead of thousands.
 
 A quantized layer issues ~35 small kernels and torch ops a step, each costing host time; on a fast GPU the step is
-bound by the host (docs/kernels.md, "The training step: CUDA graphs"). A captured step runs the same kernels with the same arguments, so the
-results are bit-identical to eager execution: everything a step changes or draws from (rounding steps, statistics,
-BatchNorm's running stats) is device memory the graph updates in place (quant/layers.py).
+bound by the host (docs/kernels.md, "The training step: CUDA graphs"). A captured step runs the same kernels with
+the same arguments, so the results are bit-identical to eager execution: everything a step changes or draws from
+(rounding steps, statistics, BatchNorm's running stats) is device memory the graph updates in place
+(quant/layers.py).
 
 `CapturedTraining(module)` is called like the module. A call in training mode with gradients on and a CUDA input
-replays the graphs captured for that input shape (captured on first sight, up to `max_shapes` shapes); anything
-else (eval, no_grad, other shapes, a changed set of trainable parameters) runs the module eagerly. torch's
+replays the graphs captured for that input shape (captured on first sight, up to `max_shapes` shapes); anything else
+(eval, no_grad, other shapes, a changed set of trainable parameters) runs the module eagerly. torch's
 `make_graphed_callables` does the same capture but warms up on uninitialised gradients (a NaN there trips the
 layers' finite checks) and replaces the module's `forward`, which copies of the module (an old model kept for
-distillation) would inherit. `CapturedInference(module)` does the same for eval calls without gradients (such an
-old model's forward, which distillation runs on every training batch).
+distillation) would inherit. `CapturedInference(module)` does the same for eval calls without gradients (such an old
+model's forward, which distillation runs on every training batch).
 """
 import contextlib
 
@@ -58,6 +59,22 @@ def warm_up(run, times: int) -> None:
     torch.cuda.current_stream().wait_stream(side)
 
 
+def _functional(module: nn.Module, compiled: bool):
+    """The module as a function of its parameters and input; with `compiled`, that function under torch.compile
+    (inductor's fused kernels, captured into the graphs like any others)."""
+    def forward(params: dict, x: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(module, params, (x,))
+    return torch.compile(forward) if compiled else forward
+
+
+def _recompiles_allowed():
+    """Every capture compiles the same function for its own input shape and model (each experience's classifier is
+    wider; after the first change torch compiles for dynamic sizes), so the recompiles could add up past torch's
+    default limit, above which it would run the function eagerly; a replay calls no compiled code, so the number
+    is bounded by the captures."""
+    return torch._dynamo.config.patch(recompile_limit=1 << 16)
+
+
 class _Graphs:
     """The forward and backward graphs of one input shape, with their static input, output and gradients.
 
@@ -65,20 +82,21 @@ class _Graphs:
     read the live weights): autograd nodes that earlier eager steps attached to the parameters themselves, and
     that a kept loss may still hold, belong to the default stream and may not join a capture."""
 
-    def __init__(self, module: nn.Module, x: torch.Tensor, named_params: dict, warmup: int):
+    def __init__(self, module: nn.Module, x: torch.Tensor, named_params: dict, warmup: int, compiled: bool):
         self.params = tuple(named_params.values())
         self.x = x.detach().clone()
         aliases = {name: p.detach().requires_grad_() for name, p in named_params.items()}
         leaves = tuple(aliases.values())
+        forward = _functional(module, compiled)
 
         def run():
-            return torch.func.functional_call(module, aliases, (self.x,))
+            return forward(aliases, self.x)
 
         def step():  # its graph holds the aliases' AccumulateGrad nodes, made on the side stream: released on
             y = run()  # return, so that the capture makes its own on the capture stream
             torch.autograd.grad(y, leaves, torch.zeros_like(y), allow_unused=True)
 
-        with _buffers_restored(module):
+        with _buffers_restored(module), _recompiles_allowed():
             warm_up(step, warmup)
             pool = torch.cuda.graph_pool_handle()
             self.forward, self.backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
@@ -178,7 +196,12 @@ class CapturedInference(_Captured):
 
 
 class CapturedTraining(_Captured):
-    """Call `module` through CUDA graphs where a training call allows it (module docstring)."""
+    """Call `module` through CUDA graphs where a training call allows it (module docstring); with `compiled`, the
+    captured forward and backward are torch.compile's (trainer.compile: FP32 models)."""
+
+    def __init__(self, module: nn.Module, max_shapes: int = 2, warmup: int = 3, compiled: bool = False):
+        super().__init__(module, max_shapes, warmup)
+        self.compiled = compiled
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         module = self.module
@@ -196,6 +219,6 @@ class CapturedTraining(_Captured):
             if len(self.graphs) >= self.max_shapes:
                 return module(x)
             self._require_current(x)
-            graphs = self.graphs[key] = _Graphs(module, x, named, self.warmup)
+            graphs = self.graphs[key] = _Graphs(module, x, named, self.warmup, self.compiled)
         self.replays += 1
         return _Replay.apply(graphs, x, *params)

@@ -165,6 +165,17 @@ def test_cuda_graphs_on_the_cpu_are_refused_before_training(make_cfg, tmp_path):
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (("quant=hdqt",), "trainer.compile=true applies to quant=fp32 only; quant=hdqt runs its own kernels"),
+    (("trainer.device=cpu",), "trainer.compile=true compiles the step that CUDA graphs replay; this run has "
+                              "trainer.cuda_graph=auto on cpu"),
+])
+def test_compiling_a_step_that_is_not_fp32_on_cuda_graphs_is_refused(make_cfg, tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        run(make_cfg("trainer.compile=true", *overrides), tmp_path / "run")
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
 def test_cuda_graph_plugin_lends_the_old_models_out_for_an_experience_only():
     """The old model of LwF/iCaRL (`old_model`) and BiC (`model_old`) is called through CapturedInference while an
     experience trains (eagerly on the CPU: same outputs) and is a plain module again when it ends, for the

@@ -1,14 +1,15 @@
-"""trainer.cuda_graph: every training iteration's forward and backward replayed from CUDA graphs (graph_replay.py),
-and the forwards of evaluation and of the old model that LwF, iCaRL and BiC distil from.
+"""trainer.cuda_graph: every training iteration's forward and backward replayed from CUDA graphs (graph_replay.py), and
+the forwards of evaluation and of the old model that LwF, iCaRL and BiC distil from.
 
-The strategy's `forward` is routed through `CapturedTraining` for the length of each training experience and
-through `CapturedInference` for the length of each evaluation (an eager quantized forward is bound by the host:
-on a GPU, evaluating a quantized model took longer than training it); the old models the strategy distils from
-(the plugin attributes it names, e.g. LwFPlugin's `old_model`, BiC's `model_old`) go through `CapturedInference`
-too. All are handed back when the experience or the evaluation ends, so checkpoints pickle plain modules. BiC's
-bias stage runs eagerly as before. A NaN or Inf reaching a quantizer inside a replay cannot raise at once (that
-would need a sync per step): it is checked at each training epoch's end, before the divergence monitor and the
-epoch checkpoint see the epoch, and at each evaluation's end.
+The strategy's `forward` is routed through `CapturedTraining` for the length of each training experience and through
+`CapturedInference` for the length of each evaluation (an eager quantized forward is bound by the host: on a GPU,
+evaluating a quantized model took longer than training it); the old models the strategy distils from (the plugin
+attributes it names, e.g. LwFPlugin's `old_model`, BiC's `model_old`) go through `CapturedInference` too. All are
+handed back when the experience or the evaluation ends, so checkpoints pickle plain modules. BiC's bias stage runs
+eagerly as before. With trainer.compile (FP32 runs) the captured training step is torch.compile's. A NaN or Inf
+reaching a quantizer inside a replay cannot raise at once (that would need a sync per step): it is checked at each
+training epoch's end, before the divergence monitor and the epoch checkpoint see the epoch, and at each evaluation's
+end.
 """
 from contextlib import contextmanager
 
@@ -20,9 +21,9 @@ from ..graph_replay import CapturedInference, CapturedTraining
 class CudaGraphPlugin(SupervisedPlugin):
     """`teachers`: the strategy's plugin attributes that hold an old model to distil from (strategies/base.py)."""
 
-    def __init__(self, teachers: tuple[str, ...] = ()):
+    def __init__(self, teachers: tuple[str, ...] = (), compiled: bool = False):
         super().__init__()
-        self.teacher_attributes = teachers
+        self.teacher_attributes, self.compiled = teachers, compiled
         self.captured: CapturedTraining | None = None
         self.inference: CapturedInference | None = None
         self.teachers: list[tuple[object, str, CapturedInference]] = []
@@ -44,7 +45,7 @@ class CudaGraphPlugin(SupervisedPlugin):
             del strategy.forward
 
     def before_training_exp(self, strategy, **kwargs):
-        self.captured = CapturedTraining(strategy.model)
+        self.captured = CapturedTraining(strategy.model, compiled=self.compiled)
         self._route(strategy)
         for plugin in strategy.plugins:
             for name in self.teacher_attributes:

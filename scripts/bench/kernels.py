@@ -287,11 +287,12 @@ def quantizers_of(n_el: int, copy_bw):
 # ------------------------------------------------------------------------------------------------ steps
 
 
-def training_step(model_name: str, scheme_name: str, backend: str, batch=128, graph=False, compiled=False):
-    """One SGD step (forward, cross-entropy, backward, update) as a function, after three warm-up steps; with
-    `graph`, the forward and backward replayed from CUDA graphs (hdqt_cil.graph_replay, what
-    trainer.cuda_graph=true runs); with `compiled`, the model under torch.compile(mode="reduce-overhead") (its own
-    CUDA graphs), the best float path torch offers. Returns (step, the captured module or None)."""
+def training_step(model_name: str, scheme_name: str, backend: str, batch=128, path="eager"):
+    """One SGD step (forward, cross-entropy, backward, update) as a function, after three warm-up steps. `path`:
+    eager; graph, the forward and backward replayed from CUDA graphs (hdqt_cil.graph_replay, what
+    trainer.cuda_graph=true runs); graph+compile, those graphs captured from torch.compile's step (what
+    trainer.compile=true adds); torch.compile, the model under torch.compile(mode="reduce-overhead") (its own CUDA
+    graphs), the best float path torch offers. Returns (step, the captured module or None)."""
     from hdqt_cil.models import build_model
     from hdqt_cil.quant import preset, quantize_model
     from hdqt_cil.graph_replay import CapturedTraining
@@ -302,7 +303,11 @@ def training_step(model_name: str, scheme_name: str, backend: str, batch=128, gr
     if scheme_name != "fp32":
         model = quantize_model(model, dataclasses.replace(preset(scheme_name), backend=backend))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    call = CapturedTraining(model) if graph else torch.compile(model, mode="reduce-overhead") if compiled else model
+    captured = CapturedTraining(model, compiled=path == "graph+compile") if path.startswith("graph") else None
+    if captured is not None:
+        call = captured
+    else:
+        call = torch.compile(model, mode="reduce-overhead") if path == "torch.compile" else model
     x = torch.randn(batch, *shape, device="cuda")
     y = torch.randint(0, classes, (batch,), device="cuda")
 
@@ -314,13 +319,12 @@ def training_step(model_name: str, scheme_name: str, backend: str, batch=128, gr
     for _ in range(3):
         one()
     torch.cuda.synchronize()
-    return one, call if graph else None
+    return one, captured
 
 
-def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch=128, graph=False,
-              compiled=False) -> float:
+def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch=128, path="eager") -> float:
     """Median seconds of one training step (training_step)."""
-    one, captured = training_step(model_name, scheme_name, backend, batch, graph, compiled)
+    one, captured = training_step(model_name, scheme_name, backend, batch, path)
     seconds = median_seconds(one, torch.device("cuda"), steps, warmup=0)
     if captured is not None:
         captured.check()
@@ -365,9 +369,12 @@ def training_steps(quick: bool):
         fp32_work = step_work(model_name, "fp32", "torch")
         fp32 = step_time(model_name, "fp32", "torch", steps)
         row("step", f"{model_name} fp32 (TF32 off)", fp32, "ms", fp32 * 1e3, "ms", **fp32_work)
-        fp32_graph = step_time(model_name, "fp32", "torch", steps, graph=True)
+        fp32_graph = step_time(model_name, "fp32", "torch", steps, path="graph")
         row("step", f"{model_name} fp32 (TF32 off), CUDA graph", fp32_graph, "x fp32", fp32_graph / fp32, "x fp32")
-        fp32_compiled = step_time(model_name, "fp32", "torch", steps, compiled=True)
+        fp32_graph_compiled = step_time(model_name, "fp32", "torch", steps, path="graph+compile")
+        row("step", f"{model_name} fp32 (TF32 off), CUDA graph of the compiled step", fp32_graph_compiled, "x fp32",
+            fp32_graph_compiled / fp32, "x fp32", baseline="vs fp32 CUDA graph", ratio=fp32_graph_compiled / fp32_graph)
+        fp32_compiled = step_time(model_name, "fp32", "torch", steps, path="torch.compile")
         row("step", f"{model_name} fp32 (TF32 off), torch.compile", fp32_compiled, "x fp32", fp32_compiled / fp32,
             "x fp32")
         for scheme in ("hdqt", "int4", "luq"):
@@ -380,14 +387,14 @@ def training_steps(quick: bool):
             row("step", f"{model_name} {scheme} kernels", fast, "x fp32", fast / fp32, "x fp32",
                 baseline="speedup vs reference", ratio=ref / fast, kernels_vs_fp32=work["kernels"] /
                 fp32_work["kernels"], **work)
-            graphed = step_time(model_name, scheme, "cupy", steps, graph=True)
+            graphed = step_time(model_name, scheme, "cupy", steps, path="graph")
             row("step", f"{model_name} {scheme} kernels, CUDA graph", graphed, "x fp32", graphed / fp32, "x fp32",
                 baseline="vs fp32 CUDA graph", ratio=graphed / fp32_graph, vs_fp32_compiled=graphed / fp32_compiled,
                 speedup_vs_reference=ref / graphed, target="<= 1.0x fp32 CUDA graph" if scheme == "hdqt" else None)
             if model_name == "resnet32":
                 with grad_input_unfused():
                     work = step_work(model_name, scheme, "cupy")
-                    unfused = step_time(model_name, scheme, "cupy", steps, graph=True)
+                    unfused = step_time(model_name, scheme, "cupy", steps, path="graph")
                 row("step", f"{model_name} {scheme} kernels, CUDA graph, g_x as GEMM rows + col2im", unfused, "x fp32",
                     unfused / fp32, "x fp32", baseline="vs fp32 CUDA graph", ratio=unfused / fp32_graph, **work)
 
