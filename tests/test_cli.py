@@ -60,7 +60,8 @@ def test_an_added_key_no_schema_declares_is_refused_with_the_nearest_names(tmp_p
 
 def test_ctrl_c_ends_a_run_with_one_line_and_records_it(tmp_path):
     proc = subprocess.Popen(cli_args("strategy=naive", "trainer.epochs=500", tmp_path=tmp_path), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
     summary = tmp_path / "digits-mlp" / "naive" / "fp32" / "seed0" / "run.log"
     deadline = time.time() + 120
     while not summary.exists() and time.time() < deadline:

@@ -65,12 +65,12 @@ def _kill_and_resume(tmp_path, make_cfg, strategy, quant, overrides, killable, l
 
 
 def _overrides(strategy, quant, *more):
-    """Three experiences of digits (4, 4 and 2 classes; the killed one is the last or the one before it), 15 epochs
+    """Three experiences of digits (4, 4 and 2 classes; the killed one is the last or the one before it), 8 epochs
     each."""
     return [f"strategy={strategy}", f"quant={quant}", "benchmark.n_experiences=null", "benchmark.classes_per_exp=4",
-            "trainer.epochs=15",
-            "trainer.milestones=[12]",
-            *(["strategy.stage_2_epochs=5"] if strategy == "bic" else []), *more]
+            "trainer.epochs=8",
+            "trainer.milestones=[6]",
+            *(["strategy.stage_2_epochs=3"] if strategy == "bic" else []), *more]
 
 
 @pytest.mark.parametrize("strategy,quant", [("bic", "hdqt")])
@@ -92,20 +92,20 @@ def test_sigkill_mid_experience_then_resume_matches_uninterrupted(tmp_path, make
                                                      ("der", "fp32", 2), ("er_ace", "fp32", 2), ("agem", "fp32", 2),
                                                      ("dyn_der", "hdqt", 2)])
 def test_sigkill_after_an_epoch_checkpoint_resumes_from_that_epoch(tmp_path, make_cfg, strategy, quant, experience):
-    """trainer.checkpoint_every=5: the resumed run restarts at epoch 10 of the experience (the first one has no
-    boundary checkpoint before it), before its learning rate drops at epoch 12, and still ends as the uninterrupted
+    """trainer.checkpoint_every=2: the resumed run restarts at epoch 4 of the experience (the first one has no
+    boundary checkpoint before it), before its learning rate drops at epoch 6, and still ends as the uninterrupted
     run (DER++, ER-ACE and A-GEM: with their memory batches drawn on from where they were,
     strategies/resumable_replay.py; dyn_der: into a model expanded again before the epoch's weights are laid over
     it)."""
-    def past_epoch_10(checkpoints):
-        return any(int(p.name.rsplit("epoch", 1)[1]) >= 10 for p in checkpoints.glob(f"exp{experience:03d}_epoch*"))
+    def past_epoch_4(checkpoints):
+        return any(int(p.name.rsplit("epoch", 1)[1]) >= 4 for p in checkpoints.glob(f"exp{experience:03d}_epoch*"))
 
     diagnosed = ["diagnostics=light", "diagnostics.every=9"] if strategy == "dyn_der" else []
     output = _kill_and_resume(tmp_path, make_cfg, strategy, quant,
-                              _overrides(strategy, quant, "trainer.checkpoint_every=5", *diagnosed),
-                              past_epoch_10, f"after experience {experience}, epoch")
-    # progress lines count each epoch of the experience's 15, the resumed one's too
-    assert set(re.findall(r"epoch \d+/(\d+): mean training loss", output)) == {"15"}
+                              _overrides(strategy, quant, "trainer.checkpoint_every=2", *diagnosed),
+                              past_epoch_4, f"after experience {experience}, epoch")
+    # progress lines count each epoch of the experience's 8, the resumed one's too
+    assert set(re.findall(r"epoch \d+/(\d+): mean training loss", output)) == {"8"}
 
 
 def test_divergence_is_recorded_and_optionally_lets_a_sweep_go_on(tmp_path):
