@@ -124,8 +124,9 @@ def test_help_is_the_products_and_names_every_member_and_default():
     from hdqt_cil.config import TrainerConfig
 
     defaults = TrainerConfig()
-    for key in ("epochs", "batch_size", "lr", "memory_size", "gamma", "device", "cuda_graph"):
-        assert f"trainer.{key} [{getattr(defaults, key)}]" in out.stdout, key
+    for key in ("epochs", "batch_size", "lr", "memory_size", "gamma", "device", "cuda_graph", "compile"):
+        value = getattr(defaults, key)
+        assert f"trainer.{key} [{str(value).lower() if isinstance(value, bool) else value}]" in out.stdout, key
 
 
 def test_the_installed_commands_run_from_any_folder(tmp_path):

@@ -13,6 +13,7 @@ DOC = ROOT / "docs" / "kernels.md"
 BEGIN = "<!-- numbers: python -m scripts.bench.numbers (from results/bench) -->"
 END = "<!-- end of numbers -->"
 KERNELS, STEPS, HOT = "kernels_h100.json", "steps_h200.json", "hot_h100.json"
+COMPILED_STEPS = "steps_h100.json"  # the FP32 step that trainer.compile captures, beside torch.compile's
 
 
 def load(name: str, folder: Path) -> dict:
@@ -30,6 +31,7 @@ def hot_row(record: dict, variant: str, metric: str) -> dict:
 def lines(folder: Path) -> list[tuple[str, str, str]]:
     """(measurement, value, record) rows: training steps from the steps record, kernels from the kernels record."""
     k, steps, hot = load(KERNELS, folder), load(STEPS, folder), load(HOT, folder)
+    compiled_steps = load(COMPILED_STEPS, folder)
 
     def ms(name):
         return kernel_row(steps, name)["seconds"] * 1e3
@@ -61,6 +63,14 @@ def lines(folder: Path) -> list[tuple[str, str, str]]:
     compiled = ms("resnet32 fp32 (TF32 off), torch.compile")
     rows.append(("ResNet-32 FP32 step under torch.compile (mode reduce-overhead)",
                  f"{compiled:.2f} ms; HDQT from CUDA graphs is {graph / compiled:.2f}× it", STEPS))
+    for model, name in (("resnet32", "ResNet-32"), ("mlp", "MLP")):
+        graph_of = {path: kernel_row(compiled_steps, f"{model} fp32 (TF32 off), {path}")["seconds"] * 1e3
+                    for path in ("CUDA graph", "CUDA graph of the compiled step", "torch.compile")}
+        rows.append((f"{name} FP32 step, trainer.compile (the compiled step replayed from CUDA graphs)",
+                     f"{graph_of['CUDA graph of the compiled step']:.2f} ms: "
+                     f"{graph_of['CUDA graph of the compiled step'] / graph_of['CUDA graph']:.2f}× FP32 from CUDA "
+                     f"graphs ({graph_of['CUDA graph']:.2f} ms); torch.compile's reduce-overhead "
+                     f"{graph_of['torch.compile']:.2f} ms", COMPILED_STEPS))
     unfused = ms("resnet32 hdqt kernels, CUDA graph, g_x as GEMM rows + col2im")
     rows.append(("ResNet-32 HDQT step with g_x as the GEMM's float rows + col2im (not folded)",
                  f"{unfused:.2f} ms ({unfused / fp32_graph:.2f}× FP32 from CUDA graphs)", STEPS))
@@ -107,7 +117,7 @@ def lines(folder: Path) -> list[tuple[str, str, str]]:
     return rows
 
 
-MACHINES = {KERNELS: "one H100", STEPS: "one H200", HOT: "one H100"}
+MACHINES = {KERNELS: "one H100", STEPS: "one H200", HOT: "one H100", COMPILED_STEPS: "one H100"}
 
 
 def table(folder: Path) -> str:
