@@ -13,6 +13,20 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 register_schemas()
 
 
+def _share_the_cores() -> None:
+    """Each pytest-xdist worker, and every command its tests start, trains on its share of the machine's cores:
+    torch's OpenMP threads spin while they wait, so workers that each take every core slow each other down (the
+    training-loss tests of test_strategies.py: 128 s on two workers of two threads on two cores, 49 s with one)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+_share_the_cores()
+
+
 @pytest.fixture
 def make_cfg(tmp_path):
     """Compose the project config with overrides, results and data under tmp_path."""
