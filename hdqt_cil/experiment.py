@@ -250,6 +250,8 @@ def _run(cfg, run_dir: Path, gpu: int) -> dict:
         if state == "again" and cfg.resume:
             strategy, start = folder.resume(strategy, device, start.history, cfg.trainer.checkpoint_every)
             plugins = RunPlugins.of(strategy)
+            if plugins.graphs is not None:  # a setting of how, not what, is computed: the resuming command's
+                plugins.graphs.compiled = cfg.trainer.compile
         if start.resumed:
             log.info("resuming %s after experience %d%s", run_dir, start.first,
                      f", epoch {start.within} of the next" if start.within else "")

@@ -19,7 +19,10 @@ from torch import nn
 from ..graph_replay import CapturedInference, CapturedTraining
 
 class CudaGraphPlugin(SupervisedPlugin):
-    """`teachers`: the strategy's plugin attributes that hold an old model to distil from (strategies/base.py)."""
+    """`teachers`: the strategy's plugin attributes that hold an old model to distil from (strategies/base.py);
+    `compiled`: trainer.compile (a plugin restored from an older checkpoint has none: off)."""
+
+    compiled = False
 
     def __init__(self, teachers: tuple[str, ...] = (), compiled: bool = False):
         super().__init__()
