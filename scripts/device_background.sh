@@ -23,8 +23,7 @@ root=/tmp/sweeps
 case ${1:-} in
   start)
     name=${2:?a sweep name}; shift 2
-    [ -d /tmp/site ] ||  # once, before sweeps that start together
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+    source scripts/offline_site.sh  # once, before sweeps that start together
     if command -v nvidia-cuda-mps-control >/dev/null && [ ! -e /tmp/nvidia-mps/control ]; then
       mkdir -p /tmp/nvidia-mps /tmp/nvidia-mps-log
       # the daemon sees every GPU: a sweep's CUDA_VISIBLE_DEVICES picks among them for its own jobs only

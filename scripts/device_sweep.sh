@@ -13,9 +13,8 @@
 set -euo pipefail
 out=${OUT:-device_out}
 mkdir -p "$out"
-[ -d /tmp/site ] ||  # a warm machine keeps the wheels of its first call
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HDQT_DATA=$PWD/data HDQT_RESULTS=/tmp/runs
+source scripts/offline_site.sh
+export PYTHONUNBUFFERED=1 HDQT_DATA=$PWD/data HDQT_RESULTS=/tmp/runs
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/device.txt"
 if [ -f .device_data/hapt_raw.tar.xz ] && [ ! -f data/hapt_features.npz ]; then
   python3 -m data_prep.hapt --archive .device_data/hapt_raw.tar.xz --out data/hapt_features.npz

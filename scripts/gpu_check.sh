@@ -25,10 +25,7 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 log="$OUT/check.log"
 
-if [ ! -d /tmp/site ] && ls .whl/*.whl >/dev/null 2>&1; then  # a warm machine keeps the first call's install
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >>"$log" 2>&1
-fi
-export PYTHONPATH=$([ -d /tmp/site ] && echo /tmp/site:)$PWD
+source scripts/offline_site.sh >>"$log" 2>&1
 
 {
   echo "== device"

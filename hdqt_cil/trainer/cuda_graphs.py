@@ -20,9 +20,7 @@ from ..graph_replay import CapturedInference, CapturedTraining
 
 class CudaGraphPlugin(SupervisedPlugin):
     """`teachers`: the strategy's plugin attributes that hold an old model to distil from (strategies/base.py);
-    `compiled`: trainer.compile (a plugin restored from an older checkpoint has none: off)."""
-
-    compiled = False
+    `compiled`: trainer.compile."""
 
     def __init__(self, teachers: tuple[str, ...] = (), compiled: bool = False):
         super().__init__()

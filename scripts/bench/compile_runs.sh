@@ -11,10 +11,8 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/compile_runs}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-if [ ! -d /tmp/site ] && ls .whl/*.whl >/dev/null 2>&1; then  # a node without network access: scripts/prepare_device.sh
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1
-fi
-export PYTHONPATH=$([ -d /tmp/site ] && echo /tmp/site:)$PWD PYTHONUNBUFFERED=1
+source scripts/offline_site.sh >/dev/null 2>&1
+export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader >"$OUT/walls.txt"
 data=/tmp/compile_runs_data
 [ -d "$data" ] || $PY -c "
