@@ -49,6 +49,31 @@ def test_a_cubin_reports_each_kernels_resources():
     assert all(0 < r["registers"] <= 255 for r in rows.values())
 
 
+def test_the_wgmma_gemms_assemble_for_sm90a_without_spills():
+    """The WG products as ptxas makes them for Hopper (the wgmma instructions exist only for sm_90a): every mode the
+    dispatcher gives them (no saturation, whole-K clamp, each output) and the packed tile-32 mode, none spilling."""
+    from scripts.bench import kernel_resources as resources  # noqa: PLC0415
+
+    modes = ((0, False, 0), (0, False, 2), (1, True, 1), (0, False, 3), (4, True, 2))
+    expressions = tuple(rt.gemm_expression("wg128x128", sat, count, out) for sat, count, out in modes)
+    cubin, lowered, log = rt.nvrtc_compile("intmm.cu", expressions, "sm_90a", resources.PTXAS_VERBOSE)
+    assert cubin[:4] == b"\x7fELF"
+    rows = resources.rows(lowered, log)
+    assert {r["kernel"] for r in rows} == set(expressions)
+    assert all(r["spill stores"] == 0 and r["registers"] <= 255 for r in rows), rows
+
+
+def test_wgmma_modules_are_compiled_for_sm90a_and_shipped_for_sm90_alone():
+    wg = rt.gemm_expression("wg128x128", 0, False, 2)
+    plain = rt.gemm_expression("128x128", 0, False, 2)
+    assert rt.module_arch((wg,), "sm_90") == "sm_90a"
+    assert rt.module_arch((plain,), "sm_90") == "sm_90"
+    assert rt.module_arch((wg,), "sm_89") == "sm_89"
+    assert ("intmm.cu", (wg,)) in rt.shipped_modules("sm_90")
+    assert ("intmm.cu", (wg,)) not in rt.shipped_modules("sm_80")
+    assert ("intmm.cu", (plain,)) in rt.shipped_modules("sm_80")
+
+
 def test_ieee_single_precision_options():
     """Subnormals kept, no FMA contraction, IEEE division: the contract's single roundings (CuPy's RawModule would
     add -ftz=true, hence the direct NVRTC compile)."""

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from hdqt_cil import kernels
 from hdqt_cil.kernels import flat
 from hdqt_cil.kernels import runtime as rt
-from hdqt_cil.kernels.compile import GEMM_CONFIGS
+from hdqt_cil.kernels.compile import GEMM_CONFIGS, WGMMA_CONFIGS, runs_here
 from hdqt_cil.quant.backend import KERNEL_OPS as CUPY
 from hdqt_cil.quant import QuantSpec, block_hadamard, preset, quant_stats, quantize, quantize_model
 from hdqt_cil.quant import tiled_int_matmul
@@ -376,6 +376,8 @@ def test_odd_tiles_fall_back_with_a_warning():
 @pytest.mark.parametrize("config", sorted(GEMM_CONFIGS))
 def test_every_gemm_config(config):
     """Each CTA tile the dispatcher may pick, on shapes with ragged M, N and K, all accumulator modes."""
+    if not runs_here(config):
+        pytest.skip(f"{config} needs an sm_90 GPU")
     for shape, batch, low in (((300, 260, 1000), (), -128), ((70, 45, 129), (3,), -128), ((260, 300, 2000), (), -7)):
         a, b = int_operands(shape, batch=batch, seed=11, low=low, high=-low, b_low=low, b_high=-low)
         for tile, acc_bits in ((32, 8), (32, 10), (64, 8), (None, 8), (None, None)):
@@ -419,10 +421,14 @@ def test_scaled_int_matmul_equals_the_layers_epilogue(granularity):
 # GEMM's epilogue; 70 x 90 is summed by the separate kernel after the per-entry products.
 @pytest.mark.parametrize("shape", [(1024, 640, 197), (70, 90, 300), (1024, 640, 64)], ids=str)
 @pytest.mark.parametrize("tile, acc_bits", [(32, 8), (64, 8), (None, 8), (None, None)], ids=str)
-def test_batch_summed_product_bit_identical(shape, tile, acc_bits):
-    """sum_batch: the batch added in order from +0 (quant.sum_entries), per-entry and per-row/column scales."""
+@pytest.mark.parametrize("config", [None, *sorted(WGMMA_CONFIGS)])
+def test_batch_summed_product_bit_identical(shape, tile, acc_bits, config):
+    """sum_batch: the batch added in order from +0 (quant.sum_entries), per-entry and per-row/column scales; by
+    the default tile and by each wgmma one."""
     from hdqt_cil.quant.backend import TORCH_OPS
 
+    if config is not None and not runs_here(config):
+        pytest.skip(f"{config} needs an sm_90 GPU")
     m, n, _ = shape
     for batch, seed, block in (((5,), 30, 16), ((1,), 31, 1), ((2, 3), 32, 4)):
         a, b = int_operands(shape, batch=batch, seed=seed)
@@ -431,14 +437,15 @@ def test_batch_summed_product_bit_identical(shape, tile, acc_bits):
         for sa_shape, sb_shape in scales:
             sa = torch.rand(sa_shape, generator=g, device="cuda") / 7 - 0.05  # some negative: signed zeros too
             sb = torch.rand(sb_shape, generator=g, device="cuda") / 3
-            got, count = CUPY.scaled_int_matmul(a, b, sa, sb, block, tile, acc_bits, (8, 15), True,
-                                                   sum_batch=True)
+            got, count = kernels.scaled_int_matmul(a, b, sa, sb, block, tile, acc_bits, (8, 15), True,
+                                                      sum_batch=True, config=config)
             ref, ref_count = TORCH_OPS.scaled_int_matmul(a.float(), b.float(), sa, sb, block, tile, acc_bits, (8, 15),
                                                          True, sum_batch=True)
             assert_same(got, ref, f"batch {batch}, scales {sa_shape} {sb_shape}")
             assert torch.equal(torch.signbit(got), torch.signbit(ref))
             assert count.item() == ref_count.item()
-            plain = CUPY.scaled_int_matmul(a, b, sa, sb, block, tile, acc_bits, (8, 15), sum_batch=True)
+            plain = kernels.scaled_int_matmul(a, b, sa, sb, block, tile, acc_bits, (8, 15), sum_batch=True,
+                                              config=config)
             assert_same(plain, ref, "without the count (packed mode where eligible)")
 
 

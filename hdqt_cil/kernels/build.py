@@ -23,7 +23,8 @@ from . import compile as rt
 
 def expected_keys(arch: str) -> dict[str, tuple[str, tuple[str, ...]]]:
     """{module key: (source, expressions)} that the bundle for `arch` must hold."""
-    return {rt.module_key(name, expressions, arch): (name, expressions) for name, expressions in rt.shipped_modules()}
+    return {rt.module_key(name, expressions, rt.module_arch(expressions, arch)): (name, expressions)
+            for name, expressions in rt.shipped_modules(arch)}
 
 
 def _bundle_index(arch: str) -> dict:
@@ -71,7 +72,8 @@ def build(arch: str, workers: int, reuse: bool = True) -> tuple[int, int]:
     current bundle does not hold (every one with reuse=False); returns (modules compiled, bytes)."""
     expected = expected_keys(arch)
     kept = _reusable(arch, expected) if reuse else {}
-    jobs = [(key, name, expressions, arch) for key, (name, expressions) in expected.items() if key not in kept]
+    jobs = [(key, name, expressions, rt.module_arch(expressions, arch)) for key, (name, expressions) in expected.items()
+            if key not in kept]
     jobs.sort(key=lambda job: job[1] != "quant.cu")  # the longest compile first
     with concurrent.futures.ProcessPoolExecutor(workers) as pool:
         compiled = list(pool.map(_compile, jobs, chunksize=4))

@@ -33,7 +33,8 @@ QUANT_KERNELS += tuple(f"group_{had}{t}_{r}" for had in TRANSFORMS for t in ("f3
 # A forward operand's quantizers with its statistics and keep mask (float32 input, no transform).
 QUANT_KERNELS += tuple(f"{kind}_stats_f32_{r}" for kind in ("quantize", "group") for r in ROUNDINGS[:2])
 QUANT_KERNELS += ("sum_entries_f32", "transpose_i8")
-# GEMM tile shapes: warps along M, warps along N, m16 blocks per warp, n8 blocks per warp, min CTAs per SM.
+# GEMM tile shapes: warps along M, warps along N, m16 blocks per warp, n8 blocks per warp, min CTAs per SM[,
+# pipeline stages].
 GEMM_CONFIGS = {
     "256x128": (4, 4, 4, 4, 1),
     "256x128s4": (4, 4, 4, 4, 1, 4),
@@ -45,7 +46,10 @@ GEMM_CONFIGS = {
     "256x32": (4, 1, 4, 4, 1),
     "32x128": (1, 4, 2, 4, 1),
     "16x128": (1, 4, 1, 4, 1),
+    "wg128x128": (8, 1, 1, 16, 1, 5),
 }
+# Configs whose products are Hopper's wgmma (intmm.cu WG): sm_90 only, compiled for sm_90a.
+WGMMA_CONFIGS = frozenset({"wg128x128"})
 GEMM_STAGES = 3  # cp.async pipeline depth unless a config names its own (6th entry)
 GEMM_BK = 128
 
@@ -57,8 +61,15 @@ def gemm_stages(config: str) -> int:
 
 def gemm_expression(config: str, sat: int, count: bool, out: int) -> str:
     wm, wn, mi, ni, minb = GEMM_CONFIGS[config][:5]
-    return (f"intmm_kernel<{wm}, {wn}, {mi}, {ni}, {gemm_stages(config)}, {minb}, {sat}, "
-            f"{'true' if count else 'false'}, {out}>")
+    flag = {True: "true", False: "false"}
+    return (f"intmm_kernel<{wm}, {wn}, {mi}, {ni}, {gemm_stages(config)}, {minb}, {sat}, {flag[count]}, {out}, "
+            f"{flag[config in WGMMA_CONFIGS]}>")
+
+
+def gemm_smem(config: str) -> int:
+    """Dynamic shared memory of a GEMM config's launch: its pipeline stages (and 1 KB to align a WG kernel's)."""
+    bm, bn, _ = gemm_tile(config)
+    return (bm + bn) * GEMM_BK * gemm_stages(config) + (1024 if config in WGMMA_CONFIGS else 0)
 
 
 def gemm_tile(config: str) -> tuple[int, int, int]:
@@ -72,6 +83,18 @@ GEMM_MODES = tuple((sat, count) for sat in range(5) for count in (False, True) i
 GEMM_OUTS = range(4)  # int32, float32, scaled, scaled and summed over the batch (intmm.cu OUT)
 ALL_GEMM_EXPRESSIONS = tuple(gemm_expression(c, sat, count, out) for c in GEMM_CONFIGS for sat, count in GEMM_MODES
                              for out in GEMM_OUTS)
+WGMMA_EXPRESSIONS = frozenset(gemm_expression(c, sat, count, out) for c in WGMMA_CONFIGS for sat, count in GEMM_MODES
+                              for out in GEMM_OUTS)
+
+
+def runs_here(config: str) -> bool:
+    """Whether this GPU runs a GEMM config (the wgmma ones need sm_90)."""
+    return config not in WGMMA_CONFIGS or device_arch() == "sm_90"
+
+
+def module_arch(expressions: tuple[str, ...], arch: str) -> str:
+    """The architecture a module is compiled for on a GPU of `arch`: sm_90a (wgmma) for the WG GEMMs."""
+    return f"{arch}a" if arch == "sm_90" and WGMMA_EXPRESSIONS.intersection(expressions) else arch
 
 COL2IM_PRODUCT_WIDTHS = (16, 32, 64)  # im2col.cu col2im_int_matmul_<O>: the contraction widths O it is built for
 SOURCES = {"quant.cu": QUANT_KERNELS, "intmm.cu": ALL_GEMM_EXPRESSIONS,
@@ -144,8 +167,10 @@ SUPPORTED_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 PREBUILT_DIR = HERE / "prebuilt"
 
 
-def shipped_modules() -> list[tuple[str, tuple[str, ...]]]:
-    return [("intmm.cu", (e,)) for e in ALL_GEMM_EXPRESSIONS] + [(n, SOURCES[n]) for n in ("quant.cu", "im2col.cu")]
+def shipped_modules(arch: str) -> list[tuple[str, tuple[str, ...]]]:
+    """(source, expressions) of every module shipped for `arch` (the WG GEMMs for sm_90 alone)."""
+    gemms = [e for e in ALL_GEMM_EXPRESSIONS if arch == "sm_90" or e not in WGMMA_EXPRESSIONS]
+    return [("intmm.cu", (e,)) for e in gemms] + [(n, SOURCES[n]) for n in ("quant.cu", "im2col.cu")]
 
 
 def prebuilt_path(arch: str) -> Path:
@@ -216,8 +241,8 @@ def precompile(workers: int = 8, arch: str | None = None) -> int:
 
     arch = arch or device_arch()
     shipped = prebuilt(arch)
-    jobs = [(name, expressions, arch) for name, expressions in shipped_modules()
-            if module_key(name, expressions, arch) not in shipped]
+    jobs = [(name, expressions, module_arch(expressions, arch)) for name, expressions in shipped_modules(arch)
+            if module_key(name, expressions, module_arch(expressions, arch)) not in shipped]
     with concurrent.futures.ProcessPoolExecutor(workers) as pool:
         return len(list(pool.map(_compile_job, jobs)))
 

@@ -14,6 +14,11 @@
 // memory rows are 128 bytes: 16-byte chunk c of row r is stored at chunk c ^ (r & 7), so the 8 row addresses of
 // an ldmatrix phase hit 8 different chunks (all 32 banks) and the cp.async writes of a warp do too.
 // Each warp computes (MI * 16) x (NI * 8) with mma.sync.m16n8k32.row.col.s32.s8.s8.s32; fragments by ldmatrix.x4.
+// WG (Hopper, sm_90a): two warpgroups of four warps, each wgmma.m64n128k32 reading both operands from shared
+// memory, where the rows above already are the 128-byte-swizzled K-major layout wgmma's descriptors name. Its
+// accumulators are the m16n8 fragments of a warp's 16 rows (d[4j + e] is fragment j's e), so WG is the warp
+// layout WM = 8, WN = 1, MI = 1, NI = 16 and shares everything after the products with the mma.sync path. The
+// pipeline loads STAGES - 2 steps ahead, so that one step's wgmma group may still run while the next is issued.
 //
 // SAT: 0 no saturation (the MMA accumulates in place), 1 one clamp of the whole-K sum at the end (tile=None),
 //      2 tile = 32: every k32 MMA starts from C = 0; one DPX op gives its clamped sum plus L,
@@ -57,6 +62,74 @@ __device__ __forceinline__ void ldmatrix_x4(u32 addr, u32& r0, u32& r1, u32& r2,
                  : "r"(addr));
 }
 
+// Hopper's warpgroup MMA. Only the WG kernels use it, and only sm_90a has it: elsewhere these compile to a trap.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HAS_WGMMA 1
+#endif
+
+// A K-major tile of shared memory as wgmma reads it: 128-byte rows whose 16-byte chunks are swizzled by the
+// row's low three bits, 8-row groups 1024 bytes apart (load_tile's layout; p 1024-byte aligned).
+__device__ __forceinline__ u64 smem_desc(const void* p) {
+    return (((u64)smem_addr(p) & 0x3FFFF) >> 4) | (1ull << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+// Make this thread's shared-memory writes (cp.async) visible to wgmma, which reads through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() {
+#ifdef HAS_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef HAS_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef HAS_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef HAS_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// Registers an async wgmma writes: the compiler must not move their reads above the wait that completes them.
+template <int N>
+__device__ __forceinline__ void hold(int* d) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// d (this warp's 16 x 128 of a 64 x 128 int32 tile) = A * B, plus d where `accumulate`, over one k32 step.
+__device__ __forceinline__ void wgmma_s8(int* d, u64 a, u64 b, int accumulate) {
+#ifdef HAS_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+          "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+          "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+        : "l"(a), "l"(b), "r"(accumulate));
+#endif
+}
+
 template <bool COUNT>
 __device__ __forceinline__ void clamp_add(int acc[4], const int t[4], int limit, u32& count) {
 #pragma unroll
@@ -64,6 +137,38 @@ __device__ __forceinline__ void clamp_add(int acc[4], const int t[4], int limit,
         const int c = min(max(t[e], -limit), limit);
         if (COUNT) count += (c != t[e]) ? 1u : 0u;
         acc[e] += c;
+    }
+}
+
+// Add one k32 step's tile sums t (an m16n8 fragment) to the running sums: mode 2 clamped plus L into acc, mode 4
+// two a register into packed (SAT above); the clamped ones counted into saturated (mode 4: into clamped2).
+template <int SAT, bool COUNT>
+__device__ __forceinline__ void add_tile_sums(int acc[4], u32 packed[2], const int t[4], int limit, u32& saturated,
+                                              u32& clamped2) {
+    if (SAT == 2) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int c = __viaddmin_s32_relu(t[e], limit, 2 * limit);  // clamp(t) + L
+            if (COUNT) saturated += (c != t[e] + limit) ? 1u : 0u;
+            acc[e] = (int)((u32)acc[e] + (u32)c);  // biased partial sums may wrap
+        }
+    } else {
+        const u32 bias2 = ((u32)limit << 16) | (u32)limit;
+        const u32 span2 = bias2 << 1;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u32 p = __byte_perm((u32)t[2 * h], (u32)t[2 * h + 1], 0x5410);
+            if (COUNT) {
+                // t + L per halfword (a max with -2^15 changes nothing), then clamped to [0, 2L];
+                // min(shifted ^ clamped, 1) is 1 in a halfword the clamp changed
+                const u32 shifted = __viaddmax_s16x2(p, bias2, 0x80008000u);
+                const u32 c = __vimin_s16x2_relu(shifted, span2);
+                clamped2 += __viaddmin_u16x2(shifted ^ c, 0u, 0x00010001u);
+                packed[h] += c;
+            } else {
+                packed[h] += __viaddmin_s16x2_relu(p, bias2, span2);  // clamp(t) + L
+            }
+        }
     }
 }
 
@@ -144,7 +249,76 @@ __device__ __forceinline__ void load_tile(unsigned char* dst, const signed char*
     }
 }
 
-template <int WM, int WN, int MI, int NI, int STAGES, int MINB, int SAT, bool COUNT, int OUT>
+// Register sets of k32 tile sums a WG kernel of mode 2 or 4 holds: two in turn, one computed while the other's
+// sums are added.
+__host__ __device__ constexpr int wg_tile_sets(int sat) { return sat == 2 || sat == 4 ? 2 : 1; }
+
+// One K step (BK / 32 k32 steps) of a WG kernel's products, for this thread's warpgroup (da, db: its A rows and
+// the CTA's B rows). Modes 0, 1, 3 chain the wgmma of the step into acc (3: into tacc, clamped at each tile's
+// end) and leave the step's group running unless `entry_end` (its sums are read next); modes 2 and 4 compute
+// each k32 step's sums into a register set of their own and add them (add_tile_sums).
+template <int SAT, bool COUNT>
+__device__ __forceinline__ void wg_step(int acc[1][16][4], int tacc[1][16][4], u32 packed[1][16][2],
+                                        int wtile[][64], u64 da, u64 db, int kt, int tile_steps, int limit,
+                                        u32& saturated, u32& clamped2, bool entry_end) {
+    constexpr int KS = BK / 32;  // k32 steps of a K step; a descriptor advances 32 bytes as 2
+    if (SAT == 0 || SAT == 1) {
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) wgmma_s8(&acc[0][0][0], da + 2 * ks, db + 2 * ks, 1);
+        wgmma_commit();
+    } else if (SAT == 3) {
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+            const int step = kt * KS + ks;
+            wgmma_fence();
+            wgmma_s8(&tacc[0][0][0], da + 2 * ks, db + 2 * ks, (step % tile_steps) != 0);
+            wgmma_commit();
+            if ((step + 1) % tile_steps == 0) {
+                wgmma_wait<0>();
+                hold<64>(&tacc[0][0][0]);
+#pragma unroll
+                for (int j = 0; j < 16; ++j) {
+                    clamp_add<COUNT>(acc[0][j], tacc[0][j], limit, saturated);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) tacc[0][j][e] = 0;
+                }
+            }
+        }
+    } else {
+        constexpr int SETS = wg_tile_sets(SAT);
+#pragma unroll
+        for (int ks = 0; ks < KS + SETS - 1; ++ks) {
+            if (ks < KS) {
+                wgmma_fence();
+                wgmma_s8(wtile[ks % SETS], da + 2 * ks, db + 2 * ks, 0);
+                wgmma_commit();
+            }
+            const int done = ks - (SETS - 1);  // the k32 step whose sums are added now
+            if (done < 0) continue;
+            if (SETS == 2 && ks < KS) {
+                wgmma_wait<1>();
+            } else {
+                wgmma_wait<0>();
+            }
+            int* t = wtile[done % SETS];
+            hold<64>(t);
+#pragma unroll
+            for (int j = 0; j < 16; ++j) add_tile_sums<SAT, COUNT>(acc[0][j], packed[0][j], t + 4 * j, limit,
+                                                                   saturated, clamped2);
+        }
+        return;
+    }
+    if (entry_end) {
+        wgmma_wait<0>();
+        hold<64>(&acc[0][0][0]);
+        hold<64>(&tacc[0][0][0]);
+    } else {
+        wgmma_wait<1>();
+    }
+}
+
+template <int WM, int WN, int MI, int NI, int STAGES, int MINB, int SAT, bool COUNT, int OUT, bool WG>
 __global__ void __launch_bounds__(WM * WN * 32, MINB)
     intmm_kernel(const signed char* __restrict__ A, const signed char* __restrict__ B, void* __restrict__ out,
                  int M, int N, int K, i64 lda, i64 ldb, i64 batch_a, i64 batch_b, int limit, int tile_steps,
@@ -156,7 +330,11 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     constexpr int BN = WN * NI * 8;
     constexpr int STAGE_BYTES = (BM + BN) * BK;
     static_assert(NI % 2 == 0, "B fragments are loaded two n8 blocks at a time");
-    extern __shared__ __align__(128) unsigned char smem[];
+    static_assert(!WG || (WM == 8 && WN == 1 && MI == 1 && NI == 16 && STAGES >= 3), "WG: two m64n128 warpgroups");
+    constexpr int AHEAD = WG ? STAGES - 2 : STAGES - 1;  // K steps loaded ahead of the one computed
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    // wgmma's swizzle is a function of the address: stages start on 1024-byte boundaries (1 KB more is asked for)
+    unsigned char* smem = WG ? smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u) : smem_raw;
 
     const int batch = OUT == 3 ? 0 : blockIdx.z;  // mode 3: the first of `entries`; else the one entry
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
@@ -176,8 +354,6 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int j = 0; j < NI; ++j) packed[i][j][0] = packed[i][j][1] = 0u;
-    const u32 bias2 = ((u32)limit << 16) | (u32)limit;
-    const u32 span2 = bias2 << 1;
 #pragma unroll
     for (int i = 0; i < MI; ++i)
 #pragma unroll
@@ -194,6 +370,12 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     const int zero[4] = {0, 0, 0, 0};
     u32 saturated = 0u;
     u32 clamped2 = 0u;  // mode 4's count, per halfword; moved into `saturated` every K step, before it can wrap
+    constexpr int SETS = WG ? wg_tile_sets(SAT) : 1;
+    int wtile[SETS][64];  // WG modes 2 and 4: k32 steps' tile sums
+#pragma unroll
+    for (int u = 0; u < SETS; ++u)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) wtile[u][e] = 0;
 
     auto load_stage = [&](int stage) {  // K step stage % ktiles of entry batch + stage / ktiles, into its slot
         const int e = OUT == 3 ? stage / ktiles : 0, k0 = (stage - e * ktiles) * BK;
@@ -202,7 +384,7 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
         load_tile<BN, THREADS>(st + BM * BK, B + (i64)(batch + e) * batch_b, n0, N, k0, K, ldb);
     };
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
+    for (int s = 0; s < AHEAD; ++s) {
         if (s < steps) load_stage(s);
         cp_async_commit();
     }
@@ -215,12 +397,17 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
 
     int kt = 0, entry = batch;  // K step within the current entry
     for (int stage = 0; stage < steps; ++stage) {
-        cp_async_wait<STAGES - 2>();
+        cp_async_wait<AHEAD - 1>();
+        if (WG) fence_proxy_async();
         __syncthreads();
-        if (stage + STAGES - 1 < steps) load_stage(stage + STAGES - 1);
+        if (stage + AHEAD < steps) load_stage(stage + AHEAD);
         cp_async_commit();
         const unsigned char* sA = smem + (stage % STAGES) * STAGE_BYTES;
         const unsigned char* sB = sA + BM * BK;
+        if constexpr (WG) {
+            wg_step<SAT, COUNT>(acc, tacc, packed, wtile, smem_desc(sA + (warp >> 2) * 64 * BK), smem_desc(sB), kt,
+                                tile_steps, limit, saturated, clamped2, kt + 1 == ktiles);
+        } else
 #pragma unroll
         for (int ks = 0; ks < BK / 32; ++ks) {
             u32 af[MI][4], bf[NI][2];
@@ -237,41 +424,14 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
                 ldmatrix_x4(smem_addr(sB + r * BK + ((c ^ (r & 7)) << 4)), bf[2 * p][0], bf[2 * p][1],
                             bf[2 * p + 1][0], bf[2 * p + 1][1]);
             }
-            if (SAT == 2) {
+            if (SAT == 2 || SAT == 4) {
 #pragma unroll
                 for (int i = 0; i < MI; ++i)
 #pragma unroll
                     for (int j = 0; j < NI; ++j) {
                         int t[4];
                         mma_s8(t, af[i], bf[j], zero);
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const int c = __viaddmin_s32_relu(t[e], limit, 2 * limit);  // clamp(t) + L
-                            if (COUNT) saturated += (c != t[e] + limit) ? 1u : 0u;
-                            acc[i][j][e] = (int)((u32)acc[i][j][e] + (u32)c);  // biased partial sums may wrap
-                        }
-                    }
-            } else if (SAT == 4) {
-#pragma unroll
-                for (int i = 0; i < MI; ++i)
-#pragma unroll
-                    for (int j = 0; j < NI; ++j) {
-                        int t[4];
-                        mma_s8(t, af[i], bf[j], zero);
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const u32 p = __byte_perm((u32)t[2 * h], (u32)t[2 * h + 1], 0x5410);
-                            if (COUNT) {
-                                // t + L per halfword (a max with -2^15 changes nothing), then clamped to [0, 2L];
-                                // min(shifted ^ clamped, 1) is 1 in a halfword the clamp changed
-                                const u32 shifted = __viaddmax_s16x2(p, bias2, 0x80008000u);
-                                const u32 c = __vimin_s16x2_relu(shifted, span2);
-                                clamped2 += __viaddmin_u16x2(shifted ^ c, 0u, 0x00010001u);
-                                packed[i][j][h] += c;
-                            } else {
-                                packed[i][j][h] += __viaddmin_s16x2_relu(p, bias2, span2);  // clamp(t) + L
-                            }
-                        }
+                        add_tile_sums<SAT, COUNT>(acc[i][j], packed[i][j], t, limit, saturated, clamped2);
                     }
             } else if (SAT == 3) {
                 const int step = kt * (BK / 32) + ks;

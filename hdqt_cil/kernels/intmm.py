@@ -5,7 +5,7 @@ import math
 import torch
 
 from . import runtime as rt
-from .compile import GEMM_BK, gemm_expression, gemm_stages, gemm_tile
+from .compile import GEMM_BK, device_arch, gemm_expression, gemm_smem, gemm_tile, runs_here
 
 _INT8_BOUND = 127
 _INT32_EXACT = 2**31
@@ -35,12 +35,17 @@ def gemm_config(m: int, n: int, k: int, sat: int, count: bool, batch: int = 1) -
     ctas = batch * -(-m // 128) * -(-n // 128)
     if min(m, n) < 128 or ctas < rt.sm_count():
         return "64x64"
+    if sat in (0, 1) and runs_here(WGMMA_LARGE):
+        return WGMMA_LARGE
     return GEMM_LARGE[(sat in (2, 4), count)]
 
 
 # Large problems: (tile-32 saturation, counting) -> config; from the benchmark's config rows (docs/kernels.md).
 GEMM_LARGE = {(False, False): "128x128x2", (False, True): "128x128x2", (True, False): "256x128",
               (True, True): "128x128"}
+# Large products that clamp no tile sum, on Hopper: wgmma outruns every mma.sync tile there; the tiled modes stay
+# on mma.sync, where the clamp after each k32 product bounds both (docs/kernels.md, "wgmma").
+WGMMA_LARGE = "wg128x128"
 _PACKED_LIMIT = 2**15 - 1  # mode 4 keeps |tile sum| + L and the biased lane sums inside 16 bits
 
 
@@ -163,6 +168,8 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
     if sum_batch and _tiles(m, n, SUM_BATCH_CONFIG) >= rt.sm_count():
         out_mode, config = 3, config or SUM_BATCH_CONFIG
     config = config or gemm_config(m, n, k, sat, count, batch)
+    if not runs_here(config):
+        raise ValueError(f"GEMM config {config!r} runs wgmma, which needs an sm_90 GPU (this one is {device_arch()})")
     bm, bn, threads = gemm_tile(config)
     device = a.device
     with rt.on_device(a):
@@ -183,7 +190,7 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
             sa = sb = None
             sa_batch = sa_row = sb_batch = sb_col = 0
             block_inv = 1.0
-        smem = (bm + bn) * GEMM_BK * gemm_stages(config)
+        smem = gemm_smem(config)
         fn = rt.function("intmm.cu", gemm_expression(config, sat, count, out_mode), template=True,
                          dynamic_smem=smem)
         grid_n, grid_m = -(-n // bn), -(-m // bm)

@@ -11,7 +11,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from .compile import SOURCES, compile_cubin, device_arch, module_key, prebuilt
+from .compile import SOURCES, compile_cubin, device_arch, module_arch, module_key, prebuilt
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +83,8 @@ def _module(name: str, expressions: tuple[str, ...]):
         if entry is None:
             from cupy.cuda import function as cupy_function  # noqa: PLC0415
 
-            arch = device_arch()
-            shipped = prebuilt(arch).get(module_key(name, expressions, arch))
+            arch = module_arch(expressions, device_arch())
+            shipped = prebuilt(device_arch()).get(module_key(name, expressions, arch))
             module = cupy_function.Module()
             try:
                 if shipped is None:

@@ -3,7 +3,7 @@
     python -m scripts.bench.hot                     # on the GPU machine
     python -m scripts.bench.hot --quick             # tiny sizes, any device (a smoke check; its times mean nothing)
     python -m scripts.bench.hot --backends auto torch   # HOT with the kernels and with the torch reference
-    python -m scripts.bench.hot --profile           # also: where HOT's ViT backward spends its device time
+    python -m scripts.bench.hot --profile           # also: where HOT's backward / step spends its device time
 
 Cases (one table at the end, every number in OUT/hot_<device>.json):
 - vit-linear: a ViT-B-size Linear stack, 12 blocks of LayerNorm → qkv (768→2304, q+k+v summed: no attention
@@ -23,7 +23,8 @@ Cases (one table at the end, every number in OUT/hot_<device>.json):
   parameters left out), summed over the model, and all that the forward saves with each storage counted once
   ('distinct': the memory really held; a conv whose input a ReLU saved as its output adds nothing in fp32, while
   HOT's compressed copy comes on top). Under bf16 autocast the bf16 copies of the weights are saved tensors too.
-Times are medians of --reps after --warmup runs, CUDA events on the GPU.
+Times are medians of --reps after --warmup runs, CUDA events on the GPU. On the GPU each timed variant also gets
+the kernels it launches and their device time per backward / step (two eager calls under torch.profiler).
 """
 import argparse
 import time
@@ -40,7 +41,7 @@ from hdqt_cil.models import build_model
 from hdqt_cil.quant import calibrate_lqs, lqs_choices, preset, quantize_model
 from hdqt_cil.quant.hot import hot_layers
 from hdqt_cil.quant.backend import resolve_ops
-from scripts.bench.record import print_device_profile, save_rows
+from scripts.bench.record import device_work, print_device_profile, save_rows
 from scripts.bench.timing import median_seconds
 
 ROWS = []
@@ -158,11 +159,12 @@ def vit_linear(args, device):
 
         seconds = median_seconds(backward, device, args.reps, args.warmup, setup=forward)
         forward_s = median_seconds(forward, device, args.reps, args.warmup)
-        if args.profile and backend is not None and device.type == "cuda":
-            profile_backward(label, forward, backward)
         if reference is None:
             reference = seconds
         row(case, label, "backward", seconds * 1e3, "ms", reference / seconds, "speedup vs fp32")
+        if device.type == "cuda":
+            work_rows(case, label, "forward and backward", lambda: backward(forward()),
+                      args.profile and backend is not None)
         row(case, label, "forward", forward_s * 1e3, "ms")
         if device.type == "cuda" and not bf16:  # the same passes replayed from CUDA graphs (trainer.cuda_graph)
             captured = CapturedTraining(model)
@@ -188,14 +190,13 @@ def vit_linear(args, device):
         del model
 
 
-def profile_backward(label: str, forward, backward) -> None:
-    """Device time of two backward passes by kernel, largest first."""
-    losses = [forward(), forward()]
-
-    def passes():
-        for loss in losses:
-            backward(loss)
-    print_device_profile(f"two backward passes, vit-linear {label}", passes)
+def work_rows(case: str, label: str, what: str, call, profile: bool) -> None:
+    """Rows of the kernels launched and the device time per call, and with `profile` their breakdown by kernel."""
+    kernels, seconds = device_work(call)
+    row(case, label, f"kernels launched a {what}", kernels, "kernels")
+    row(case, label, f"device time of a {what}", seconds * 1e3, "ms")
+    if profile:
+        print_device_profile(f"two calls of a {what}, {case} {label}", lambda: [call() for _ in range(2)])
 
 
 CNNS = {  # case: (model builder, input shape, classes, batch argument)
@@ -226,6 +227,8 @@ def cnn(case, args, device):
         seconds = median_seconds(step, device, args.reps, args.warmup)
         reference = reference or seconds
         row(case, label, "training step", seconds * 1e3, "ms", reference / seconds, "speedup vs fp32")
+        if device.type == "cuda":
+            work_rows(case, label, "training step", step, args.profile and backend is not None and not settings)
         if captured is not None:
             graphed = median_seconds(lambda: step(captured), device, args.reps, args.warmup)
             captured.check()
@@ -322,7 +325,7 @@ def main():
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--skip", nargs="*", default=[], choices=["vit-linear", *CNNS])
-    parser.add_argument("--profile", action="store_true", help="print HOT's ViT backward kernel breakdown")
+    parser.add_argument("--profile", action="store_true", help="print HOT's kernel breakdown per case")
     args = parser.parse_args()
     if args.quick:
         args.blocks, args.batch, args.resnet_batch, args.resnet18_batch, args.reps, args.warmup = 1, 2, 4, 2, 1, 1

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from hdqt_cil import kernels
 from hdqt_cil.kernels import runtime as rt
-from hdqt_cil.kernels.compile import GEMM_CONFIGS, gemm_tile
+from hdqt_cil.kernels.compile import GEMM_CONFIGS, WGMMA_CONFIGS, gemm_tile, runs_here
 from scripts.bench.record import device_work, print_device_profile, save_rows
 from scripts.bench.timing import cuda_time, graphed, host_time, median_seconds
 
@@ -139,12 +139,16 @@ def gemm_4096(bf16_rate, peak, clamped_peak):
             target=">= 0.5x bf16" if name.startswith("tiled") else None, of_mma_peak=rate / peak,
             of_clamped_peak=rate / clamped_peak)
     reference = kernels.tiled_int_matmul(*sets[0][:1], sets[0][1].t(), 32, 8, bounds=(7, 15))
-    for config in (c for c in GEMM_CONFIGS if min(gemm_tile(c)[:2]) >= 128):
+    for config in (c for c in GEMM_CONFIGS if min(gemm_tile(c)[:2]) >= 128 and runs_here(c)):
         for label, tile, acc, count, packed in (("tile 32 packed", 32, 8, False, True),
                                                 ("tile 32 plain", 32, 8, False, False),
                                                 ("tile 32 + count", 32, 8, True, False),
+                                                ("the layers' product", 32, 8, True, None),
                                                 ("no saturation", None, None, False, False)):
             def fn(config=config, tile=tile, acc=acc, count=count, packed=packed):
+                if packed is None:  # scaled epilogue and count, packed where eligible, as the layers call it
+                    return kernels.scaled_int_matmul(*pick(), scale_a, scale_b, 1, tile, acc, (7, 15), count,
+                                                     config=config)
                 return kernels.tiled_int_matmul(*pick(), tile, acc, (7, 15), count, config=config, packed=packed)
             if label.startswith("tile 32 p"):  # the same bits whatever the tile shape and mode
                 check = kernels.tiled_int_matmul(sets[0][0], sets[0][1].t(), 32, 8, (7, 15), False, config=config,
@@ -181,7 +185,7 @@ def gemm_batch_summed(bf16_rate):
 
     reference = written()
     variants = {"per-sample products written, then summed": written}
-    for config in ("64x64", "128x128w", "128x128", "128x128x2"):
+    for config in ("64x64", "128x128w", "128x128", "128x128x2", *filter(runs_here, sorted(WGMMA_CONFIGS))):
         variants[f"  summed in the epilogue, config {config}"] = (
             lambda config=config: kernels.scaled_int_matmul(a, b, sa, sb, 1, None, None, (127, 127), False,
                                                             sum_batch=True, config=config))
