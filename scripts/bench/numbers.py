@@ -24,8 +24,8 @@ def kernel_row(record: dict, name: str) -> dict:
     return next(r for r in record["rows"] if r["name"].strip() == name)
 
 
-def hot_row(record: dict, variant: str, metric: str) -> dict:
-    return next(r for r in record["rows"] if (r["case"], r["variant"], r["metric"]) == ("vit-linear", variant, metric))
+def hot_row(record: dict, variant: str, metric: str, case: str = "vit-linear") -> dict:
+    return next(r for r in record["rows"] if (r["case"], r["variant"], r["metric"]) == (case, variant, metric))
 
 
 def lines(folder: Path) -> list[tuple[str, str, str]]:
@@ -93,9 +93,11 @@ def lines(folder: Path) -> list[tuple[str, str, str]]:
     rows.append(("the same with the saturation count and scaled epilogue (the layers' product)",
                  f"{tops:.1f} TOP/s, {ratio:.2f}× bf16", KERNELS))
     tops, ratio = rate("no saturation (acc_bits None)")
+    mma = max(r["value"] for r in k["rows"] if r["name"].startswith("  config ") and "wg" not in r["name"]
+              and r["name"].endswith(", no saturation"))
     cublas = kernel_row(k, "torch._int_mm 4096^3 (cuBLAS int8, no saturation)")["value"]
-    rows.append(("GEMM 4096³ without saturation; cuBLAS int8 (`torch._int_mm`)",
-                 f"{tops:.1f} TOP/s ({ratio:.2f}× bf16); {cublas:.1f} TOP/s", KERNELS))
+    rows.append(("GEMM 4096³ without saturation (wgmma on Hopper); the best mma.sync tile; cuBLAS int8 "
+                 "(`torch._int_mm`)", f"{tops:.1f} TOP/s ({ratio:.2f}× bf16); {mma:.1f}; {cublas:.1f} TOP/s", KERNELS))
     copy = kernel_row(k, "device copy (read + write)")["value"]
     rows.append((f"quantize per tensor, nearest / stochastic, 64 / 128 MiB (of copy bandwidth, {copy:,.0f} GB/s)",
                  f"{of_copy('quantize per tensor, nearest (HDQT fwd)', 64, 128)}; "
@@ -108,10 +110,17 @@ def lines(folder: Path) -> list[tuple[str, str, str]]:
                  f"{of_copy('Hadamard(1024) + quantize per sample 16384, SR', 64, 128)}", KERNELS))
     rows.append(("Hadamard(1024) alone, 64 / 128 MiB", of_copy("Hadamard(1024) alone (float32 out)", 64, 128), KERNELS))
     fp32, graphed = hot_row(hot, "fp32", "backward"), hot_row(hot, "hot[auto]", "backward, CUDA graph")
-    eager = hot_row(hot, "hot[auto]", "backward")
+    eager, bf16 = hot_row(hot, "hot[auto]", "backward"), hot_row(hot, "bf16 autocast", "backward")
     rows.append(("HOT backward of a ViT-B-size Linear stack (batch 64) from CUDA graphs",
-                 f"{graphed['value']:.2f} ms, {graphed['ratio']:.2f}× faster than FP32 ({fp32['value']:.2f} ms); "
-                 f"eagerly {eager['value']:.2f} ms ({eager['ratio']:.2f}×)", HOT))
+                 f"{graphed['value']:.2f} ms, {graphed['ratio']:.2f}× faster than FP32 ({fp32['value']:.2f} ms), "
+                 f"{graphed['value'] / bf16['value']:.2f}× bf16 autocast ({bf16['value']:.2f} ms); eagerly "
+                 f"{eager['value']:.2f} ms ({eager['ratio']:.2f}×)", HOT))
+    fp32, graphed = (hot_row(hot, v, "training step, CUDA graph", "resnet32") for v in ("fp32", "hot[auto]"))
+    fp32_work, work = (hot_row(hot, v, "kernels launched a training step", "resnet32")["value"]
+                       for v in ("fp32", "hot[auto]"))
+    rows.append(("ResNet-32 HOT training step from CUDA graphs (batch 128); kernels launched a step: HOT / FP32",
+                 f"{graphed['value']:.2f} ms, {graphed['value'] / fp32['value']:.2f}× FP32's "
+                 f"({fp32['value']:.2f} ms); {work:.0f} / {fp32_work:.0f}", HOT))
     return rows
 
 
