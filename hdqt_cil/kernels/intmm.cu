@@ -249,14 +249,15 @@ __device__ __forceinline__ void load_tile(unsigned char* dst, const signed char*
     }
 }
 
-// Register sets of k32 tile sums a WG kernel of mode 2 or 4 holds: two in turn, one computed while the other's
-// sums are added.
+// Register sets of k32 tile sums a WG kernel holds: two for modes 2 and 4, one computed while the other's sums are
+// added (with one set, reading it and issuing the next wgmma into it gave wrong sums on an H100).
 __host__ __device__ constexpr int wg_tile_sets(int sat) { return sat == 2 || sat == 4 ? 2 : 1; }
 
 // One K step (BK / 32 k32 steps) of a WG kernel's products, for this thread's warpgroup (da, db: its A rows and
 // the CTA's B rows). Modes 0, 1, 3 chain the wgmma of the step into acc (3: into tacc, clamped at each tile's
 // end) and leave the step's group running unless `entry_end` (its sums are read next); modes 2 and 4 compute
-// each k32 step's sums into a register set of their own and add them (add_tile_sums).
+// each k32 step's sums into one of two register sets in turn and add one set's sums (add_tile_sums) while the
+// next product runs.
 template <int SAT, bool COUNT>
 __device__ __forceinline__ void wg_step(int acc[1][16][4], int tacc[1][16][4], u32 packed[1][16][2],
                                         int wtile[][64], u64 da, u64 db, int kt, int tile_steps, int limit,
