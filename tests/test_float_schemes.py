@@ -96,7 +96,7 @@ def test_every_float_scheme_trains_a_convnet_and_its_bits_depend_on_the_seed_onl
     ({"name": "fp8", "acc": "int"}, r"quant.acc='int' must be one of none, fp"),
     ({"name": "fp", "exp_bits": {"input": 9}}, r"quant.exp_bits.input=9 must be an integer in 1..8"),
     ({"name": "fp", "man_bits": {"grad_output": -1}}, r"quant.man_bits.grad_output=-1 must be an integer in 0..23"),
-    ({"name": "mxfp4", "backend": "cupy"}, r"quant.backend='cupy' must be one of torch"),
+    ({"name": "mxfp4", "backend": "cupy"}, r"quant.backend='cupy' must be one of auto, torch"),
     ({"name": "mxfp4", "acc_bits": 8}, r"quant.acc_bits is not a setting of quant=mxfp4"),
 ])
 def test_impossible_float_settings_are_refused_by_name(settings, message):

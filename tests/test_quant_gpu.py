@@ -3,7 +3,8 @@ import pytest
 import torch
 from torch import nn
 
-from hdqt_cil.quant import QuantSpec, block_hadamard, counter_uniform, preset, quantize, quantize_model, tiled_int_matmul
+from hdqt_cil.quant import (QuantSpec, block_hadamard, counter_uniform, preset, quantize, quantize_model,
+                            tiled_int_matmul)
 from hdqt_cil.quant.rounding import Counter
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -64,3 +65,67 @@ def test_layer_forward_identical_and_backward_close():
     assert torch.equal(y_cpu, y_gpu)
     torch.testing.assert_close(gx_gpu, gx_cpu)  # col2im and the per-sample sums are float sums in device order
     torch.testing.assert_close(gw_gpu, gw_cpu)
+
+
+def _fp8_grid(shape, fmt, seed):
+    """(values on fmt's grid, their per-tensor scale) of a random tensor, as the fp8 scheme rounds an operand."""
+    from hdqt_cil.quant.floats import per_tensor
+
+    t = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * torch.logspace(-2, 1, shape[-1])
+    values, scale = per_tensor(t.cuda(), fmt)
+    return values, scale
+
+
+@pytest.mark.parametrize("left_shape, right_shape, sum_batch, formats", [
+    ((70, 45), (33, 45), False, ("e4m3", "e4m3")),
+    ((3, 70, 561), (100, 561), False, ("e5m2", "e4m3")),
+    ((5, 40, 197), (5, 30, 197), True, ("e5m2", "e4m3")),
+    ((128, 64, 16), (128, 144, 16), True, ("e4m3", "e5m2")),
+], ids=str)
+def test_fp8_tensor_cores_stay_within_the_fp32_bound_of_the_reference(left_shape, right_shape, sum_batch, formats):
+    """fp8_matmul (torch._scaled_mm) against the reference's float32 matmul of the same grid values: each element
+    within twice the FP32 dot-product error bound, 2·K·2⁻²⁴·Σ|a b| (docs/numerics.md), ragged shapes padded."""
+    from hdqt_cil.quant.float_product import (FP8_DTYPES, FloatOperand, float_matmul, format_matmul,
+                                              on_fp8_tensor_cores)
+    from hdqt_cil.quant.float_schemes import FormatProduct
+    from hdqt_cil.quant.floats import FORMATS, FloatSpec
+    from hdqt_cil.quant.intmm import sum_entries
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("no FP8 tensor cores")
+    fa, fb = (FORMATS[f] for f in formats)
+    (av, asc), (bv, bsc) = _fp8_grid(left_shape, fa, 5), _fp8_grid(right_shape, fb, 6)
+    a, b = FloatOperand(av, asc, None, fa), FloatOperand(bv, bsc, None, fb)
+    product = FormatProduct(FloatSpec(fa), FloatSpec(fb))
+    assert on_fp8_tensor_cores(a, b, product, "auto", sum_batch) and fa in FP8_DTYPES
+    assert not on_fp8_tensor_cores(a, b, product, "torch", sum_batch)
+    got = float_matmul(a, b, product, "auto", sum_batch=sum_batch)
+    reference = format_matmul(a, b, product)
+    magnitude = (av.abs() @ bv.abs().mT) * (asc * bsc)
+    if sum_batch:
+        reference, magnitude = sum_entries(reference), magnitude.sum(0)
+    k = av.shape[-1] * (av.shape[0] if sum_batch else 1)
+    assert got.shape == reference.shape and got.dtype == torch.float32
+    bound = 2 * (2 * k * 2.0**-24) * magnitude + 2.0**-23 * reference.abs()
+    assert ((got - reference).abs() <= bound).all(), (got - reference).abs().max()
+
+
+def test_fp8_layers_on_tensor_cores_round_as_the_reference():
+    """quant=fp8, backend auto against torch on the same GPU: a conv's and a linear layer's outputs and gradients
+    within FP32 matmul tolerance (one layer each, on the same input, with a loss linear in the output: every operand
+    is rounded the same on both backends, only the sums' order differs)."""
+    from hdqt_cil.quant import scheme_from_config
+
+    cases = ((lambda: nn.Conv2d(3, 16, 3, padding=1), (32, 3, 8, 8)), (lambda: nn.Linear(561, 100), (64, 561)))
+    for make, shape in cases:
+        outputs = {}
+        for backend in ("auto", "torch"):
+            torch.manual_seed(3)
+            layer = nn.Sequential(make()).cuda()
+            quantize_model(layer, scheme_from_config({"name": "fp8", "backend": backend}))
+            x = torch.randn(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(4), requires_grad=True)
+            y = layer(x)
+            (y * torch.randn(y.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(5))).sum().backward()
+            outputs[backend] = [y.detach(), x.grad, *(p.grad for p in layer.parameters())]
+        for got, reference in zip(outputs["auto"], outputs["torch"]):
+            torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5 * reference.abs().max().item())

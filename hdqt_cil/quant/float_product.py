@@ -13,16 +13,21 @@ import math
 import torch
 
 from .backend import TORCH_OPS
-from .floats import FloatSpec, authors_float, quantize_float
+from .floats import E4M3, E5M2, FloatFormat, FloatSpec, authors_float, quantize_float
 from .hadamard import block_hadamard, hadamard_block_size
 from .intmm import sum_entries
 
+# The formats the FP8 tensor cores multiply (torch._scaled_mm; one operand at least must be E4M3).
+FP8_DTYPES = {E4M3: torch.float8_e4m3fn, E5M2: torch.float8_e5m2}
+_FP8_ALIGN = 16  # _scaled_mm's operands: both sides multiples of 16 (zero padding adds nothing to a sum)
+
 
 class FloatOperand:
-    """Values on a format's grid with their scale (0-dim, or per block along K broadcast to the values)."""
+    """Values on a format's grid with their scale (0-dim, or per block along K broadcast to the values) and the
+    format (None: not one the hardware knows, or unknown)."""
 
-    def __init__(self, values: torch.Tensor, scale: torch.Tensor, block: int | None):
-        self.values, self.scale, self.block = values, scale, block
+    def __init__(self, values: torch.Tensor, scale: torch.Tensor, block: int | None, fmt: FloatFormat | None = None):
+        self.values, self.scale, self.block, self.fmt = values, scale, block, fmt
 
     def dequantized(self) -> torch.Tensor:
         return self.values * self.scale
@@ -64,6 +69,53 @@ def format_matmul(a: FloatOperand, b: FloatOperand, product, hadamard: int = 1, 
     return out / hadamard
 
 
+def float_matmul(a: FloatOperand, b: FloatOperand, product, backend: str, hadamard: int = 1, tally=None,
+                 sum_batch: bool = False) -> torch.Tensor:
+    """format_matmul (with sum_batch: summed over the batch by sum_entries), on the FP8 tensor cores where
+    `on_fp8_tensor_cores` says they compute it."""
+    if on_fp8_tensor_cores(a, b, product, backend, sum_batch):
+        out = fp8_matmul(a, b, sum_batch)
+        return out / hadamard if hadamard != 1 else out
+    out = format_matmul(a, b, product, hadamard, tally)
+    return sum_entries(out) if sum_batch else out
+
+
+def on_fp8_tensor_cores(a: FloatOperand, b: FloatOperand, product, backend: str, sum_batch: bool) -> bool:
+    """Whether a product runs on the GPU's FP8 tensor cores (quant.backend=auto on an sm_89+ GPU): one scale an
+    operand, FP8 values (not both E5M2), no accumulator format, b one matrix or, with sum_batch, a batch."""
+    values = a.values
+    return (backend == "auto" and values.is_cuda and product.acc is None and a.block is None and b.block is None
+            and a.fmt in FP8_DTYPES and b.fmt in FP8_DTYPES and E4M3 in (a.fmt, b.fmt)
+            and (b.values.dim() == 2 or sum_batch and b.values.dim() == values.dim() == 3)
+            and torch.cuda.get_device_capability(values.device) >= (8, 9))
+
+
+def fp8_matmul(a: FloatOperand, b: FloatOperand, sum_batch: bool = False) -> torch.Tensor:
+    """(a.values · b.valuesᵀ) · (a.scale · b.scale) by torch._scaled_mm, float32 accumulation (docs/numerics.md
+    "Float training": within an FP32 matmul's tolerance of the reference). a (..., M, K) and b (N, K); with
+    sum_batch a (B, M, K) and b (B, N, K), summed over B as one product along the joined B·K (one scale a tensor
+    spans every entry)."""
+    if sum_batch:
+        left, right, row_dims = a.values.transpose(0, 1), b.values.transpose(0, 1), 1
+    else:
+        left, right, row_dims = a.values, b.values, a.values.dim() - 1
+    packed_a, rows = _fp8_matrix(left, row_dims, FP8_DTYPES[a.fmt])
+    packed_b, n = _fp8_matrix(right, 1, FP8_DTYPES[b.fmt])
+    out = torch._scaled_mm(packed_a, packed_b.t(), scale_a=a.scale.reshape(()).float(),
+                           scale_b=b.scale.reshape(()).float(), out_dtype=torch.float32, use_fast_accum=False)
+    return out[:rows, :n].unflatten(0, left.shape[:row_dims])
+
+
+def _fp8_matrix(t: torch.Tensor, row_dims: int, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+    """(t cast to `dtype` as a row-major matrix, its leading `row_dims` dims the rows and the rest the columns,
+    zero-padded to multiples of 16; its rows). The cast is exact: the values lie on the format's grid."""
+    rows, k = math.prod(t.shape[:row_dims]), math.prod(t.shape[row_dims:])
+    padded = (-(-rows // _FP8_ALIGN) * _FP8_ALIGN, -(-k // _FP8_ALIGN) * _FP8_ALIGN)
+    out = (torch.empty if padded == (rows, k) else torch.zeros)(padded, dtype=dtype, device=t.device)
+    out[:rows, :k].unflatten(0, t.shape[:row_dims]).unflatten(-1, t.shape[row_dims:]).copy_(t)
+    return out, rows
+
+
 def transform_block(product, k: int) -> int:
     """The Hadamard block along a product's K (1: none)."""
     return hadamard_block_size(k, product.hadamard_cap) if product.hadamard else 1
@@ -83,7 +135,7 @@ def quantize_operand(layer, t: torch.Tensor, spec: FloatSpec, role: str, step, b
     t = t * signs if signs is not None else t
     t = block_hadamard(t, -1, block) if block > 1 else t
     values, scale = quantize_float(t, spec, layer._counter(role, step) if spec.rounding == "stochastic" else None)
-    return FloatOperand(values, scale, spec.block)
+    return FloatOperand(values, scale, spec.block, spec.fmt)
 
 
 def _product(layer, left, right, product, roles, step, tally=None, sum_batch=False):
@@ -93,8 +145,7 @@ def _product(layer, left, right, product, roles, step, tally=None, sum_batch=Fal
     signs = random_signs(layer, step, k, left.device) if product.random_signs and block > 1 else None
     a = quantize_operand(layer, left, product.left, roles[0], step, block, signs)
     b = quantize_operand(layer, right, product.right, roles[1], step, block, signs)
-    out = format_matmul(a, b, product, block, tally)
-    return sum_entries(out) if sum_batch else out
+    return float_matmul(a, b, product, layer.scheme.backend, block, tally, sum_batch)
 
 
 class FloatProduct(torch.autograd.Function):
@@ -111,8 +162,8 @@ class FloatProduct(torch.autograd.Function):
         else:  # one scale an operand: x is rounded once, before im2col, as the integer schemes do
             xq = quantize_operand(layer, x, product.left, "input", step)
             wq = quantize_operand(layer, w, product.right, "weight", step)
-            rows = FloatOperand(layer._forward_rows(xq.values, TORCH_OPS), xq.scale, None)
-            y = format_matmul(rows, wq, product, tally=tally)
+            rows = FloatOperand(layer._forward_rows(xq.values, TORCH_OPS), xq.scale, None, xq.fmt)
+            y = float_matmul(rows, wq, product, scheme.backend, tally=tally)
             seen_x, seen_w = xq.dequantized(), wq.dequantized().reshape(weight.shape)
         x_keep, w_keep = (scheme.keep(x), scheme.keep(weight)) if training else (None, None)
         ctx.save_for_backward(seen_x, seen_w, x_keep, w_keep)

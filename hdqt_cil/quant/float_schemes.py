@@ -28,6 +28,7 @@ from .schemes import POWER_OF_TWO, ROLES, SCHEMES, TILE, QuantConfig
 EXP_BITS, MAN_BITS = (Rule(lambda v, r=bounds: bits_in(v, r), f"an integer in {bounds[0]}..{bounds[1]}")
                       for bounds in (EXP_BITS_RANGE, MAN_BITS_RANGE))
 ACCUMULATORS = ("none", "fp")  # float32 sums | each tile's sum rounded to acc_exp_bits/acc_man_bits
+FLOAT_BACKENDS = ("auto", "torch")  # auto: fp8 on the FP8 tensor cores where the GPU has them
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,11 @@ class FloatScheme:
     ste: str = "none"
     fwd_clip: float = 1.0
     seed: int = 0
-    backend: str = "torch"
+    backend: str = "auto"
 
     def __post_init__(self):
+        if self.backend not in FLOAT_BACKENDS:
+            raise ValueError(f"backend={self.backend!r} is not allowed; choose one of {', '.join(FLOAT_BACKENDS)}")
         if self.forward.hadamard and not self.forward.left.block:
             raise ValueError("a Hadamard transform in the forward product needs block-scaled operands")
         if self.ste == "clip" and self.forward.left.block:
@@ -92,7 +95,9 @@ class FloatConfig(QuantConfig):
     acc: str = setting("none", one_of(*ACCUMULATORS))
     acc_exp_bits: int = setting(5, EXP_BITS)
     acc_man_bits: int = setting(2, MAN_BITS)
-    backend: str = setting("torch", one_of("torch"))  # float formats run on the torch reference
+    # auto: fp8's products on the GPU's FP8 tensor cores (sm_89+, torch._scaled_mm), the torch reference elsewhere
+    # and for the other formats; torch: the reference everywhere
+    backend: str = setting("auto", one_of(*FLOAT_BACKENDS))
 
     def accumulator(self) -> FloatFormat | None:
         if self.acc == "none":
@@ -150,7 +155,7 @@ def _format(exp_bits: int, man_bits: int) -> FloatFormat:
 
 
 def _scheme(cfg, forward, grad_input, grad_weight, **extra) -> FloatScheme:
-    return FloatScheme(cfg.name, forward, grad_input, grad_weight, seed=cfg.seed, **extra)
+    return FloatScheme(cfg.name, forward, grad_input, grad_weight, seed=cfg.seed, backend=cfg.backend, **extra)
 
 
 @SCHEMES.register("fp8", Fp8Config)

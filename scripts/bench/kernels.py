@@ -34,6 +34,8 @@ import torch.nn.functional as F
 from hdqt_cil import kernels
 from hdqt_cil.kernels import runtime as rt
 from hdqt_cil.kernels.compile import GEMM_CONFIGS, WGMMA_CONFIGS, gemm_tile, runs_here
+from hdqt_cil.quant.float_product import FloatOperand, fp8_matmul
+from hdqt_cil.quant.floats import E4M3, per_tensor
 from scripts.bench.record import device_work, print_device_profile, save_rows
 from scripts.bench.timing import cuda_time, graphed, host_time, median_seconds
 
@@ -163,7 +165,17 @@ def gemm_4096(bf16_rate, peak, clamped_peak):
             baseline="vs bf16", ratio=ops / t / bf16_rate)
     except Exception as err:  # noqa: BLE001
         print(f"  torch._int_mm unavailable: {err}")
+    if torch.cuda.get_device_capability() >= (8, 9):
+        operands = fp8_operands(size)
+        t = cuda_time(lambda: fp8_matmul(*operands), reps=30)
+        row("gemm", "fp8 4096^3 as quant=fp8 runs it (E4M3 values cast, torch._scaled_mm, float32 sums)", t,
+            "TFLOP/s", ops / t / 1e12, "TFLOP/s", baseline="vs bf16", ratio=ops / t / bf16_rate)
     return results
+
+
+def fp8_operands(size: int):
+    """Two (size, size) FloatOperands on the E4M3 grid with per-tensor scales, as the fp8 scheme rounds them."""
+    return [FloatOperand(*per_tensor(torch.randn(size, size, device="cuda"), E4M3), None, E4M3) for _ in range(2)]
 
 
 def gemm_batch_summed(bf16_rate):
@@ -381,6 +393,11 @@ def training_steps(quick: bool):
         fp32_compiled = step_time(model_name, "fp32", "torch", steps, path="torch.compile")
         row("step", f"{model_name} fp32 (TF32 off), torch.compile", fp32_compiled, "x fp32", fp32_compiled / fp32,
             "x fp32")
+        if torch.cuda.get_device_capability() >= (8, 9):  # fp8's products: the reference's matmuls, FP8 cores
+            for backend, label in (("torch", "float32 matmuls"), ("auto", "FP8 tensor cores")):
+                graphed = step_time(model_name, "fp8", backend, steps, path="graph")
+                row("step", f"{model_name} fp8 on {label}, CUDA graph", graphed, "x fp32", graphed / fp32, "x fp32",
+                    baseline="vs fp32 CUDA graph", ratio=graphed / fp32_graph)
         for scheme in ("hdqt", "int4", "luq"):
             if quick and scheme != "hdqt":
                 continue
