@@ -193,8 +193,9 @@ def test_a_run_folder_written_before_benchmarks_had_loaders_still_matches():
 
 
 def test_a_hot_run_folder_matches_whether_its_convs_unfold_in_slices_or_not(make_cfg):
-    """sliced_unfold trades memory for speed with the same numbers: a folder written without it (or with it
-    off) resumes and tables with runs that have it; other HOT settings still tell runs apart."""
+    """sliced_unfold trades memory for speed with the same numbers (and the backend says where they run): a folder
+    written without it (or with it off) resumes and tables with runs that have it; other HOT settings still tell
+    runs apart."""
     from omegaconf import OmegaConf
 
     from hdqt_cil.config import comparable_config
@@ -203,6 +204,7 @@ def test_a_hot_run_folder_matches_whether_its_convs_unfold_in_slices_or_not(make
         return comparable_config(OmegaConf.to_container(make_cfg("quant=hot", *overrides), resolve=True))
     before = comparable()
     assert comparable("quant.sliced_unfold=false") == before != comparable("quant.abc=columns")
+    assert comparable("quant.backend=torch") == before  # where the products run, as the device
     with pytest.raises(Exception, match="quant.sliced_unfold"):
         make_cfg("quant=hot", "quant.sliced_unfold=sometimes")
 
