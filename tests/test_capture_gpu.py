@@ -13,6 +13,7 @@ from hdqt_cil import kernels
 from hdqt_cil.experiment import run
 from hdqt_cil.models import build_model
 from hdqt_cil.quant import NonFiniteError, layer_steps, preset, quant_stats, quantize_model
+from hdqt_cil.quant.float_schemes import FloatScheme
 from hdqt_cil.graph_replay import CapturedInference, CapturedTraining
 from hdqt_cil.trainer.cuda_graphs import CudaGraphPlugin
 
@@ -25,11 +26,15 @@ SHAPES = {"mlp": ((561,), 11), "resnet32": ((3, 32, 32), 10)}
 
 
 def make_model(model_name, scheme_name, backend="cupy"):
+    """The model under a scheme on the GPU path: `backend` for the integer schemes, auto (fp8's tensor cores) for
+    the float formats, whose backends are auto and torch."""
     torch.manual_seed(0)
     shape, classes = SHAPES[model_name]
     model = build_model(model_name, shape, classes).cuda()
     if scheme_name != "fp32":
-        quantize_model(model, dataclasses.replace(preset(scheme_name), backend=backend))
+        scheme = preset(scheme_name)
+        gpu_path = "auto" if isinstance(scheme, FloatScheme) else backend
+        quantize_model(model, dataclasses.replace(scheme, backend=gpu_path))
     return model
 
 

@@ -91,8 +91,8 @@ def on_fp8_tensor_cores(a: FloatOperand, b: FloatOperand, product, backend: str,
 
 
 def fp8_matmul(a: FloatOperand, b: FloatOperand, sum_batch: bool = False) -> torch.Tensor:
-    """(a.values · b.valuesᵀ) · (a.scale · b.scale) by torch._scaled_mm, float32 accumulation (docs/numerics.md
-    "Float training": within an FP32 matmul's tolerance of the reference). a (..., M, K) and b (N, K); with
+    """(a.values · b.valuesᵀ) · (a.scale · b.scale) by torch._scaled_mm, summed by the FP8 tensor cores'
+    accumulator (docs/numerics.md "Float training": fewer bits than float32). a (..., M, K) and b (N, K); with
     sum_batch a (B, M, K) and b (B, N, K), summed over B as one product along the joined B·K (one scale a tensor
     spans every entry)."""
     if sum_batch:
