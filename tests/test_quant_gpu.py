@@ -86,8 +86,8 @@ def test_fp8_tensor_cores_stay_within_their_accumulator_bound(left_shape, right_
     """fp8_matmul (torch._scaled_mm) against the reference's float32 matmul of the same grid values, ragged shapes
     padded: each element within K·2⁻¹³·Σ|a b| (docs/numerics.md: the FP8 tensor cores keep about 14 significant
     bits of a running sum; a wrong scale, transpose or padding is off by far more)."""
-    from hdqt_cil.quant.float_product import (FP8_DTYPES, FloatOperand, float_matmul, format_matmul,
-                                              on_fp8_tensor_cores)
+    from hdqt_cil.quant.backend import FP8_DTYPES, on_fp8_tensor_cores
+    from hdqt_cil.quant.float_product import FloatOperand, float_matmul, format_matmul
     from hdqt_cil.quant.float_schemes import FormatProduct
     from hdqt_cil.quant.floats import FORMATS, FloatSpec
     from hdqt_cil.quant.intmm import sum_entries

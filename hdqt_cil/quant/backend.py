@@ -10,12 +10,14 @@ to a `tally`, and `scaled_int_matmul` its saturated tile sums. KERNEL_OPS resolv
 checks the arguments by the reference's rules, calls `hdqt_cil.kernels`, and runs the reference where the kernels do
 not cover a call (`kernels.NotCovered`; with a warning where another setting would have run the kernels).
 """
+import math
 import warnings
 from types import SimpleNamespace
 
 import torch
 
 from .. import kernels
+from .floats import E4M3, E5M2
 from .hadamard import block_hadamard, checked_block
 from .im2col import col2im, conv_output_size, im2col
 from .intmm import check_product, epilogue_block, sum_entries, tile_sums, tiled_int_matmul
@@ -205,3 +207,47 @@ def resolve_ops(backend: str, device: torch.device) -> SimpleNamespace:
                                f"({kernels.unavailable_reason()}); use quant.backend=auto or torch")
         return TORCH_OPS
     return KERNEL_OPS
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# float formats: fp8's products on the FP8 tensor cores (quant/float_product.py's FloatOperands)
+
+# The formats the FP8 tensor cores multiply (torch._scaled_mm; one operand at least must be E4M3).
+FP8_DTYPES = {E4M3: torch.float8_e4m3fn, E5M2: torch.float8_e5m2}
+_FP8_ALIGN = 16  # _scaled_mm's operands: both sides multiples of 16 (zero padding adds nothing to a sum)
+
+
+def on_fp8_tensor_cores(a, b, product, backend: str, sum_batch: bool) -> bool:
+    """Whether a product runs on the GPU's FP8 tensor cores (quant.backend=auto on an sm_89+ GPU): one scale an
+    operand, FP8 values (not both E5M2), no accumulator format, b one matrix or, with sum_batch, a batch."""
+    values = a.values
+    return (backend == "auto" and values.is_cuda and product.acc is None and a.block is None and b.block is None
+            and a.fmt in FP8_DTYPES and b.fmt in FP8_DTYPES and E4M3 in (a.fmt, b.fmt)
+            and (b.values.dim() == 2 or sum_batch and b.values.dim() == values.dim() == 3)
+            and torch.cuda.get_device_capability(values.device) >= (8, 9))
+
+
+def fp8_matmul(a, b, sum_batch: bool = False) -> torch.Tensor:
+    """(a.values · b.valuesᵀ) · (a.scale · b.scale) by torch._scaled_mm, summed by the FP8 tensor cores'
+    accumulator (docs/numerics.md "Float training": fewer bits than float32). a (..., M, K) and b (N, K); with
+    sum_batch a (B, M, K) and b (B, N, K), summed over B as one product along the joined B·K (one scale a tensor
+    spans every entry)."""
+    if sum_batch:
+        left, right, row_dims = a.values.transpose(0, 1), b.values.transpose(0, 1), 1
+    else:
+        left, right, row_dims = a.values, b.values, a.values.dim() - 1
+    packed_a, rows = _fp8_matrix(left, row_dims, FP8_DTYPES[a.fmt])
+    packed_b, n = _fp8_matrix(right, 1, FP8_DTYPES[b.fmt])
+    out = torch._scaled_mm(packed_a, packed_b.t(), scale_a=a.scale.reshape(()).float(),
+                           scale_b=b.scale.reshape(()).float(), out_dtype=torch.float32, use_fast_accum=False)
+    return out[:rows, :n].unflatten(0, left.shape[:row_dims])
+
+
+def _fp8_matrix(t: torch.Tensor, row_dims: int, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+    """(t cast to `dtype` as a row-major matrix, its leading `row_dims` dims the rows and the rest the columns,
+    zero-padded to multiples of 16; its rows). The cast is exact: the values lie on the format's grid."""
+    rows, k = math.prod(t.shape[:row_dims]), math.prod(t.shape[row_dims:])
+    padded = (-(-rows // _FP8_ALIGN) * _FP8_ALIGN, -(-k // _FP8_ALIGN) * _FP8_ALIGN)
+    out = (torch.empty if padded == (rows, k) else torch.zeros)(padded, dtype=dtype, device=t.device)
+    out[:rows, :k].unflatten(0, t.shape[:row_dims]).unflatten(-1, t.shape[row_dims:]).copy_(t)
+    return out, rows

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from hdqt_cil import kernels
 from hdqt_cil.kernels import runtime as rt
 from hdqt_cil.kernels.compile import GEMM_CONFIGS, WGMMA_CONFIGS, gemm_tile, runs_here
-from hdqt_cil.quant.float_product import FloatOperand, fp8_matmul
+from hdqt_cil.quant.backend import fp8_matmul
+from hdqt_cil.quant.float_product import FloatOperand
 from hdqt_cil.quant.floats import E4M3, per_tensor
 from scripts.bench.record import device_work, print_device_profile, save_rows
 from scripts.bench.timing import cuda_time, graphed, host_time, median_seconds
