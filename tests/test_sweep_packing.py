@@ -293,8 +293,9 @@ def test_gpus_launcher_sweep_runs_end_to_end_on_the_cpu(tmp_path):
 
 
 def _training_sweep(results_root):
-    """Two CPU runs side by side through the real launcher, returned once one has an epoch checkpoint: the sweep's
-    process and its job processes."""
+    """Two CPU runs side by side through the real launcher, returned once one has an epoch checkpoint (renamed into
+    place: a `.partial` folder being written is not one yet, and is not searched, as it may vanish meanwhile): the
+    sweep's process and its job processes."""
     import psutil
 
     sweep = subprocess.Popen([sys.executable, "run.py", "-m", "hydra/launcher=gpus", "hydra.launcher.n_jobs=2",
@@ -303,7 +304,8 @@ def _training_sweep(results_root):
                               "trainer.checkpoint_every=5", "logging.progress=off"],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
-    while not any(results_root.glob("**/checkpoints/*")) and time.monotonic() < deadline and sweep.poll() is None:
+    while (not any(results_root.glob("*/*/*/*/checkpoints/exp*_epoch*")) and time.monotonic() < deadline
+           and sweep.poll() is None):  # digits-mlp/naive/fp32/seedN
         time.sleep(0.05)
     workers = [p for p in psutil.Process(sweep.pid).children(recursive=True) if "popen_loky" in " ".join(p.cmdline())]
     assert workers, "no job process found while the runs trained"
