@@ -17,9 +17,12 @@ from hdqt_cil.experiment import run
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _args(results_root, *overrides):
+    return [f"results_root={results_root}", "logging.progress=off", "trainer.device=cpu", *overrides]
+
+
 def _cmd(results_root, *overrides):
-    return [sys.executable, "run.py", f"results_root={results_root}", "logging.progress=off", "trainer.device=cpu",
-            *overrides]
+    return [sys.executable, "run.py", *_args(results_root, *overrides)]
 
 
 def _summary(results_root, strategy, quant="fp32"):
@@ -108,7 +111,9 @@ def test_sigkill_after_an_epoch_checkpoint_resumes_from_that_epoch(tmp_path, mak
     assert set(re.findall(r"epoch \d+/(\d+): mean training loss", output)) == {"8"}
 
 
-def test_divergence_is_recorded_and_optionally_lets_a_sweep_go_on(tmp_path):
+def test_divergence_is_recorded_and_optionally_lets_a_sweep_go_on(tmp_path, run_in_process):
+    """The stopped run through a real command (the error escapes to Hydra's report); the one that goes on, a run
+    that ends as any other, in this process."""
     bad = ["strategy=naive", "quant=fp32", "trainer.epochs=2", "trainer.lr=1e30"]
     stopped = subprocess.run(_cmd(tmp_path / "a", *bad), cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert stopped.returncode != 0
@@ -118,7 +123,6 @@ def test_divergence_is_recorded_and_optionally_lets_a_sweep_go_on(tmp_path):
     assert "non-finite" in summary["error"]["message"]
     assert "training diverged in experience 1, epoch 1" in stopped.stderr  # as the progress lines count
 
-    going_on = subprocess.run(_cmd(tmp_path / "b", *bad, "on_divergence=continue"), cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)
+    going_on = run_in_process(*_args(tmp_path / "b", *bad, "on_divergence=continue"))
     assert going_on.returncode == 0, going_on.stderr
     assert "| digits | class | mlp | naive | fp32 | 2 | diverged | diverged |" in going_on.stdout
