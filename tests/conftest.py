@@ -1,4 +1,5 @@
 import logging
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -62,6 +63,24 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def _run_on_one_thread(cfg, run_dir) -> None:
+    from hdqt_cil.experiment import run
+
+    torch.set_num_threads(1)
+    run(cfg, run_dir)
+
+
+def start_run(cfg, run_dir) -> multiprocessing.Process:
+    """A process of its own training run(cfg, run_dir) on one thread, for a test to kill: forked from a server that
+    imported the package once for this test worker, it starts at once where `python run.py` spends ~15 s importing
+    (the forked server has trained nothing, so no OpenMP threads are forked)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["hdqt_cil.experiment"])
+    proc = context.Process(target=_run_on_one_thread, args=(cfg, run_dir), daemon=True)
+    proc.start()
+    return proc
 
 
 @pytest.fixture
