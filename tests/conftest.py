@@ -1,4 +1,9 @@
+import logging
+import multiprocessing
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +63,51 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def _run_on_one_thread(cfg, run_dir) -> None:
+    from hdqt_cil.experiment import run
+
+    torch.set_num_threads(1)
+    run(cfg, run_dir)
+
+
+def start_run(cfg, run_dir) -> multiprocessing.Process:
+    """A process of its own training run(cfg, run_dir) on one thread, for a test to kill: forked from a server that
+    imported the package once for this test worker, it starts at once where `python run.py` spends ~15 s importing
+    (the forked server has trained nothing, so no OpenMP threads are forked)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["hdqt_cil.experiment"])
+    proc = context.Process(target=_run_on_one_thread, args=(cfg, run_dir), daemon=True)
+    proc.start()
+    return proc
+
+
+@pytest.fixture
+def run_in_process(capsys, monkeypatch):
+    """`python run.py ARGS` as a call of its entry point in this process: what it prints and its exit status, as
+    subprocess.run gives them, without the ~15 s start of a command (tests/test_cli.py keeps a real process of each
+    command-line path). Hydra's logging set-up and the sweep's signal handlers are undone afterwards."""
+    from hdqt_cil.cli import main
+
+    def _run(*args) -> subprocess.CompletedProcess:
+        root = logging.getLogger()
+        handlers, level = root.handlers[:], root.level
+        signals = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR2)}
+        monkeypatch.setattr(sys, "argv", ["run.py", *map(str, args)])
+        capsys.readouterr()
+        try:
+            main()
+            code = 0
+        except SystemExit as end:
+            code = end.code if isinstance(end.code, int) else int(end.code is not None)
+        finally:
+            for handler in set(root.handlers) - set(handlers):
+                handler.close()
+            root.handlers[:] = handlers
+            root.setLevel(level)
+            for signum, handler in signals.items():
+                signal.signal(signum, handler)
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["run.py", *args], code, out.out, out.err)
+    return _run

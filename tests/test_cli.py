@@ -1,4 +1,6 @@
-"""run.py as a user calls it: a real process, real Hydra."""
+"""run.py as a user calls it: real Hydra, in a real process for each path through the command (a run, a sweep of
+each launcher, a refusal, Ctrl-C, the installed commands with --help); further checks of what it prints and exits
+with call its entry point in this process (conftest.run_in_process)."""
 import json
 import os
 import shutil
@@ -8,19 +10,28 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli_args(*args, tmp_path) -> list[str]:
+    """run.py's arguments: flags first, results under tmp_path, quant=fp32 unless one is given."""
     flags = [a for a in args if a.startswith("-")]
     overrides = [a for a in args if not a.startswith("-")]
     overrides += [] if any(a.startswith("quant=") for a in overrides) else ["quant=fp32"]
-    return [sys.executable, "run.py", *flags, f"results_root={tmp_path}", *overrides]
+    return [*flags, f"results_root={tmp_path}", *overrides]
 
 
-def run_cli(*args, tmp_path, env=None):
-    return subprocess.run(cli_args(*args, tmp_path=tmp_path), cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=env)
+def run_cli(*args, tmp_path):
+    return subprocess.run([sys.executable, "run.py", *cli_args(*args, tmp_path=tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def cli(run_in_process, tmp_path):
+    """run_cli's command, results under tmp_path, run in this process."""
+    return lambda *args: run_in_process(*cli_args(*args, tmp_path=tmp_path))
 
 
 def test_run_prints_its_table(tmp_path):
@@ -37,30 +48,32 @@ def test_multirun_sweeps_into_one_results_tree(tmp_path):
     assert runs == [f"digits-mlp/{s}/fp32/seed{k}" for s in ("lwf", "naive") for k in (0, 1)]
 
 
-def test_unknown_strategy_lists_the_choices(tmp_path):
-    out = run_cli("strategy=ewcc", tmp_path=tmp_path)
+def test_unknown_strategy_lists_the_choices(cli):
+    out = cli("strategy=ewcc")
     assert out.returncode != 0
     assert "Could not find 'strategy/ewcc'" in out.stderr and "icarl" in out.stderr
 
 
-def test_bad_value_fails_before_writing_anything(tmp_path):
+def test_bad_value_fails_before_writing_anything(tmp_path, cli, monkeypatch):
     out = run_cli("trainer.epochs=0", tmp_path=tmp_path)
     assert out.returncode == 2 and "error: trainer.epochs=0 must be a positive integer" in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert not list(tmp_path.iterdir())
-    full = run_cli("trainer.epochs=0", tmp_path=tmp_path, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
-    assert full.returncode == 1 and "Traceback" in full.stderr
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # the error itself escapes: Python's traceback and exit status 1
+    with pytest.raises(ValueError, match="trainer.epochs=0 must be a positive integer"):
+        cli("trainer.epochs=0")
 
 
-def test_an_added_key_no_schema_declares_is_refused_with_the_nearest_names(tmp_path):
-    out = run_cli("+trainer.epoch=5", tmp_path=tmp_path)
+def test_an_added_key_no_schema_declares_is_refused_with_the_nearest_names(tmp_path, cli):
+    out = cli("+trainer.epoch=5")
     assert out.returncode == 2 and "trainer.epoch is not a setting; did you mean trainer.epochs?" in out.stderr
     assert not list(tmp_path.iterdir())
 
 
 def test_ctrl_c_ends_a_run_with_one_line_and_records_it(tmp_path):
-    proc = subprocess.Popen(cli_args("strategy=naive", "trainer.epochs=500", tmp_path=tmp_path), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    args = cli_args("strategy=naive", "trainer.epochs=500", tmp_path=tmp_path)
+    proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
     summary = tmp_path / "digits-mlp" / "naive" / "fp32" / "seed0" / "run.log"
     deadline = time.time() + 120
@@ -75,27 +88,30 @@ def test_ctrl_c_ends_a_run_with_one_line_and_records_it(tmp_path):
     assert status == "interrupted"
 
 
-def test_a_config_refused_while_building_leaves_nothing_but_a_claimed_folder_stays(tmp_path):
-    out = run_cli("benchmark.n_experiences=7", tmp_path=tmp_path)  # 10 classes do not split into 7 experiences
+def test_a_config_refused_while_building_leaves_nothing_but_a_claimed_folder_stays(tmp_path, cli):
+    out = cli("benchmark.n_experiences=7")  # 10 classes do not split into 7 experiences
     assert out.returncode != 0 and "benchmark.n_experiences=7 does not divide the 10 classes" in out.stderr
     assert not list(tmp_path.iterdir())
     (tmp_path / "keep.txt").write_text("the user's")
-    assert run_cli("strategy=naive", "trainer.epochs=1", tmp_path=tmp_path).returncode == 0
-    out = run_cli("strategy=naive", "trainer.epochs=2", tmp_path=tmp_path)  # refused: the folder holds another run
+    assert cli("strategy=naive", "trainer.epochs=1").returncode == 0
+    out = cli("strategy=naive", "trainer.epochs=2")  # refused: the folder holds another run
     assert out.returncode != 0 and "holds a run with a different config" in out.stderr
     assert (tmp_path / "digits-mlp/naive/fp32/seed0/summary.json").exists() and (tmp_path / "keep.txt").exists()
 
 
-def test_failed_job_does_not_stop_the_sweep_and_is_reported(tmp_path):
+def test_failed_job_does_not_stop_the_sweep_and_is_reported(tmp_path, cli):
+    """The real launcher of GPUs through run.py on the CPU (one job at a time, no MPS): the job that completes prints
+    its table; the sweep of tests/test_sweep_packing.py whose job process is killed ends with every job complete."""
     out = run_cli("-m", "hydra/launcher=gpus", "strategy=icarl,naive", "trainer.memory_size=5", "trainer.epochs=1",
                   tmp_path=tmp_path)
     assert out.returncode != 0
     assert (tmp_path / "digits-mlp/naive/fp32/seed0/summary.json").exists()
+    assert "| digits | class | mlp | naive | fp32 |" in out.stdout
     report = (tmp_path / "sweep_summary.md").read_text()
     assert "1 of 2 jobs completed" in report
     assert "| digits-mlp/icarl/fp32/seed0 |" in report and "iCaRL needs at least one exemplar per class" in report
     assert not (tmp_path / "digits-mlp/icarl").exists()  # refused before it claimed a folder: none is left
-    again = run_cli("-m", "strategy=naive", "trainer.epochs=1", "seed=1", tmp_path=tmp_path)
+    again = cli("-m", "strategy=naive", "trainer.epochs=1", "seed=1")
     assert again.returncode == 0, again.stderr
     sections = (tmp_path / "sweep_summary.md").read_text().split("# Sweep of ")
     assert len(sections) == 3 and "1 of 2 jobs completed" in sections[1] and "1 of 1 jobs completed" in sections[2]
@@ -107,16 +123,16 @@ def test_submitit_local_launcher_runs_the_sweep(tmp_path):
     assert "2 of 2 jobs completed" in (tmp_path / "sweep_summary.md").read_text()
 
 
-def test_ablation_preset_sweeps_into_tagged_folders(tmp_path):
-    out = run_cli("-m", "+experiment=ablation_acc_bits", "quant=hdqt", "quant.acc_bits=8,16", "strategy=naive",
-                  "trainer.epochs=1", tmp_path=tmp_path)
+def test_ablation_preset_sweeps_into_tagged_folders(tmp_path, cli):
+    out = cli("-m", "+experiment=ablation_acc_bits", "quant=hdqt", "quant.acc_bits=8,16", "strategy=naive",
+              "trainer.epochs=1")
     assert out.returncode == 0, out.stderr
     runs = sorted(str(p.parent.relative_to(tmp_path)) for p in tmp_path.rglob("summary.json"))
     assert runs == ["digits-mlp/naive/hdqt-acc16/seed0", "digits-mlp/naive/hdqt-acc8/seed0"]
 
 
-def test_help_is_the_products_and_names_every_member_and_default():
-    out = subprocess.run([sys.executable, "run.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+def test_help_is_the_products_and_names_every_member_and_default(run_in_process):
+    out = run_in_process("--help")  # a real process prints it in test_the_installed_commands_run_from_any_folder
     assert out.returncode == 0 and "schema/" not in out.stdout
     for group in ("strategy", "quant", "benchmark", "model", "cost", "diagnostics", "experiment", "hydra/launcher"):
         for member in (ROOT / "hdqt_cil" / "configs" / group).glob("*.yaml"):

@@ -12,14 +12,18 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import start_run
 from hdqt_cil.experiment import run
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _args(results_root, *overrides):
+    return [f"results_root={results_root}", "logging.progress=off", "trainer.device=cpu", *overrides]
+
+
 def _cmd(results_root, *overrides):
-    return [sys.executable, "run.py", f"results_root={results_root}", "logging.progress=off", "trainer.device=cpu",
-            *overrides]
+    return [sys.executable, "run.py", *_args(results_root, *overrides)]
 
 
 def _summary(results_root, strategy, quant="fp32"):
@@ -27,31 +31,32 @@ def _summary(results_root, strategy, quant="fp32"):
 
 
 def _kill_and_resume(tmp_path, make_cfg, strategy, quant, overrides, killable, log_says):
-    """An uninterrupted run (in this process, on one thread as the command's are), then the same run as a command
-    SIGKILLed once `killable()` sees its folder ready and resumed: the two accuracy matrices, losses and operation
-    counts must be equal. Returns the resumed run's output."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    """An uninterrupted run (in this process, on one thread as the command's are), then the same run in a process
+    of its own (conftest.start_run: no command's imports to wait for), SIGKILLed once `killable()` sees its folder
+    ready, and resumed by the command: the two accuracy matrices, losses and operation counts must be equal.
+    Returns the resumed run's output."""
+    cfg = make_cfg("trainer.device=cpu", *overrides)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        want = run(make_cfg("trainer.device=cpu", *overrides), tmp_path / "ref")
+        want = run(cfg, tmp_path / "ref")
     finally:
         torch.set_num_threads(threads)
 
     killed = tmp_path / "killed"
     run_dir = killed / f"digits-mlp/{strategy}/{quant}/seed0"
-    proc = subprocess.Popen(_cmd(killed, *overrides), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = start_run(cfg, run_dir)
     deadline = time.time() + 300
     while not killable(run_dir / "checkpoints") and time.time() < deadline:
         time.sleep(0.05)
-    assert proc.poll() is None, "the run finished before it could be killed"
+    assert proc.is_alive(), "the run finished before it could be killed"
     time.sleep(0.05)  # inside the next epoch; what is left of the run takes several times longer
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    assert proc.exitcode == -signal.SIGKILL
 
-    resumed = subprocess.run(_cmd(killed, *overrides), cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=600)
+    resumed = subprocess.run(_cmd(killed, *overrides), cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                             capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     assert log_says in resumed.stderr + resumed.stdout
     got = _summary(killed, strategy, quant)
@@ -108,7 +113,9 @@ def test_sigkill_after_an_epoch_checkpoint_resumes_from_that_epoch(tmp_path, mak
     assert set(re.findall(r"epoch \d+/(\d+): mean training loss", output)) == {"8"}
 
 
-def test_divergence_is_recorded_and_optionally_lets_a_sweep_go_on(tmp_path):
+def test_divergence_is_recorded_and_optionally_lets_a_sweep_go_on(tmp_path, run_in_process):
+    """The stopped run through a real command (the error escapes to Hydra's report); the one that goes on, a run
+    that ends as any other, in this process."""
     bad = ["strategy=naive", "quant=fp32", "trainer.epochs=2", "trainer.lr=1e30"]
     stopped = subprocess.run(_cmd(tmp_path / "a", *bad), cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert stopped.returncode != 0
@@ -118,7 +125,6 @@ def test_divergence_is_recorded_and_optionally_lets_a_sweep_go_on(tmp_path):
     assert "non-finite" in summary["error"]["message"]
     assert "training diverged in experience 1, epoch 1" in stopped.stderr  # as the progress lines count
 
-    going_on = subprocess.run(_cmd(tmp_path / "b", *bad, "on_divergence=continue"), cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)
+    going_on = run_in_process(*_args(tmp_path / "b", *bad, "on_divergence=continue"))
     assert going_on.returncode == 0, going_on.stderr
     assert "| digits | class | mlp | naive | fp32 | 2 | diverged | diverged |" in going_on.stdout

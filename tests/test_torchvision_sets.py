@@ -18,10 +18,11 @@ def write_idx(folder, name, images, labels):
         (raw / f"{part}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, len(y)) + y.tobytes())
 
 
-def generated(seed=0):
+def generated(seed=0, counts=(60, 30)):
+    """`counts` random training and test images, as many of each of the 10 classes."""
     rng = np.random.default_rng(seed)
-    images = [rng.integers(0, 256, (n, 28, 28), dtype=np.uint8) for n in (60, 30)]
-    labels = [np.repeat(np.arange(10, dtype=np.uint8), n // 10) for n in (60, 30)]
+    images = [rng.integers(0, 256, (n, 28, 28), dtype=np.uint8) for n in counts]
+    labels = [np.repeat(np.arange(10, dtype=np.uint8), n // 10) for n in counts]
     return images, labels
 
 
@@ -38,9 +39,11 @@ def test_fashion_mnist_in_torchvisions_format(make_cfg, tmp_path):
 
 
 def test_a_short_run_on_it(make_cfg, tmp_path):
+    """Two training images a class and one test image: a quantized ResNet-32 takes about 0.1 s an image on a CPU
+    core."""
     from hdqt_cil.experiment import run
 
-    write_idx(tmp_path, "MNIST", *generated(1))
+    write_idx(tmp_path, "MNIST", *generated(1, counts=(20, 10)))
     cfg = make_cfg("benchmark=torchvision", "benchmark.dataset=MNIST", f"benchmark.root={tmp_path}",
                    "strategy=naive", "trainer.epochs=1", "trainer.device=cpu", "quant=hdqt")
     summary = run(cfg, tmp_path / "run")
