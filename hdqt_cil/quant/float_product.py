@@ -19,8 +19,8 @@ from .intmm import sum_entries
 
 
 class FloatOperand:
-    """Values on a format's grid with their scale (0-dim, or per block along K broadcast to the values) and the
-    format (None: not one the hardware knows, or unknown)."""
+    """Values on a format's grid with their scale (0-dim, or per block along K broadcast to the values) and that
+    format (None where unknown: no FP8 tensor cores then)."""
 
     def __init__(self, values: torch.Tensor, scale: torch.Tensor, block: int | None, fmt: FloatFormat | None = None):
         self.values, self.scale, self.block, self.fmt = values, scale, block, fmt
