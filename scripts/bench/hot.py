@@ -149,11 +149,11 @@ def vit_linear(args, device):
             row(case, label, "LQS per-token layers", per_token, f"{layers} (ops: {resolve_ops(backend, device).name})")
         autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
-        def forward():
+        def forward(model=model):  # bound now: the loop deletes `model` before the next variant
             with autocast:
                 return loss_fn(model(x), target)
 
-        def backward(loss):
+        def backward(loss, model=model):
             loss.backward()
             model.zero_grad(set_to_none=True)
 
@@ -230,7 +230,7 @@ def cnn(case, args, device):
         if device.type == "cuda":
             work_rows(case, label, "training step", step, args.profile and backend is not None and not settings)
         if captured is not None:
-            graphed = median_seconds(lambda: step(captured), device, args.reps, args.warmup)
+            graphed = median_seconds(lambda step=step: step(captured), device, args.reps, args.warmup)
             captured.check()
             captured.release()
             row(case, label, "training step, CUDA graph", graphed * 1e3, "ms", reference / graphed,
