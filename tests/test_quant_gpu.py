@@ -86,13 +86,13 @@ def test_fp8_tensor_cores_stay_within_their_accumulator_bound(left_shape, right_
     """fp8_matmul (torch._scaled_mm) against the reference's float32 matmul of the same grid values, ragged shapes
     padded: each element within K·2⁻¹³·Σ|a b| (docs/numerics.md: the FP8 tensor cores keep about 14 significant
     bits of a running sum; a wrong scale, transpose or padding is off by far more)."""
-    from hdqt_cil.quant.backend import FP8_DTYPES, on_fp8_tensor_cores
+    from hdqt_cil.quant.backend import FP8_DTYPES, has_fp8_tensor_cores, on_fp8_tensor_cores
     from hdqt_cil.quant.float_product import FloatOperand, float_matmul, format_matmul
     from hdqt_cil.quant.float_schemes import FormatProduct
     from hdqt_cil.quant.floats import FORMATS, FloatSpec
     from hdqt_cil.quant.intmm import sum_entries
 
-    if torch.cuda.get_device_capability() < (8, 9):
+    if not has_fp8_tensor_cores():
         pytest.skip("no FP8 tensor cores")
     fa, fb = (FORMATS[f] for f in formats)
     (av, asc), (bv, bsc) = _fp8_grid(left_shape, fa, 5), _fp8_grid(right_shape, fb, 6)

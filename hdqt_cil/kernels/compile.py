@@ -61,9 +61,8 @@ def gemm_stages(config: str) -> int:
 
 def gemm_expression(config: str, sat: int, count: bool, out: int) -> str:
     wm, wn, mi, ni, minb = GEMM_CONFIGS[config][:5]
-    flag = {True: "true", False: "false"}
-    return (f"intmm_kernel<{wm}, {wn}, {mi}, {ni}, {gemm_stages(config)}, {minb}, {sat}, {flag[count]}, {out}, "
-            f"{flag[config in WGMMA_CONFIGS]}>")
+    return (f"intmm_kernel<{wm}, {wn}, {mi}, {ni}, {gemm_stages(config)}, {minb}, {sat}, {str(count).lower()}, "
+            f"{out}, {str(config in WGMMA_CONFIGS).lower()}>")
 
 
 def gemm_smem(config: str) -> int:
@@ -241,8 +240,8 @@ def precompile(workers: int = 8, arch: str | None = None) -> int:
 
     arch = arch or device_arch()
     shipped = prebuilt(arch)
-    jobs = [(name, expressions, module_arch(expressions, arch)) for name, expressions in shipped_modules(arch)
-            if module_key(name, expressions, module_arch(expressions, arch)) not in shipped]
+    modules = [(name, expressions, module_arch(expressions, arch)) for name, expressions in shipped_modules(arch)]
+    jobs = [module for module in modules if module_key(*module) not in shipped]
     with concurrent.futures.ProcessPoolExecutor(workers) as pool:
         return len(list(pool.map(_compile_job, jobs)))
 

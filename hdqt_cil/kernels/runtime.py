@@ -83,8 +83,9 @@ def _module(name: str, expressions: tuple[str, ...]):
         if entry is None:
             from cupy.cuda import function as cupy_function  # noqa: PLC0415
 
-            arch = module_arch(expressions, device_arch())
-            shipped = prebuilt(device_arch()).get(module_key(name, expressions, arch))
+            device_kind = device_arch()
+            arch = module_arch(expressions, device_kind)
+            shipped = prebuilt(device_kind).get(module_key(name, expressions, arch))
             module = cupy_function.Module()
             try:
                 if shipped is None:

@@ -217,6 +217,11 @@ FP8_DTYPES = {E4M3: torch.float8_e4m3fn, E5M2: torch.float8_e5m2}
 _FP8_ALIGN = 16  # _scaled_mm's operands: both sides multiples of 16 (zero padding adds nothing to a sum)
 
 
+def has_fp8_tensor_cores(device: torch.device | None = None) -> bool:
+    """Whether a CUDA GPU (default: the current one) has FP8 tensor cores: sm_89 and later."""
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def on_fp8_tensor_cores(a, b, product, backend: str, sum_batch: bool) -> bool:
     """Whether a product runs on the GPU's FP8 tensor cores (quant.backend=auto on an sm_89+ GPU): one scale an
     operand, FP8 values (not both E5M2), no accumulator format, b one matrix or, with sum_batch, a batch."""
@@ -224,7 +229,7 @@ def on_fp8_tensor_cores(a, b, product, backend: str, sum_batch: bool) -> bool:
     return (backend == "auto" and values.is_cuda and product.acc is None and a.block is None and b.block is None
             and a.fmt in FP8_DTYPES and b.fmt in FP8_DTYPES and E4M3 in (a.fmt, b.fmt)
             and (b.values.dim() == 2 or sum_batch and b.values.dim() == values.dim() == 3)
-            and torch.cuda.get_device_capability(values.device) >= (8, 9))
+            and has_fp8_tensor_cores(values.device))
 
 
 def fp8_matmul(a, b, sum_batch: bool = False) -> torch.Tensor:

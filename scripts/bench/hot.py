@@ -41,7 +41,7 @@ from hdqt_cil.models import build_model
 from hdqt_cil.quant import calibrate_lqs, lqs_choices, preset, quantize_model
 from hdqt_cil.quant.hot import hot_layers
 from hdqt_cil.quant.backend import resolve_ops
-from scripts.bench.record import device_work, print_device_profile, save_rows
+from scripts.bench.record import device_work, save_rows
 from scripts.bench.timing import median_seconds
 
 ROWS = []
@@ -192,11 +192,9 @@ def vit_linear(args, device):
 
 def work_rows(case: str, label: str, what: str, call, profile: bool) -> None:
     """Rows of the kernels launched and the device time per call, and with `profile` their breakdown by kernel."""
-    kernels, seconds = device_work(call)
+    kernels, seconds = device_work(call, profile_title=f"two calls of a {what}, {case} {label}" if profile else None)
     row(case, label, f"kernels launched a {what}", kernels, "kernels")
     row(case, label, f"device time of a {what}", seconds * 1e3, "ms")
-    if profile:
-        print_device_profile(f"two calls of a {what}, {case} {label}", lambda: [call() for _ in range(2)])
 
 
 CNNS = {  # case: (model builder, input shape, classes, batch argument)

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from hdqt_cil import kernels
 from hdqt_cil.kernels import runtime as rt
 from hdqt_cil.kernels.compile import GEMM_CONFIGS, WGMMA_CONFIGS, gemm_tile, runs_here
-from hdqt_cil.quant.backend import fp8_matmul
+from hdqt_cil.quant.backend import fp8_matmul, has_fp8_tensor_cores
 from hdqt_cil.quant.float_product import FloatOperand
 from hdqt_cil.quant.floats import E4M3, per_tensor
 from scripts.bench.record import device_work, print_device_profile, save_rows
@@ -166,7 +166,7 @@ def gemm_4096(bf16_rate, peak, clamped_peak):
             baseline="vs bf16", ratio=ops / t / bf16_rate)
     except Exception as err:  # noqa: BLE001
         print(f"  torch._int_mm unavailable: {err}")
-    if torch.cuda.get_device_capability() >= (8, 9):
+    if has_fp8_tensor_cores():
         operands = fp8_operands(size)
         t = cuda_time(lambda: fp8_matmul(*operands), reps=30)
         row("gemm", "fp8 4096^3 as quant=fp8 runs it (E4M3 values cast, torch._scaled_mm, float32 sums)", t,
@@ -394,7 +394,7 @@ def training_steps(quick: bool):
         fp32_compiled = step_time(model_name, "fp32", "torch", steps, path="torch.compile")
         row("step", f"{model_name} fp32 (TF32 off), torch.compile", fp32_compiled, "x fp32", fp32_compiled / fp32,
             "x fp32")
-        if torch.cuda.get_device_capability() >= (8, 9):  # fp8's products: the reference's matmuls, FP8 cores
+        if has_fp8_tensor_cores():  # fp8's products: the reference's matmuls, FP8 cores
             for backend, label in (("torch", "float32 matmuls"), ("auto", "FP8 tensor cores")):
                 graphed = step_time(model_name, "fp8", backend, steps, path="graph")
                 row("step", f"{model_name} fp8 on {label}, CUDA graph", graphed, "x fp32", graphed / fp32, "x fp32",

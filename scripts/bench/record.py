@@ -32,15 +32,21 @@ def _kernel_events(fn):
     return prof, [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
-def device_work(fn, calls: int = 2) -> tuple[float, float]:
-    """(kernels launched, seconds of device time) per call of fn(), from `calls` calls under the profiler."""
-    _, kernels = _kernel_events(lambda: [fn() for _ in range(calls)])
+def device_work(fn, calls: int = 2, profile_title: str | None = None) -> tuple[float, float]:
+    """(kernels launched, seconds of device time) per call of fn(), from `calls` calls under the profiler; with
+    `profile_title` those calls' kernels are also printed by device time (print_device_profile's table)."""
+    prof, kernels = _kernel_events(lambda: [fn() for _ in range(calls)])
+    if profile_title is not None:
+        _print_profile(profile_title, prof, kernels)
     return len(kernels) / calls, sum(e.device_time for e in kernels) / 1e6 / calls
 
 
 def print_device_profile(title: str, fn, rows: int = 30) -> None:
     """Device time of fn() by kernel, largest first, and how many kernels it launched."""
-    prof, kernels = _kernel_events(fn)
+    _print_profile(title, *_kernel_events(fn), rows)
+
+
+def _print_profile(title: str, prof, kernels, rows: int = 30) -> None:
     busy = sum(e.device_time for e in kernels)
     print(f"\nprofile: {title}: {len(kernels)} device ops, {busy / 1e3:.2f} ms of device time")
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows), flush=True)
