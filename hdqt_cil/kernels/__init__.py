@@ -24,6 +24,7 @@ and `hdqt_cil.quant.backend` applies them, calls these functions and runs the re
 elements or more). This package never imports `hdqt_cil.quant`.
 """
 from .hadamard import MAX_HADAMARD_BLOCK, block_hadamard
+from .compile import COL2IM_PRODUCT_WIDTHS
 from .im2col import col2im, col2im_int_matmul, im2col
 from .intmm import scaled_int_matmul, sum_entries, tiled_int_matmul
 from .quantize import Stats, forward_quantize, hadamard_quantize, quantize
@@ -31,4 +32,4 @@ from .runtime import NotCovered, available, unavailable_reason
 
 __all__ = ["available", "unavailable_reason", "NotCovered", "quantize", "forward_quantize", "Stats",
            "hadamard_quantize", "block_hadamard", "tiled_int_matmul", "scaled_int_matmul", "sum_entries", "im2col",
-           "col2im", "col2im_int_matmul", "MAX_HADAMARD_BLOCK"]
+           "col2im", "col2im_int_matmul", "COL2IM_PRODUCT_WIDTHS", "MAX_HADAMARD_BLOCK"]

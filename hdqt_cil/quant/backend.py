@@ -193,6 +193,13 @@ KERNEL_OPS = SimpleNamespace(name="cupy", block_hadamard=_kernel_block_hadamard,
                              col2im_int_matmul=_kernel_col2im_int_matmul)
 
 
+def folds_col2im(ops: SimpleNamespace, width: int) -> bool:
+    """Whether ops.col2im_int_matmul over a contraction of `width` folds the product into col2im without writing
+    its (B, L, K) float rows: the kernels' fused op is built for that width (where a call's other arguments are not
+    covered, it still runs, through the reference's composition)."""
+    return ops is KERNEL_OPS and width in kernels.COL2IM_PRODUCT_WIDTHS
+
+
 def resolve_ops(backend: str, device: torch.device) -> SimpleNamespace:
     """torch: the reference everywhere. cupy: the kernels (CUDA tensors only). auto: the kernels where they can run."""
     if backend == "torch":

@@ -28,12 +28,13 @@ import math
 import torch
 from torch import nn
 
-from .backend import resolve_ops
+from .backend import folds_col2im, resolve_ops
 from .hadamard import hadamard_block_size
 from .compact import restore, storage, store
 from .hla import hla_compress, hla_rank
 from .layers import QuantConv2d, QuantLinear
-from .quantizers import within_levels
+from .operands import Operand, product as operand_product
+from .schemes import Product
 
 # The LQS choice of a layer, a buffer (state dict, checkpoints): not calibrated yet (per tensor), per tensor, per token.
 LQS_UNSET, LQS_TENSOR, LQS_TOKEN = 0, 1, 2
@@ -70,12 +71,13 @@ def _abc_layout(t: torch.Tensor, token_dim: int) -> torch.Tensor:
     return rows.copy_(view)
 
 
-def compressed_input(layer, x: torch.Tensor, step, count: bool, ops, checks: list):
+def compressed_input(layer, x: torch.Tensor, step, count: bool, ops, checks: list, worst: torch.Tensor):
     """ABC: (values (B, K, R), scale or None, block, rank) of x as the weight gradient reads it, made a slice of
     samples at a time where the layer unfolds its input in slices (`_sample_slices`; x̃'s scales are per sample).
+    `worst`: the layer's `quant_worst` slot of the pass that runs it, raised to the largest scale.
 
     values are int8 levels (abc_bits <= 8) with a per-entry float32 scale, or float32 when abc_bits is None."""
-    parts = [_compressed_slice(layer, x[s], step, count, ops, checks) for s in layer._sample_slices(x.shape)]
+    parts = [_compressed_slice(layer, x[s], step, count, ops, checks, worst) for s in layer._sample_slices(x.shape)]
     values, scale, block, rank = parts[0]
     if len(parts) > 1:
         values = torch.cat([part[0] for part in parts])
@@ -85,7 +87,7 @@ def compressed_input(layer, x: torch.Tensor, step, count: bool, ops, checks: lis
     return _abc_layout(values, layer._token_dim), scale, block, rank
 
 
-def _compressed_slice(layer, x: torch.Tensor, step, count: bool, ops, checks: list):
+def _compressed_slice(layer, x: torch.Tensor, step, count: bool, ops, checks: list, worst: torch.Tensor):
     """(values in the layer's token layout, scale or None, block, rank) of compressed_input for the samples x."""
     spec = layer.scheme.input_spec
     columns, dim = layer._hot_columns(x, ops), layer._token_dim
@@ -93,19 +95,62 @@ def _compressed_slice(layer, x: torch.Tensor, step, count: bool, ops, checks: li
     compressed = hla_compress(columns, block, rank, ops.block_hadamard, dim)
     if spec is None:
         return compressed, None, block, rank
-    levels, scale = ops.quantize(compressed, spec, layer._counter("grad_weight.input", step))
+    levels, scale = _counted_quantize(layer, compressed, spec, "grad_weight.input", "input_clipped", step, count,
+                                      ops, worst)
     checks.append(("input", x, scale))
-    if count:
-        layer._count("input_clipped", (~within_levels(compressed, scale, spec)).sum(), compressed.numel())
     return storage(levels, spec), scale, block, rank
+
+
+def _counted_quantize(layer, t: torch.Tensor, spec, role: str, stat: str, step, count: bool, ops, worst):
+    """(levels, scale) of t; with `count`, the values the quantizer clips added to the layer's `stat` in the
+    quantizer's own pass (`forward_quantize`'s tally)."""
+    counter = layer._counter(role, step)
+    if not count:
+        return ops.quantize(t, spec, counter, worst=worst)
+    levels, scale, _ = ops.forward_quantize(t, spec, counter, "none", layer._tally(stat), worst)
+    return levels, scale
+
+
+# g_x's integer product: exact sums (no accumulator tile), the only Product setting operands.product reads.
+_EXACT_SUMS = Product()
 
 
 def grad_input(layer, g_rows: torch.Tensor, weight: torch.Tensor, per_token: bool, step, count: bool, ops,
                checks: list, x_shape) -> torch.Tensor:
     """g_x of shape x_shape: the product of G (B, L, O) and W (O, K), Hadamard-transformed along O and quantized,
-    / n, folded back (col2im for a conv) a slice of samples at a time where the layer unfolds in slices (each
-    element of the product stands alone)."""
-    product = _grad_input_product(layer, g_rows, weight, per_token, step, count, ops, checks)
+    / n, folded back (col2im for a conv). A conv's integer product is folded into col2im for the whole batch where
+    the kernels do that without the (B, L, K) float rows (`folds_col2im`); otherwise a layer that unfolds in slices
+    makes and folds the rows a slice of samples at a time (each element of the product stands alone)."""
+    scheme = layer.scheme
+    out = weight.shape[0]
+    block = hadamard_block_size(out, scheme.hadamard_cap)
+    w_cols = weight.detach().reshape(out, -1).t().to(torch.float32)  # (K, O): O last, as G
+    g_spec, w_spec = scheme.grad_output_spec(per_token), scheme.weight_spec
+    w_had = ops.block_hadamard(w_cols, -1, block)
+    if g_spec is None:
+        g_had = ops.block_hadamard(g_rows, -1, block)
+        return _folded_in_slices(layer, lambda samples: torch.matmul(g_had[samples], w_had.t()) / block, x_shape,
+                                 g_rows, ops)
+    worst = layer.quant_worst[1]
+    g_levels, g_scale = ops.hadamard_quantize(g_rows, g_spec, layer._counter("grad_input.grad_output", step), block,
+                                              worst=worst)
+    w_levels, w_scale = _counted_quantize(layer, w_had, w_spec, "grad_input.weight", "weight_clipped", step, count,
+                                          ops, worst)
+    checks += [("output gradient", g_rows, g_scale), ("weight", w_had, w_scale)]
+    w = Operand(w_levels, w_scale, w_spec.level_bound)
+    g = Operand(g_levels, g_scale, g_spec.level_bound)
+    if folds_col2im(ops, out):  # (a Linear's _grad_input_of: the product's rows as g_x)
+        return layer._grad_input_of(ops, g, w, block, _EXACT_SUMS, x_shape, None, None)
+    per_sample = g_scale.dim() > 0 and g_scale.shape[0] == g_levels.shape[0]  # per token: (B, L, 1)
+
+    def product(samples):
+        part = Operand(g_levels[samples], g_scale[samples] if per_sample else g_scale, g.bound)
+        return operand_product(ops, part, w, block, _EXACT_SUMS)
+    return _folded_in_slices(layer, product, x_shape, g_rows, ops)
+
+
+def _folded_in_slices(layer, product, x_shape, g_rows: torch.Tensor, ops) -> torch.Tensor:
+    """g_x from product(samples) → those samples' rows (b, L, K), folded back a slice of samples at a time."""
     slices = layer._sample_slices(x_shape)
     if len(slices) == 1:
         return layer._grad_input(product(slice(None)), x_shape, ops)
@@ -116,31 +161,6 @@ def grad_input(layer, g_rows: torch.Tensor, weight: torch.Tensor, per_token: boo
     return grad_x
 
 
-def _grad_input_product(layer, g_rows: torch.Tensor, weight: torch.Tensor, per_token: bool, step, count: bool,
-                        ops, checks: list):
-    """product(samples) → those samples' g_x rows (b, L, K), G and W quantized once for the whole batch."""
-    scheme = layer.scheme
-    out = weight.shape[0]
-    block = hadamard_block_size(out, scheme.hadamard_cap)
-    w_cols = weight.detach().reshape(out, -1).t().to(torch.float32)  # (K, O): O last, as G
-    g_spec, w_spec = scheme.grad_output_spec(per_token), scheme.weight_spec
-    w_had = ops.block_hadamard(w_cols, -1, block)
-    if g_spec is None:
-        g_had = ops.block_hadamard(g_rows, -1, block)
-        return lambda samples: torch.matmul(g_had[samples], w_had.t()) / block
-    g_levels, g_scale = ops.hadamard_quantize(g_rows, g_spec, layer._counter("grad_input.grad_output", step), block)
-    w_levels, w_scale = ops.quantize(w_had, w_spec, layer._counter("grad_input.weight", step))
-    checks += [("output gradient", g_rows, g_scale), ("weight", w_had, w_scale)]
-    if count:
-        layer._count("weight_clipped", (~within_levels(w_had, w_scale, w_spec)).sum(), w_had.numel())
-    per_sample = g_scale.dim() > 0 and g_scale.shape[0] == g_levels.shape[0]  # per token: (B, L, 1)
-
-    def product(samples):
-        return ops.scaled_int_matmul(g_levels[samples], w_levels.t(), g_scale[samples] if per_sample else g_scale,
-                                     w_scale, block, None, None, bounds=(g_spec.level_bound, w_spec.level_bound))
-    return product
-
-
 def grad_weight_sum(layer, g: torch.Tensor, abc, step, ops, checks: list) -> torch.Tensor:
     """g_W (O, K): Σ over entries of Q(P·G) (B, O, R) times the ABC operand (B, K, R), / L'. g is the output
     gradient in the layer's token layout (`_token_dim`)."""
@@ -148,7 +168,8 @@ def grad_weight_sum(layer, g: torch.Tensor, abc, step, ops, checks: list) -> tor
     g_spec, dim = layer.scheme.grad_weight_spec, layer._token_dim
     g_hla = hla_compress(g, block, rank, ops.block_hadamard, dim)
     if g_spec is not None:
-        g_levels, g_scale = ops.quantize(g_hla, g_spec, layer._counter("grad_weight.grad_output", step))
+        g_levels, g_scale = ops.quantize(g_hla, g_spec, layer._counter("grad_weight.grad_output", step),
+                                         worst=layer.quant_worst[1])
         checks.append(("output gradient", g, g_scale))
     if g_spec is not None and x_scale is not None:
         x_spec = layer.scheme.input_spec
@@ -176,7 +197,8 @@ class _HotProduct(torch.autograd.Function):
             ctx.save_for_backward(saved_w, None, None)
         elif kept == "compressed":
             checks = []
-            values, scale, block, rank = compressed_input(layer, x, step, training, ops, checks)
+            values, scale, block, rank = compressed_input(layer, x, step, training, ops, checks,
+                                                          layer.quant_worst[0])
             layer._check_finite(checks, backward=False)
             ctx.save_for_backward(saved_w, values, scale)
             ctx.abc = (block, rank)
@@ -200,7 +222,7 @@ class _HotProduct(torch.autograd.Function):
                 abc = (x_saved, x_scale, *ctx.abc)
             else:  # the compressed operand, computed now from the input kept in float or in 8 bits
                 x_kept = restore(x_saved, x_scale) if ctx.kept == "stored" else x_saved
-                abc = compressed_input(layer, x_kept, step, count, ops, checks)
+                abc = compressed_input(layer, x_kept, step, count, ops, checks, layer.quant_worst[1])
             grad_w = grad_weight_sum(layer, g_tokens, abc, step, ops, checks).reshape(layer.weight.shape)
         if ctx.needs_input_grad[2]:
             grad_b = g_rows.sum(dim=(0, 1))

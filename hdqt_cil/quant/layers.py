@@ -59,7 +59,7 @@ class QuantLayer:
             self.register_buffer("quant_step", torch.zeros((), dtype=torch.int64, device=device), persistent=False)
             counts = torch.zeros(2, len(STATS), dtype=torch.int64, device=device)
             self.register_buffer("quant_counts", counts, persistent=False)
-            # the largest scale of the forward's / backward's quantizers in captured steps (NaN stays)
+            # the largest scale of the forward's / backward's quantizers so far (NaN stays): what the finite checks read
             self.register_buffer("quant_worst", torch.zeros(2, device=device), persistent=False)
         self.step = step
 
@@ -102,25 +102,17 @@ class QuantLayer:
             tally[0].add_(hits)
             tally[1].add_(total)
 
-    def _check_finite(self, checks: list, backward: bool, reported: bool = False) -> None:
+    def _check_finite(self, checks: list, backward: bool) -> None:
         """All quantizers of one pass at once: raise naming the layer, the role and the value (one device sync).
 
-        While a CUDA graph is captured nothing may sync: the largest scale is kept in `quant_worst` instead, and
-        `check_captured_steps` raises after the replay. `reported`: the quantizers raised `quant_worst` themselves
-        (`worst`, quant/backend.py), so a captured step adds nothing here."""
+        The quantizers raise the pass's `quant_worst` slot to their largest scale themselves (`worst`,
+        quant/backend.py); scales are positive and the maximum keeps a NaN, so every scale so far is finite iff
+        the slot is. While a CUDA graph is captured nothing may sync: `check_captured_steps` reads the slots after
+        the replay."""
         if not checks:
             return
-        device = checks[0][2].device
-        capturing = device.type == "cuda" and _capturing(device)
-        if capturing and reported:
-            return
-        # scales are positive, and amax keeps a NaN: the largest scale is finite iff all are
-        worst = torch.cat([scale.reshape(-1) for _, _, scale in checks]).amax()
-        if capturing:
-            slot = self.quant_worst[int(backward)]
-            torch.maximum(slot, worst, out=slot)
-            return
-        if math.isfinite(worst.item()):
+        worst = self.quant_worst[int(backward)]
+        if worst.device.type == "cuda" and _capturing(worst.device) or math.isfinite(worst.item()):
             return
         for role, tensor, scale in checks:
             if not torch.isfinite(scale).all():
@@ -141,7 +133,7 @@ class _QuantProduct(torch.autograd.Function):
         x_op, x_keep = forward_operand(layer, x, scheme.forward.left, "input", step, training, ops, checks)
         w_op, w_keep = forward_operand(layer, weight.reshape(weight.shape[0], -1), scheme.forward.right,
                                         "weight", step, training, ops, checks)
-        layer._check_finite(checks, backward=False, reported=True)
+        layer._check_finite(checks, backward=False)
         rows = Operand(layer._forward_rows(x_op.values, ops), x_op.scale, x_op.bound)
         y_rows = operands.product(ops, rows, w_op, 1, scheme.forward,
                                   tally=layer._tally("forward_saturated") if training else None)
@@ -187,7 +179,7 @@ class _QuantProduct(torch.autograd.Function):
                                       tally=layer._tally("grad_weight_saturated"))
             grad_w = grad_w.reshape(ctx.w_shape)
             grad_w = grad_w if w_keep is None else grad_w * w_keep
-        layer._check_finite(checks, backward=True, reported=True)
+        layer._check_finite(checks, backward=True)
         return grad_x, grad_w, None, None, None
 
 
