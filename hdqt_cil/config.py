@@ -108,9 +108,10 @@ def run_path(benchmark, scenario, model, strategy, quant, tag, seed) -> str:
 RUN_INDEPENDENT = ("overwrite", "resume", "on_divergence", "logging", "results_root", "data_root", "cost", "preset",
                    "preset_epochs", "diagnostics")
 RUN_INDEPENDENT_TRAINER = ("device", "num_workers", "checkpoint_every", "cuda_graph", "compile", "deterministic")
-# sliced_unfold: memory against speed, the same numbers; backend: where the same products run, as the device (the
-# integer schemes' kernels bit for bit; fp8's tensor cores round alike and sum with their own accumulator)
-RUN_INDEPENDENT_QUANT = ("sliced_unfold", "backend")
+# backend: where the same products run, as the device (the integer schemes' kernels bit for bit; fp8's tensor cores
+# round alike and sum with their own accumulator). HOT's sliced_unfold is part of a run: on a GPU, x̃'s per-sample
+# SAWB sums are torch reductions over slices of other sizes, whose float sums end in other bits.
+RUN_INDEPENDENT_QUANT = ("backend",)
 
 
 # Settings that mean something only while another is set: (node, the switch, the prefix of its settings).

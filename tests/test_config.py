@@ -192,10 +192,9 @@ def test_a_run_folder_written_before_benchmarks_had_loaders_still_matches():
     assert comparable_config(before) == comparable_config(now) != comparable_config(renamed)
 
 
-def test_a_hot_run_folder_matches_whether_its_convs_unfold_in_slices_or_not(make_cfg):
-    """sliced_unfold trades memory for speed with the same numbers (and the backend says where they run): a folder
-    written without it (or with it off) resumes and tables with runs that have it; other HOT settings still tell
-    runs apart."""
+def test_a_hot_run_folder_tells_sliced_from_whole_unfolding_but_not_the_backend(make_cfg):
+    """sliced_unfold changes a GPU run's last bits (x̃'s per-sample sums reduced over slices of other sizes), so
+    it tells runs apart as the other HOT settings do; the backend only says where the same products run."""
     from omegaconf import OmegaConf
 
     from hdqt_cil.config import comparable_config
@@ -203,7 +202,7 @@ def test_a_hot_run_folder_matches_whether_its_convs_unfold_in_slices_or_not(make
     def comparable(*overrides):
         return comparable_config(OmegaConf.to_container(make_cfg("quant=hot", *overrides), resolve=True))
     before = comparable()
-    assert comparable("quant.sliced_unfold=false") == before != comparable("quant.abc=columns")
+    assert before != comparable("quant.sliced_unfold=false") != comparable("quant.abc=columns") != before
     assert comparable("quant.backend=torch") == before  # where the products run, as the device
     with pytest.raises(Exception, match="quant.sliced_unfold"):
         make_cfg("quant=hot", "quant.sliced_unfold=sometimes")

@@ -74,7 +74,7 @@ def test_main_table_puts_schemes_side_by_side_and_ablation_rows_by_setting(tmp_p
         _run_with_config(runs, f"acc8_{seed}", _summary("bic", "hdqt", seed, 88.0 + seed, tag="acc8"), acc_bits=8)
         _run_with_config(runs, f"acc4_{seed}", _summary("bic", "hdqt", seed, 2.0 + seed, tag="acc4"), acc_bits=4)
         _run_with_config(runs, f"acc12_{seed}", _summary("bic", "hdqt", seed, 89.0, tag="acc12"), acc_bits=12)
-        # a setting that changes no number (memory against speed) is no ablation: HOT's runs stay in main.md
+        # memory against speed is no ablation (though a GPU run's last bits differ): HOT's runs stay in main.md
         _run_with_config(runs, f"hot{seed}", _summary("bic", "hot", seed, 85.0 + seed), sliced_unfold=False)
     make_tables([runs], tmp_path / "out")
     main = (tmp_path / "out" / "main.md").read_text().splitlines()

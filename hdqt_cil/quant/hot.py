@@ -16,7 +16,9 @@ and K = C·kh·kw (the im2col rows; the input gradient goes back through col2im)
 are compressed and quantized where they lie: token-major (B, L, C) for a Linear, token-last (B, C, L) for a
 convolution (`_token_dim`); ABC keeps its levels token-last, rows padded to 16 bytes where that costs at most
 1/8 more memory (the GEMM then reads them in place). With `sliced_unfold` a k×k conv unfolds a slice of samples at a
-time (`_sample_slices`), so that no buffer k² times its input exists; the numbers are the same.
+time (`_sample_slices`), so that no buffer k² times its input exists (the same numbers on the CPU; on a GPU, torch's
+per-sample sums for x̃'s SAWB scale end in other bits over slices of other sizes); g_x's integer product is folded
+into col2im for the whole batch where the kernels do that without float rows (`folds_col2im`).
 Scales: ABC and G in g_W per entry (per sample with a token dimension, per tensor for 2-D inputs); G in g_x
 per tensor or per (b, l) row.
 All numeric rules are the package's own (block_hadamard, quantize with the max or SAWB scale, counter-based

@@ -115,7 +115,8 @@ class HotScheme:
     gradients. Bits None: that operand stays float (its transform still applies).
     sliced_unfold: a k×k conv unfolds (im2col) a slice of samples at a time for x̃ and for g_x's columns, each
     slice at most the layer's input in size, so that no k²-times-the-input float buffer exists (the scales of x̃
-    are per sample and g_x's product is per element: the same numbers bit for bit).
+    are per sample and g_x's product is per element: the same numbers on the CPU; on a GPU torch's per-sample sums
+    of x̃ for SAWB end in other bits over slices of other sizes).
     lqs: choose per layer, on a calibration batch, per-token scales for G in g_x when e_token < lqs_threshold ·
     e_tensor (quant/lqs.py).
     """
@@ -282,7 +283,7 @@ class HotConfig(QuantConfig):
     # (ABC in every layer, k×k convs' im2col matrices included) | pointwise (ABC in Linears and 1x1 convs) | false.
     abc: Any = setting(True, Rule(lambda v: isinstance(v, bool) or v in ABC_MODES,
                                   f"true, false, {' or '.join(ABC_MODES)}"))
-    # k×k convs unfold a slice of samples at a time (at most the layer's input in size): the same numbers, less memory
+    # k×k convs unfold a slice of samples at a time (at most the layer's input in size): less memory
     sliced_unfold: bool = setting(True, BOOL)
 
     def check(self, path: str) -> None:

@@ -37,8 +37,9 @@ METRICS = {"avg_acc": "avg acc", "last_acc": "last acc", "forgetting": "forgetti
 # the cost columns span orders of magnitude; memory in whole MiB
 FORMATS = {"int_gmacs": ".4g", "energy_j": ".3g", "peak_memory_mib": ".0f"}
 SCHEME_ORDER = ["fp32", "hdqt", "hot", "int4", "luq", "fp8", "fp", "mxfp4", "nvfp4"]
-# Settings that do not change a scheme's numerics, left out when a run's settings are compared with its preset.
-_NEUTRAL_SETTINGS = ("name", "seed", "backend", *RUN_INDEPENDENT_QUANT)
+# Settings that make no ablation, left out when a run's settings are compared with its preset: where the products
+# run, and HOT's memory against speed (its last bits differ on a GPU, its method does not).
+_NEUTRAL_SETTINGS = ("name", "seed", *RUN_INDEPENDENT_QUANT, "sliced_unfold")
 
 
 def _flat(d: dict, prefix="") -> dict:
