@@ -18,7 +18,8 @@ from hdqt_cil.kernels import flat
 from hdqt_cil.kernels import runtime as rt
 from hdqt_cil.kernels.compile import GEMM_CONFIGS, WGMMA_CONFIGS, runs_here
 from hdqt_cil.quant.backend import KERNEL_OPS as CUPY
-from hdqt_cil.quant import QuantSpec, block_hadamard, preset, quant_stats, quantize, quantize_model
+from hdqt_cil.quant import (QuantSpec, block_hadamard, hla_compress, hla_rank, preset, quant_stats, quantize,
+                             quantize_model)
 from hdqt_cil.quant import tiled_int_matmul
 from hdqt_cil.quant.rounding import Counter
 
@@ -267,6 +268,23 @@ def test_block_hadamard_bit_identical(shape, dim, block):
     assert_same(CUPY.block_hadamard(levels, dim, block), block_hadamard(levels, dim, block), "int8 input")
     t = x.transpose(0, -1)
     assert_same(CUPY.block_hadamard(t, dim, None), block_hadamard(t, dim, None), "strided input")
+
+
+# HLA along a conv's tokens (block L', LP_L1 rank or another), one 4-run case (>= flat.FLAT_RUNS_FROM elements)
+HLA_CASES = [((14, 144, 1024), 1024, None), ((9, 288, 256), 256, None), ((3, 5, 64), 64, None), ((2, 7, 96), 32, 5),
+             ((1, 3, 8192), 8192, 100), ((8, 576, 1024), 1024, None), ((4, 33, 16), 16, 1), ((6, 2, 512), 128, 127)]
+
+
+@pytest.mark.parametrize("shape, block, rank", HLA_CASES, ids=str)
+def test_hla_compress_bit_identical(shape, block, rank):
+    """The transform and its kept rows in one kernel (tokens last), as the reference's transform and gather; other
+    dims take the transform kernel and the gather."""
+    rank = hla_rank(block, rank)
+    g = gen(shape[-1] * 7 + block)
+    x = torch.randn(shape, generator=g, device="cuda") * 10
+    assert_same(CUPY.hla_compress(x, block, rank), hla_compress(x, block, rank), "tokens last")
+    t = x.transpose(-1, -2)
+    assert_same(CUPY.hla_compress(t, block, rank, -2), hla_compress(t, block, rank, -2), "tokens along dim -2")
 
 
 def test_block_hadamard_rejects_bad_blocks():
@@ -642,6 +660,11 @@ class CheckedOps:
     def block_hadamard(self, x, dim=-1, block=None):
         got, ref = CUPY.block_hadamard(x, dim, block), self.ref.block_hadamard(x, dim, block)
         self._compare("block_hadamard", (x, dim, block), got, ref)
+        return got
+
+    def hla_compress(self, t, block, rank, dim=-1):
+        got, ref = CUPY.hla_compress(t, block, rank, dim), self.ref.hla_compress(t, block, rank, dim)
+        self._compare("hla_compress", (t, block, rank, dim), got, ref)
         return got
 
     def tiled_int_matmul(self, a, b, tile=32, acc_bits=8, bounds=None, count_saturated=False):

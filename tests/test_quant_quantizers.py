@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from hdqt_cil.quant.quantizers import QuantSpec, compute_scale, dequantize, level_range, quantize
+from hdqt_cil.quant.quantizers import (QuantSpec, compute_scale, dequantize, level_range, quantize, reduction_dims,
+                                      sawb_moments)
 from hdqt_cil.quant.rounding import Counter
 
 F32 = torch.float32
@@ -51,6 +52,20 @@ def test_granularity_is_the_reduced_dims(granularity, shape):
 def test_zero_tensor_has_scale_one():
     levels, scale = quantize(torch.zeros(4, 4), QuantSpec())
     assert torch.all(scale == 1) and torch.all(levels == 0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("granularity", ["tensor", "sample", "row"])
+def test_sawb_moments_written_into_a_buffer_are_the_pair(seed, granularity):
+    g = torch.Generator().manual_seed(seed)
+    shape = tuple(int(n) for n in torch.randint(1, 9, (int(torch.randint(1, 4, (), generator=g)),), generator=g))
+    t = torch.randn(shape, generator=g) * 10 ** float(torch.randint(-3, 4, (), generator=g))
+    dims = reduction_dims(t.dim(), granularity)
+    out = torch.full((2, *QuantSpec(granularity=granularity).scale_shape(shape)), float("nan"))
+    written = sawb_moments(t, dims, out)
+    assert written is out
+    for got, expected in zip(out, sawb_moments(t, dims)):
+        assert torch.equal(got, expected)
 
 
 def test_sawb_scale():

@@ -8,6 +8,7 @@ One module a primitive, as in `hdqt_cil.quant`, over a small runtime:
                   hadamard_quantize(x, spec, counter, block, dim, scale)
                                                          -> quantize(block_hadamard(x)) fused (dim last)
     hadamard.py   block_hadamard(x, dim, block)          -> float32
+                  hla_compress(x, block, rank, slots)    -> the kept rows of its transform (HLA), float32
     intmm.py      tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated, config, packed)
                   scaled_int_matmul(a, b, scale_a, scale_b, block, ..., sum_batch, config, packed)
                                                          -> the layers' product, its scaling in the GEMM's epilogue
@@ -23,7 +24,7 @@ and `hdqt_cil.quant.backend` applies them, calls these functions and runs the re
 `NotCovered` (levels beyond int8, tiles that are not multiples of 32, Hadamard blocks above 8192, tensors of 2^31
 elements or more). This package never imports `hdqt_cil.quant`.
 """
-from .hadamard import MAX_HADAMARD_BLOCK, block_hadamard
+from .hadamard import MAX_HADAMARD_BLOCK, block_hadamard, hla_compress
 from .compile import COL2IM_PRODUCT_WIDTHS
 from .im2col import col2im, col2im_int_matmul, im2col
 from .intmm import scaled_int_matmul, sum_entries, tiled_int_matmul
@@ -31,5 +32,5 @@ from .quantize import Stats, forward_quantize, hadamard_quantize, quantize
 from .runtime import NotCovered, available, unavailable_reason
 
 __all__ = ["available", "unavailable_reason", "NotCovered", "quantize", "forward_quantize", "Stats",
-           "hadamard_quantize", "block_hadamard", "tiled_int_matmul", "scaled_int_matmul", "sum_entries", "im2col",
-           "col2im", "col2im_int_matmul", "COL2IM_PRODUCT_WIDTHS", "MAX_HADAMARD_BLOCK"]
+           "hadamard_quantize", "block_hadamard", "hla_compress", "tiled_int_matmul", "scaled_int_matmul",
+           "sum_entries", "im2col", "col2im", "col2im_int_matmul", "COL2IM_PRODUCT_WIDTHS", "MAX_HADAMARD_BLOCK"]

@@ -29,6 +29,7 @@ QUANT_KERNELS = tuple(f"absmax{n}_{had}{t}" for n, hads in FLAT_SHAPES for had i
 QUANT_KERNELS += tuple(f"quantize{n}_{had}{t}_{r}" for n, hads in FLAT_SHAPES for had in hads for t in ("f32", "i8")
                        for r in ROUNDINGS)
 QUANT_KERNELS += tuple(f"hadamard{n}_{t}" for n, _ in FLAT_SHAPES for t in ("f32", "i8"))
+QUANT_KERNELS += tuple(f"hla{n}_f32" for n, _ in FLAT_SHAPES)
 QUANT_KERNELS += tuple(f"group_{had}{t}_{r}" for had in TRANSFORMS for t in ("f32", "i8") for r in ROUNDINGS)
 # A forward operand's quantizers with its statistics and keep mask (float32 input, no transform).
 QUANT_KERNELS += tuple(f"{kind}_stats_f32_{r}" for kind in ("quantize", "group") for r in ROUNDINGS[:2])

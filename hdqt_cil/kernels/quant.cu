@@ -457,9 +457,11 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
     if (STATS) st.flush(clipped, seen, n_el);
 }
 
-template <typename T, int ROUNDS>
+// SELECT (HLA): of each block only the rows with a slot are written, slots[row] the row's place among the block's
+// `rank` kept rows (-1: dropped), so that the transformed tensor is never written whole.
+template <typename T, int ROUNDS, bool SELECT>
 __device__ __forceinline__ void hadamard_body(const T* __restrict__ x, u32 n_el, u32 range, int logn,
-                                              float* __restrict__ out) {
+                                              float* __restrict__ out, const int* __restrict__ slots, u32 rank) {
     extern __shared__ float smem[];
     const u32 E = blockDim.x * 8u * ROUNDS;
     const u32 start = blockIdx.x * range;
@@ -470,7 +472,15 @@ __device__ __forceinline__ void hadamard_body(const T* __restrict__ x, u32 n_el,
         float v[ROUNDS][8];
         load_runs<T, 1, ROUNDS>(x, first, stop, vec, logn, smem, v);
         each_run<ROUNDS>(first, stop, [&](int r, u32 i0) {
-            if (vec && i0 + 8 <= stop) {
+            if (SELECT) {
+                const u32 row_mask = (1u << logn) - 1u;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const u32 i = i0 + j;
+                    const int slot = (i < stop) ? slots[i & row_mask] : -1;
+                    if (slot >= 0) out[(i >> logn) * rank + (u32)slot] = v[r][j];
+                }
+            } else if (vec && i0 + 8 <= stop) {
                 reinterpret_cast<float4*>(out + i0)[0] = make_float4(v[r][0], v[r][1], v[r][2], v[r][3]);
                 reinterpret_cast<float4*>(out + i0)[1] = make_float4(v[r][4], v[r][5], v[r][6], v[r][7]);
             } else {
@@ -571,7 +581,13 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
     QUANTIZE(NAME##_log2, T, HAD, ROUNDS, 2, false)
 #define HADAMARD(NAME, T, ROUNDS)                                                                             \
     extern "C" __global__ void NAME(const T* x, u32 n_el, u32 range, int logn, float* out) {                 \
-        hadamard_body<T, ROUNDS>(x, n_el, range, logn, out);                                                  \
+        hadamard_body<T, ROUNDS, false>(x, n_el, range, logn, out, nullptr, 0u);                              \
+    }
+// HLA's compression: the transform and its kept rows (float32 input, the blocks along the contiguous dim).
+#define HLA(NAME, ROUNDS)                                                                                     \
+    extern "C" __global__ void NAME(const float* x, u32 n_el, u32 range, int logn, const int* slots, u32 rank,\
+                                    float* out) {                                                             \
+        hadamard_body<float, ROUNDS, true>(x, n_el, range, logn, out, slots, rank);                            \
     }
 // The flat kernels in two shapes: one run of 8 a thread, and four (names ending in 4) for large tensors with a
 // Hadamard transform, where more work per butterfly barrier pays (on small tensors a quarter of the warps is
@@ -597,6 +613,8 @@ HADAMARD(hadamard_f32, float, 1)
 HADAMARD(hadamard_i8, signed char, 1)
 HADAMARD(hadamard4_f32, float, 4)
 HADAMARD(hadamard4_i8, signed char, 4)
+HLA(hla_f32, 1)
+HLA(hla4_f32, 4)
 
 #define GROUP(NAME, T, HAD, ROUNDS, ROUNDING, STATS)                                                          \
     extern "C" __global__ void __launch_bounds__(1024)                                                        \

@@ -1,7 +1,7 @@
 """Which implementation runs the numeric primitives: the torch reference of this package or the CuPy kernels.
 
 Both namespaces have the reference's signatures and give the same bits (docs/numerics.md, "Backends"):
-`block_hadamard`, `quantize`, `tiled_int_matmul`, `im2col`, `col2im`, and the fused `hadamard_quantize`,
+`block_hadamard`, `hla_compress`, `quantize`, `tiled_int_matmul`, `im2col`, `col2im`, and the fused `hadamard_quantize`,
 `forward_quantize`, `scaled_int_matmul` and `col2im_int_matmul`, whose torch versions are compositions of the
 reference functions.
 What a layer records reaches device memory it owns from inside the ops (no launch of its own, docs/quant.md
@@ -19,6 +19,7 @@ import torch
 from .. import kernels
 from .floats import E4M3, E5M2
 from .hadamard import block_hadamard, checked_block
+from .hla import hla_compress, hla_slots
 from .im2col import col2im, conv_output_size, im2col
 from .intmm import check_product, epilogue_block, sum_entries, tile_sums, tiled_int_matmul
 from .quantizers import (quantize, reduction_dims, require_counter, sawb_moments, ste_keep, ste_threshold,
@@ -89,7 +90,8 @@ def col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_s
     return masked_col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep)
 
 
-TORCH_OPS = SimpleNamespace(name="torch", block_hadamard=block_hadamard, quantize=reported_quantize,
+TORCH_OPS = SimpleNamespace(name="torch", block_hadamard=block_hadamard, hla_compress=hla_compress,
+                            quantize=reported_quantize,
                             tiled_int_matmul=tiled_int_matmul, hadamard_quantize=hadamard_quantize,
                             forward_quantize=forward_quantize, scaled_int_matmul=scaled_int_matmul, im2col=im2col,
                             col2im=masked_col2im, col2im_int_matmul=col2im_int_matmul)
@@ -112,11 +114,11 @@ def _as_float(t: torch.Tensor) -> torch.Tensor:
 
 def _given_moments(t, spec):
     """What the kernels take from the caller for a SAWB scale: torch's float sums on t as given, one (2, groups)
-    tensor of (mean t², mean |t|) (max: None)."""
+    tensor of (mean t², mean |t|) (max: None), written where it is returned (no stacking copy)."""
     if spec.scale == "max":
         return None
-    moments = sawb_moments(t.to(torch.float32), reduction_dims(t.dim(), spec.granularity))
-    return torch.stack([m.reshape(-1) for m in moments])
+    out = torch.empty(2, *spec.scale_shape(t.shape), device=t.device)
+    return sawb_moments(t.to(torch.float32), reduction_dims(t.dim(), spec.granularity), out).reshape(2, -1)
 
 
 def _kernel_quantize(t, spec, counter=None, worst=None):
@@ -135,6 +137,16 @@ def _kernel_forward_quantize(t, spec, counter, ste, tally, worst=None):
 def _kernel_block_hadamard(x, dim=-1, block=None):
     block = checked_block(x.shape[dim], block)
     return _covered(lambda: kernels.block_hadamard(x, dim, block), lambda: block_hadamard(x, dim, block))
+
+
+def _kernel_hla_compress(t, block, rank, dim=-1):
+    """The transform and the row choice in one kernel where the blocks run along the contiguous last dim (the
+    rows the reference's gather makes, in its layout), else the kernels' transform and the reference's gather
+    (which also refuses a block that does not divide the dimension)."""
+    if dim % t.dim() == t.dim() - 1 and 1 < block and rank < block and t.shape[-1] % block == 0:
+        return _covered(lambda: kernels.hla_compress(t, block, rank, hla_slots(block, rank, t.device)),
+                        lambda: hla_compress(t, block, rank, dim, _kernel_block_hadamard))
+    return hla_compress(t, block, rank, dim, _kernel_block_hadamard)
 
 
 def _kernel_hadamard_quantize(x, spec, counter=None, block=None, dim=-1, worst=None):
@@ -186,7 +198,8 @@ def _kernel_col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bou
                                            x_shape, kernel_size, padding, dilation, stride, keep))
 
 
-KERNEL_OPS = SimpleNamespace(name="cupy", block_hadamard=_kernel_block_hadamard, quantize=_kernel_quantize,
+KERNEL_OPS = SimpleNamespace(name="cupy", block_hadamard=_kernel_block_hadamard, hla_compress=_kernel_hla_compress,
+                             quantize=_kernel_quantize,
                              tiled_int_matmul=_kernel_tiled_int_matmul, hadamard_quantize=_kernel_hadamard_quantize,
                              forward_quantize=_kernel_forward_quantize, scaled_int_matmul=_kernel_scaled_int_matmul,
                              im2col=_kernel_im2col, col2im=_kernel_col2im,

@@ -85,7 +85,16 @@ def _rows_on(n: int, r: int, device: torch.device) -> torch.Tensor:
     return torch.tensor(_rows(n, r), dtype=torch.int64).to(device)
 
 
-def hla_compress(t: torch.Tensor, block: int, rank: int, hadamard=block_hadamard, dim: int = -1) -> torch.Tensor:
+@lru_cache(maxsize=64)
+def hla_slots(n: int, r: int, device: torch.device) -> torch.Tensor:
+    """int32 (n,) on `device`: each natural row's place among the r rows HLA keeps of a block of n, -1 where it
+    is dropped (the form a kernel that writes only the kept rows reads)."""
+    slots = torch.full((n,), -1, dtype=torch.int32)
+    slots[list(_rows(n, r))] = torch.arange(r, dtype=torch.int32)
+    return slots.to(device)
+
+
+def hla_compress(t: torch.Tensor, block: int, rank: int, dim: int = -1, hadamard=block_hadamard) -> torch.Tensor:
     """P·t along `dim`: (..., L, ...) → (..., (L / block) · rank, ...), float32.
 
     Each block of `block` consecutive elements is transformed by the unnormalised H_block and its `rank`

@@ -33,7 +33,7 @@ from torch import nn
 from .backend import folds_col2im, resolve_ops
 from .hadamard import hadamard_block_size
 from .compact import restore, storage, store
-from .hla import hla_compress, hla_rank
+from .hla import hla_rank
 from .layers import QuantConv2d, QuantLinear
 from .operands import Operand, product as operand_product
 from .schemes import Product
@@ -94,7 +94,7 @@ def _compressed_slice(layer, x: torch.Tensor, step, count: bool, ops, checks: li
     spec = layer.scheme.input_spec
     columns, dim = layer._hot_columns(x, ops), layer._token_dim
     block, rank = _hla_shape(layer, columns.shape[dim])
-    compressed = hla_compress(columns, block, rank, ops.block_hadamard, dim)
+    compressed = ops.hla_compress(columns, block, rank, dim)
     if spec is None:
         return compressed, None, block, rank
     levels, scale = _counted_quantize(layer, compressed, spec, "grad_weight.input", "input_clipped", step, count,
@@ -168,7 +168,7 @@ def grad_weight_sum(layer, g: torch.Tensor, abc, step, ops, checks: list) -> tor
     gradient in the layer's token layout (`_token_dim`)."""
     x_values, x_scale, block, rank = abc
     g_spec, dim = layer.scheme.grad_weight_spec, layer._token_dim
-    g_hla = hla_compress(g, block, rank, ops.block_hadamard, dim)
+    g_hla = ops.hla_compress(g, block, rank, dim)
     if g_spec is not None:
         g_levels, g_scale = ops.quantize(g_hla, g_spec, layer._counter("grad_weight.grad_output", step),
                                          worst=layer.quant_worst[1])

@@ -130,12 +130,18 @@ def _scale(t: torch.Tensor, spec: QuantSpec, signed: torch.Tensor, high: torch.T
     return torch.where(scale == 0, torch.ones_like(scale), scale)
 
 
-def sawb_moments(t: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+def sawb_moments(t: torch.Tensor, dims: tuple[int, ...], out: torch.Tensor | None = None):
     """(mean of t², mean of |t|) over `dims`, kept: the float sums SAWB's clip is made of (torch's reductions; the
-    kernels take them from here and apply the rest of the rule themselves)."""
-    if not dims:
-        return t.square(), t.abs()
-    return t.square().mean(dim=dims, keepdim=True), t.abs().mean(dim=dims, keepdim=True)
+    kernels take them from here and apply the rest of the rule themselves). `out`: a (2, *kept shape) float32
+    tensor the two means are written into (the same reductions), returned instead of the pair."""
+    if not dims:  # each element its own group
+        pair = t.square(), t.abs()
+        return pair if out is None else torch.stack(pair, out=out)
+    if out is None:
+        return t.square().mean(dim=dims, keepdim=True), t.abs().mean(dim=dims, keepdim=True)
+    torch.mean(t.square(), dim=dims, keepdim=True, out=out[0])
+    torch.mean(t.abs(), dim=dims, keepdim=True, out=out[1])
+    return out
 
 
 def level_range(t: torch.Tensor, spec: QuantSpec) -> tuple:
