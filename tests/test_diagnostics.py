@@ -12,7 +12,12 @@ from torch import nn
 from hdqt_cil.experiment import run
 from hdqt_cil.quant import preset, quantize_model
 from hdqt_cil.results.tables import make_tables
-from hdqt_cil.trainer.diagnostics import _Pass, fidelity, float_shadow, quantizer_steps, replayed
+from hdqt_cil.quant import QuantSpec
+from hdqt_cil.quant.backend import TORCH_OPS
+from hdqt_cil.quant.layers import ROLE_CODES, ROLE_STRIDE
+from hdqt_cil.quant.rounding import Counter
+from hdqt_cil.trainer.diagnostics import (QuantizerWatch, _Pass, fidelity, float_shadow, quantizer_steps, replayed,
+                                          watched)
 
 
 def _mlp():
@@ -53,6 +58,26 @@ def test_the_quantized_copy_replays_the_steps_own_gradients_and_the_shadow_is_pl
     assert fidelity(got["3"]["g_W"], shadow["3"]["g_W"])["cosine"] < 1
 
 
+def test_the_watch_counts_underflow_by_role_and_keeps_the_largest_tile_sum():
+    """Through the watch the ops give the same results; 4-bit levels of max 1 (scale 1/7): 0.01 and 0.04 round to
+    level 0 (2 of the 4 nonzero values), 0.3 does not; 7 · 7 over a tile of 32 sums 1,568 against the limit 127."""
+    layer = quantize_model(nn.Linear(64, 1), preset("hdqt"))
+    watch = watched(nn.Sequential(layer))["0"]
+    assert isinstance(watch, QuantizerWatch) and layer.ops_watch is watch
+    ops = watch(TORCH_OPS)
+    t = torch.tensor([0.0, 0.01, 1.0, -0.04, 0.3])
+    counter = Counter(0, 0, layer.quant_index * ROLE_STRIDE + ROLE_CODES["grad_input.grad_output"])
+    levels, scale = ops.quantize(t, QuantSpec(4), counter)
+    assert torch.equal(levels, TORCH_OPS.quantize(t, QuantSpec(4), counter)[0])
+    a, b = torch.full((1, 64), 7.0), torch.full((64, 1), 7.0)
+    out = ops.scaled_int_matmul(a, b, torch.tensor(1.0), torch.tensor(1.0), tally=layer._tally("forward_saturated"))
+    assert out.item() == 2 * 127
+    watch.recording = False
+    ops.quantize(torch.full((3,), 0.001), QuantSpec(4), counter)  # not recorded
+    assert watch.record() == {"underflow": {"grad_input.grad_output": 0.5},
+                              "tile_sums": {"forward": {"largest": 1568.0, "limit": 127}}}
+
+
 def _light(make_cfg, quant, *more):
     return make_cfg("strategy=lwf", f"quant={quant}", "trainer.epochs=2", "trainer.device=cpu",
                     "benchmark.n_experiences=null", "benchmark.classes_per_exp=4", *more)
@@ -71,12 +96,22 @@ def test_a_run_records_fidelity_per_layer_and_experience_without_changing_its_nu
     assert all("g_x" in layer and "g_W" in layer for layer in records[1]["layers"].values())  # the first layer too
     assert [e["experience"] for e in measured["diagnostics"]] == [0, 1, 2]
     assert "diagnostics" not in plain
+    roles = {"input", "weight", "grad_input.grad_output", "grad_input.weight", "grad_weight.grad_output",
+             "grad_weight.input"}
+    for layer in records[1]["layers"].values():
+        assert set(layer["underflow"]) <= roles and "grad_input.grad_output" in layer["underflow"]
+        assert all(0 <= share < 1 for share in layer["underflow"].values())
+        assert {kept["limit"] for kept in layer["tile_sums"].values()} == {127}  # HDQT's 8-bit accumulators
+        assert all(kept["largest"] > 0 for kept in layer["tile_sums"].values())
+    assert set(measured["diagnostics"][1]["largest tile sum / limit"]) == {"forward", "grad_input", "grad_weight"}
 
     make_tables([tmp_path / "light"], tmp_path / "tables")
     rows = (tmp_path / "tables" / "fidelity.md").read_text().splitlines()
     assert "g_W cosine old classes" in rows[0] and len(rows) == 2 + len(records[1]["layers"])
     assert (tmp_path / "tables" / "fidelity.png").stat().st_size > 0
     assert "| grad_output |" in (tmp_path / "tables" / "gradient_stats.md").read_text()
+    header = (tmp_path / "tables" / "quantizers.md").read_text().splitlines()[0]
+    assert "underflow grad_input.grad_output" in header and "grad_weight tile sum / limit" in header
 
 
 def test_under_fp32_every_gradient_is_its_own_reference(make_cfg, tmp_path):

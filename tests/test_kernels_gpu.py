@@ -707,11 +707,10 @@ class CheckedOps:
 @pytest.mark.parametrize("model_name", ["mlp", "resnet32"])
 def test_every_op_of_a_training_step_matches(model_name, scheme, monkeypatch):
     """Per op, on identical inputs (so the check does not depend on the rest of the step being deterministic)."""
-    from hdqt_cil.quant import hot, layers
+    from hdqt_cil.quant import layers
 
     checked = CheckedOps()
-    for module in (layers, hot):
-        monkeypatch.setattr(module, "resolve_ops", lambda backend, device: checked)
+    monkeypatch.setattr(layers, "resolve_ops", lambda backend, device: checked)
     train_three_steps(model_name, scheme, "torch")
     assert checked.calls > 0
     assert not checked.differences, "\n".join(checked.differences[:20])

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from hdqt_cil.quant.intmm import tiled_int_matmul
+from hdqt_cil.quant.intmm import largest_tile_sum, tiled_int_matmul
 
 
 def loop_reference(a, b, tile, acc_bits):
@@ -45,6 +45,25 @@ def test_matches_loops(m, k, n, tile, acc_bits):
     b = random_levels((k, n), -7, 7, seed=k + 1)
     out = tiled_int_matmul(a, b, tile, acc_bits)
     np.testing.assert_array_equal(out.numpy(), loop_reference(a, b, tile, acc_bits))
+
+
+def largest_by_loops(a, b, tile):
+    a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+    k_size = a.shape[-1]
+    tile = k_size if tile is None else tile
+    return max(abs(int(a[..., m, start:start + tile] @ b[..., start:start + tile, n]))
+               for m in range(a.shape[-2]) for n in range(b.shape[-1]) for start in range(0, k_size, tile))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_largest_tile_sum_is_the_largest_unsaturated_tile_sum(seed):
+    g = torch.Generator().manual_seed(seed)
+    m, k, n = (int(v) for v in torch.randint(1, 80, (3,), generator=g))
+    tile = [None, 16, 32, 7][seed % 4]
+    a, b = random_levels((m, k), -8, 15, seed), random_levels((k, n), -7, 7, seed + 100)
+    assert largest_tile_sum(a, b, tile) == largest_by_loops(a, b, tile)
+    assert largest_tile_sum(a, b, tile, bounds=(15, 7)) == largest_by_loops(a, b, tile)
+    assert largest_tile_sum(a[:0], b, tile) == 0.0
 
 
 def test_saturates_exactly_at_the_bounds():

@@ -22,15 +22,15 @@ into col2im for the whole batch where the kernels do that without float rows (`f
 Scales: ABC and G in g_W per entry (per sample with a token dimension, per tensor for 2-D inputs); G in g_x
 per tensor or per (b, l) row.
 All numeric rules are the package's own (block_hadamard, quantize with the max or SAWB scale, counter-based
-stochastic rounding, the exact integer product with its float epilogue), run through `resolve_ops` so that the
-CuPy kernels take them where they apply.
+stochastic rounding, the exact integer product with its float epilogue), run through the layer's ops
+(`resolve_ops`) so that the CuPy kernels take them where they apply.
 """
 import math
 
 import torch
 from torch import nn
 
-from .backend import folds_col2im, resolve_ops
+from .backend import folds_col2im
 from .hadamard import hadamard_block_size
 from .compact import restore, storage, store
 from .hla import hla_rank
@@ -194,7 +194,7 @@ class _HotProduct(torch.autograd.Function):
         needs_x, needs_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         saved_w = weight if needs_x else None
         ctx.kept = kept = layer._keeps() if needs_w else None
-        ops = resolve_ops(layer.scheme.backend, x.device)
+        ops = layer._ops(x.device)
         if kept is None:
             ctx.save_for_backward(saved_w, None, None)
         elif kept == "compressed":
@@ -214,7 +214,7 @@ class _HotProduct(torch.autograd.Function):
     def backward(ctx, grad_y):
         layer, step, count = ctx.layer, ctx.step, ctx.training
         weight, x_saved, x_scale = ctx.saved_tensors
-        ops = resolve_ops(layer.scheme.backend, grad_y.device)
+        ops = layer._ops(grad_y.device)
         g_rows, g_tokens = layer._hot_grad_layouts(grad_y.to(torch.float32))
         checks, grad_x, grad_w, grad_b = [], None, None, None
         if ctx.needs_input_grad[0]:

@@ -74,18 +74,41 @@ def tiled_int_matmul(a: torch.Tensor, b: torch.Tensor, tile: int | None = 32, ac
         out = out if limit is None else out.clamp(-limit, limit)
         return _result(out, saturated, count_saturated)
 
+    out, saturated = 0, 0
+    for partial in _tile_chunks(a, b, tile, dtype):
+        saturated = saturated + (partial.abs() > limit).sum()
+        out = out + partial.clamp(-limit, limit).sum(dim=-3)
+    return _result(out, saturated, count_saturated)
+
+
+def _tile_chunks(a: torch.Tensor, b: torch.Tensor, tile: int, dtype: torch.dtype):
+    """The exact sums of a's and b's K tiles (consecutive runs of `tile` from 0, the last possibly narrower) in
+    `dtype`, as (..., tiles, M, N) chunks of tiles in K order, at most _MAX_PARTIAL_ELEMENTS held at once."""
+    k = a.shape[-1]
+    tiles = max(1, -(-k // tile))
     pad = tiles * tile - k
     a_tiles = torch.nn.functional.pad(a.to(dtype), (0, pad)).unflatten(-1, (tiles, tile)).movedim(-2, -3)
     b_tiles = torch.nn.functional.pad(b.to(dtype), (0, 0, 0, pad)).unflatten(-2, (tiles, tile))
     rows, cols = a.shape[-2], b.shape[-1]
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]).numel()
     chunk = max(1, _MAX_PARTIAL_ELEMENTS // max(1, batch * rows * cols))
-    out, saturated = 0, 0
     for start in range(0, tiles, chunk):
-        partial = torch.matmul(a_tiles[..., start:start + chunk, :, :], b_tiles[..., start:start + chunk, :, :])
-        saturated = saturated + (partial.abs() > limit).sum()
-        out = out + partial.clamp(-limit, limit).sum(dim=-3)
-    return _result(out, saturated, count_saturated)
+        yield torch.matmul(a_tiles[..., start:start + chunk, :, :], b_tiles[..., start:start + chunk, :, :])
+
+
+def largest_tile_sum(a: torch.Tensor, b: torch.Tensor, tile: int | None,
+                     bounds: tuple[float, float] | None = None) -> float:
+    """max |Σ_{k in tile} a[..., m, k] b[..., k, n]| over every output element and K tile of the product
+    tiled_int_matmul forms (tile None: the whole K), before any saturation: how far its sums reach into an
+    accumulator's range. 0 for an empty product."""
+    check_product(a, b, tile, None)
+    if not (a.numel() and b.numel()):
+        return 0.0
+    k = a.shape[-1]
+    bounds = bounds or tuple(torch.stack([a.abs().amax(), b.abs().amax()]).tolist())
+    dtype = _exact_dtype(*bounds, terms=max(k, 1), device=a.device)
+    tile = k if tile is None or tile >= k else tile
+    return max(chunk.abs().amax().item() for chunk in _tile_chunks(a, b, tile, dtype))
 
 
 def _result(out: torch.Tensor, saturated, count_saturated: bool):

@@ -51,6 +51,8 @@ class QuantLayer:
     `_extra_buffers` names buffers a subclass adds (HOT's layers, quant/hot.py), removed when `quantize_model`
     switches the class away."""
     _extra_buffers: tuple[str, ...] = ()
+    # An observer's view of this layer's ops (trainer/diagnostics.py sets it on a copy of the model): ops → ops.
+    ops_watch = None
 
     def _setup_quant(self, scheme: Scheme, name: str = "", index: int = 0, step: int = 0) -> None:
         self.scheme, self.quant_name, self.quant_index = scheme, name, index
@@ -87,6 +89,11 @@ class QuantLayer:
         product = FloatProduct if isinstance(self.scheme, FloatScheme) else _QuantProduct
         y = product.apply(x, self.weight, self, self._step_for(training), training)
         return y if self.bias is None else y + self._bias_for(y)
+
+    def _ops(self, device: torch.device):
+        """The numeric ops of this layer's products on `device` (quant.backend), through `ops_watch` where set."""
+        ops = resolve_ops(self.scheme.backend, device)
+        return ops if self.ops_watch is None else self.ops_watch(ops)
 
     def _counter(self, role: str, step: torch.Tensor) -> Counter:
         return Counter(self.scheme.seed, step, self.quant_index * ROLE_STRIDE + ROLE_CODES[role])
@@ -128,7 +135,7 @@ class _QuantProduct(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, layer, step, training):
         scheme = layer.scheme
-        ops = resolve_ops(scheme.backend, x.device)
+        ops = layer._ops(x.device)
         checks = []
         x_op, x_keep = forward_operand(layer, x, scheme.forward.left, "input", step, training, ops, checks)
         w_op, w_keep = forward_operand(layer, weight.reshape(weight.shape[0], -1), scheme.forward.right,
@@ -148,7 +155,7 @@ class _QuantProduct(torch.autograd.Function):
         layer, scheme, step = ctx.layer, ctx.scheme, ctx.step
         x_values, w_values, x_keep, w_keep = ctx.saved_tensors
         x_op, w_op = Operand(x_values, *ctx.x_meta), Operand(w_values, *ctx.w_meta)
-        ops = resolve_ops(scheme.backend, grad_y.device)
+        ops = layer._ops(grad_y.device)
         g_rows, g_cols = layer._grad_output_layouts(grad_y.to(torch.float32))
         checks, grad_x, grad_w, shared_g = [], None, None, None
 

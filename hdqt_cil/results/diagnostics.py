@@ -1,5 +1,6 @@
 """Tables and plots of the runs' gradient diagnostics (diagnostics.json, trainer/diagnostics.py): fidelity by layer
-and by experience, old against new classes, and the gradients' statistics by layer."""
+and by experience, old against new classes, the gradients' statistics by layer, and the quantizers' underflow and
+the products' largest tile sums by layer."""
 import json
 from pathlib import Path
 
@@ -9,10 +10,11 @@ RUN_KEYS = ["benchmark", "strategy", "variant", "scheme", "quant_variant"]
 MEASURES = ("cosine", "rel_error", "sign")
 
 
-def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(fidelity, statistics) in long form, one row per run, experience, layer and measured thing; empty where no
-    run recorded diagnostics."""
-    fidelity, statistics = [], []
+def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(fidelity, statistics, quantizers) in long form, one row per run, experience, layer and measured thing;
+    empty where no run recorded diagnostics. quantizers: `measure` an underflow share by role or a product's
+    largest tile sum as a fraction of its accumulator's limit."""
+    fidelity, statistics, quantizers = [], [], []
     for _, run in runs.iterrows():
         path = Path(run["path"]) / "diagnostics.json"
         if not path.exists():
@@ -26,7 +28,12 @@ def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
                         fidelity.append({**where, "gradient": kind, "part": part, **measures})
                 for role, values in found.get("stats", {}).items():
                     statistics.append({**where, "role": role, **values})
-    return pd.DataFrame(fidelity), pd.DataFrame(statistics)
+                for role, share in found.get("underflow", {}).items():
+                    quantizers.append({**where, "measure": f"underflow {role}", "value": share})
+                for product, kept in found.get("tile_sums", {}).items():
+                    quantizers.append({**where, "measure": f"{product} tile sum / limit",
+                                       "value": kept["largest"] / kept["limit"]})
+    return pd.DataFrame(fidelity), pd.DataFrame(statistics), pd.DataFrame(quantizers)
 
 
 def _keys(frame: pd.DataFrame) -> list[str]:
@@ -55,6 +62,18 @@ def statistics_table(statistics: pd.DataFrame) -> pd.DataFrame:
     for column in ("max", "min", "mean", "norm"):
         table[column] = table[column].map(lambda v: f"{v:.4g}")
     return table
+
+
+def quantizer_table(quantizers: pd.DataFrame) -> pd.DataFrame:
+    """Per run kind and layer: each quantizer role's underflow share (the mean over experiences and seeds) and each
+    integer product's largest tile sum as a fraction of its accumulator's limit (the largest over them; above 1:
+    sums the accumulator saturated)."""
+    keys = _keys(quantizers) + ["position", "layer"]
+    reach = quantizers.measure.str.endswith("tile sum / limit")
+    parts = [quantizers[~reach].pivot_table(index=keys, columns="measure", values="value", aggfunc="mean"),
+             quantizers[reach].pivot_table(index=keys, columns="measure", values="value", aggfunc="max")]
+    table = pd.concat([p for p in parts if len(p.columns)], axis=1)
+    return table.reset_index().drop(columns="position").round(3)
 
 
 def plot_fidelity(fidelity: pd.DataFrame, path) -> None:

@@ -7,8 +7,10 @@ shadow (every layer plain FP32). For each Linear and Conv2d layer the weight gra
 of the two are compared (cosine similarity, relative L2 error ‖q − f‖ / ‖f‖, sign agreement where the float
 gradient is not zero), for G whole and, once old classes exist, for G restricted to the old classes' logits and to
 the new ones'; the quantized copy's tensors by role (input, weight, grad_output, g_x, g_W) are summarised (max, min,
-mean, L2 norm). The copies draw the same dropout masks from a forked generator: the run's own random streams and
-numbers are untouched. Records are means over an experience's diagnosed batches, kept in the plugin and in its
+mean, L2 norm). The quantized copy's ops are watched (`QuantizerWatch`, for G whole): the share of nonzero values each
+quantizer rounds to level 0 (underflow), by its role, and each integer product's largest tile sum against its
+accumulator's limit. The copies draw the same dropout masks from a forked generator: the run's own random streams
+and numbers are untouched. Records are means over an experience's diagnosed batches, kept in the plugin and in its
 epoch checkpoints, written with the run as diagnostics.json.
 """
 import copy
@@ -20,12 +22,16 @@ from avalanche.core import SupervisedPlugin
 from torch import nn
 
 from ..quant import preset, quantize_model
-from ..quant.layers import QuantLayer
+from ..quant.intmm import accumulator_limit, largest_tile_sum
+from ..quant.layers import ROLE_CODES, ROLE_STRIDE, QuantLayer
 from ..settings import POSITIVE_INT, one_of, setting
 
 LEVELS = ("off", "light")
 GRADIENTS = ("g_W", "g_x")
 ROLES = ("input", "weight", "grad_output", "g_x", "g_W")
+ROLE_OF_CODE = {code: role for role, code in ROLE_CODES.items()}  # a quantizer's role, from its counter
+PRODUCT_STATS = {"forward": "forward_saturated", "grad_input": "grad_input_saturated",
+                 "grad_weight": "grad_weight_saturated"}  # an integer product, from the tally it adds to
 
 
 @dataclass
@@ -73,6 +79,81 @@ def replayed(model: nn.Module, steps: dict) -> nn.Module:
 def float_shadow(model: nn.Module) -> nn.Module:
     """A copy of `model` at its weights whose every layer computes in plain FP32."""
     return quantize_model(copy.deepcopy(model), preset("fp32"))
+
+
+class QuantizerWatch:
+    """A quantized layer's ops seen by the diagnostics (the layer's `ops_watch`): every call passes through
+    unchanged; while `recording`, each quantizer's zero levels among its nonzero values are counted by role and
+    each saturating integer product's largest tile sum (before saturation) is kept by product."""
+
+    def __init__(self, layer: QuantLayer):
+        self.layer, self.ops, self.recording = layer, None, True
+        self.zeros: dict[str, list[int]] = {}  # role: [zero levels of nonzero values, nonzero values]
+        self.tile_sums: dict[str, dict] = {}  # product: {largest, limit}
+
+    def __call__(self, ops):
+        self.ops = ops
+        return self
+
+    def __getattr__(self, name):
+        return getattr(self.ops, name)
+
+    def _underflow(self, t, levels, counter) -> None:
+        if not self.recording or counter is None:
+            return
+        nonzero = t != 0
+        counts = self.zeros.setdefault(ROLE_OF_CODE[counter.role % ROLE_STRIDE], [0, 0])
+        counts[0] += int((nonzero & (levels == 0)).sum())
+        counts[1] += int(nonzero.sum())
+
+    def _tile_sums(self, a, b, tile, acc_bits, bounds, tally) -> None:
+        if not self.recording or acc_bits is None or tally is None:
+            return
+        product = next(p for p, stat in PRODUCT_STATS.items() if self.layer._tally(stat).data_ptr() == tally.data_ptr())
+        kept = self.tile_sums.setdefault(product, {"largest": 0.0, "limit": accumulator_limit(acc_bits)})
+        kept["largest"] = max(kept["largest"], largest_tile_sum(a, b, tile, bounds))
+
+    def quantize(self, t, spec, counter=None, worst=None):
+        levels, scale = self.ops.quantize(t, spec, counter, worst=worst)
+        self._underflow(t, levels, counter)
+        return levels, scale
+
+    def forward_quantize(self, t, spec, counter, ste, tally, worst=None):
+        out = self.ops.forward_quantize(t, spec, counter, ste, tally, worst)
+        self._underflow(t, out[0], counter)
+        return out
+
+    def hadamard_quantize(self, x, spec, counter=None, block=None, dim=-1, worst=None):
+        levels, scale = self.ops.hadamard_quantize(x, spec, counter, block, dim, worst=worst)
+        if self.recording:
+            self._underflow(self.ops.block_hadamard(x, dim, block), levels, counter)
+        return levels, scale
+
+    def scaled_int_matmul(self, a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
+                          count_saturated=False, sum_batch=False, tally=None):
+        self._tile_sums(a, b, tile, acc_bits, bounds, tally)
+        return self.ops.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated,
+                                          sum_batch, tally=tally)
+
+    def col2im_int_matmul(self, a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size,
+                          padding, dilation, stride, keep=None, tally=None):
+        self._tile_sums(a, b, tile, acc_bits, bounds, tally)
+        return self.ops.col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape,
+                                          kernel_size, padding, dilation, stride, keep, tally)
+
+    def record(self) -> dict:
+        """{underflow: {role: share}, tile_sums: {product: {largest, limit}}} of what was recorded."""
+        return {"underflow": {role: zeros / seen if seen else 0.0 for role, (zeros, seen) in self.zeros.items()},
+                "tile_sums": self.tile_sums}
+
+
+def watched(model: nn.Module) -> dict:
+    """A QuantizerWatch on every quantized layer of `model` (set as its ops_watch), by layer name."""
+    watches = {}
+    for name, module in model.named_modules():
+        if isinstance(module, QuantLayer):
+            module.ops_watch = watches[name] = QuantizerWatch(module)
+    return watches
 
 
 class _Pass:
@@ -192,16 +273,23 @@ class GradientDiagnostics(SupervisedPlugin):
 
     def _record(self, strategy, steps: dict, parts: dict) -> None:
         seed = strategy.clock.train_iterations
-        passes = [_Pass(model, strategy.mb_x, seed) for model in (replayed(strategy.model, steps),
-                                                                   float_shadow(strategy.model))]
+        quantized = replayed(strategy.model, steps)
+        watches = watched(quantized)
+        passes = [_Pass(model, strategy.mb_x, seed) for model in (quantized, float_shadow(strategy.model))]
+        grads = {}
         try:
-            grads = {part: [p.backward(g) for p in passes] for part, g in parts.items()}
+            for part, g in parts.items():  # "all" first: the watches record its backward alone
+                grads[part] = [p.backward(g) for p in passes]
+                for watch in watches.values():
+                    watch.recording = False
         finally:
             for p in passes:
                 p.close()
         record = self.experiences[-1]
         record["batches"] += 1
         n = record["batches"]
+        for name, watch in watches.items():
+            _watched_into(record["layers"].setdefault(name, {}), watch.record(), n)
         for name in passes[0].layers:
             layer = record["layers"].setdefault(name, {})
             for part, (q, f) in grads.items():
@@ -216,18 +304,38 @@ class GradientDiagnostics(SupervisedPlugin):
                     _mean_into(layer.setdefault("stats", {}).setdefault(role, {}), summary_statistics(stats[role]), n)
 
     def summary(self) -> list[dict]:
-        """Per experience: the mean over layers of each gradient's fidelity, by part of G."""
+        """Per experience: the mean over layers of each gradient's fidelity, by part of G, and of each role's
+        underflow share; the largest tile sum of each product over the layers, as a fraction of its limit."""
         out = []
         for exp in self.experiences:
-            means = {}
+            means, layers = {}, exp["layers"].values()
             for kind in GRADIENTS:
                 for part in ("all", "old", "new"):
-                    values = [layer[kind][part] for layer in exp["layers"].values()
-                              if part in layer.get(kind, {})]
+                    values = [layer[kind][part] for layer in layers if part in layer.get(kind, {})]
                     if values:
                         means[f"{kind} {part}"] = {m: _nanmean([v[m] for v in values]) for m in values[0]}
-            out.append({"experience": exp["experience"], "batches": exp["batches"], "mean over layers": means})
+            roles = sorted({role for layer in layers for role in layer.get("underflow", {})})
+            if roles:
+                means["underflow"] = {role: _nanmean([layer["underflow"][role] for layer in layers
+                                                      if role in layer.get("underflow", {})]) for role in roles}
+            reach = {}
+            for layer in layers:
+                for product, kept in layer.get("tile_sums", {}).items():
+                    reach[product] = max(reach.get(product, 0.0), kept["largest"] / kept["limit"])
+            entry = {"experience": exp["experience"], "batches": exp["batches"], "mean over layers": means}
+            if reach:
+                entry["largest tile sum / limit"] = reach
+            out.append(entry)
         return out
+
+
+def _watched_into(layer: dict, watched: dict, n: int) -> None:
+    """A diagnosed batch's QuantizerWatch record into a layer's: underflow shares averaged over the batches, the
+    largest tile sums kept."""
+    _mean_into(layer.setdefault("underflow", {}), watched["underflow"], n)
+    for product, seen in watched["tile_sums"].items():
+        kept = layer.setdefault("tile_sums", {}).setdefault(product, dict(seen))
+        kept["largest"] = max(kept["largest"], seen["largest"])
 
 
 def _mean_into(mean: dict, values: dict, n: int) -> None:
