@@ -102,13 +102,6 @@ class QuantLayer:
         """`stat`'s (hits, total) pair in quant_counts: an int64 (2,) view that the ops add to on the device."""
         return self.quant_counts[:, _STAT_ROW[stat]]
 
-    def _count(self, stat: str, hits, total: int) -> None:
-        """Two device ops, no sync: `hits` is a 0-dim tensor, None where nothing was counted."""
-        if hits is not None:
-            tally = self._tally(stat)
-            tally[0].add_(hits)
-            tally[1].add_(total)
-
     def _check_finite(self, checks: list, backward: bool) -> None:
         """All quantizers of one pass at once: raise naming the layer, the role and the value (one device sync).
 
