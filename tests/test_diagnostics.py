@@ -58,6 +58,24 @@ def test_the_quantized_copy_replays_the_steps_own_gradients_and_the_shadow_is_pl
     assert fidelity(got["3"]["g_W"], shadow["3"]["g_W"])["cosine"] < 1
 
 
+class _Scaled(nn.Module):
+    """uint8 images made float inside the model, as under benchmark.augment_on=gpu."""
+
+    def forward(self, x):
+        return x.float() / 255
+
+
+def test_an_integer_batch_is_diagnosed_without_a_gradient_of_its_own():
+    torch.manual_seed(0)
+    model = quantize_model(nn.Sequential(_Scaled(), nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)), preset("hdqt"))
+    x = torch.randint(0, 256, (4, 6), dtype=torch.uint8)
+    pass_ = _Pass(model, x, seed=0)
+    grads = pass_.backward(torch.randn(4, 3))
+    pass_.close()
+    assert "g_x" not in grads["1"] and grads["1"]["g_W"].shape == (8, 6)
+    assert grads["3"]["g_x"].shape == (4, 8)
+
+
 def test_the_watch_counts_underflow_by_role_and_keeps_the_largest_tile_sum():
     """Through the watch the ops give the same results; 4-bit levels of max 1 (scale 1/7): 0.01 and 0.04 round to
     level 0 (2 of the 4 nonzero values), 0.3 does not; 7 · 7 over a tile of 32 sums 1,568 against the limit 127."""

@@ -167,7 +167,8 @@ class _Pass:
             self.hooks.append(layer.register_full_backward_hook(self._backward(name)))
         with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
             torch.manual_seed(seed)
-            self.x = x.detach().requires_grad_(True)
+            # an integer batch (images augmented on the GPU, normalised in the model) has no gradient of its own
+            self.x = x.detach().requires_grad_(x.is_floating_point())
             self.logits = model(self.x)
 
     def _forward(self, name):
@@ -187,7 +188,8 @@ class _Pass:
         self.grads = {}
         trained = {name: layer for name, layer in self.layers.items() if layer.weight.requires_grad}  # not frozen
         # the input among the differentiated tensors: the first layer's g_x is on no weight's path
-        grads = torch.autograd.grad(self.logits, [layer.weight for layer in trained.values()] + [self.x], g,
+        inputs = [self.x] if self.x.requires_grad else []
+        grads = torch.autograd.grad(self.logits, [layer.weight for layer in trained.values()] + inputs, g,
                                     retain_graph=True, allow_unused=True)
         g_weights = dict(zip(trained, grads))
         out = {}
