@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from .trainer.batch_augment import BatchAugment
 from .trainer.checkpoint import EpochCheckpoints, ExperienceCheckpoints
 from .trainer.cost import CostCounter
-from .trainer.diagnostics import GradientDiagnostics
+from .trainer.diagnostics import GradientDiagnostics, Landscape
 from .trainer.cuda_graphs import CudaGraphPlugin
 from .trainer.hp_replay import HigherPrecisionReplay, higher_precision_scheme
 from .trainer.monitor import Diverged, TrainingMonitor
@@ -187,7 +187,7 @@ class RunPlugins:
             augment=(BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)) if gpu_augment
                      else None),
             hp_replay=_higher_precision_replay(cfg),
-            diagnostics=GradientDiagnostics(cfg.diagnostics.every) if cfg.diagnostics.level == "light" else None)
+            diagnostics=_diagnostics(cfg))
 
     @classmethod
     def of(cls, strategy) -> "RunPlugins":
@@ -208,6 +208,16 @@ class RunPlugins:
         """The plugins handed to the strategy template, in order."""
         return [p for p in (self.graphs, self.recorder, self.monitor, self.optimizer, self.storage, self.quantization,
                             self.augment, self.cost, self.diagnostics, self.hp_replay) if p is not None]
+
+
+def _diagnostics(cfg) -> GradientDiagnostics | None:
+    """The plugin of diagnostics=light and full (full: with the landscapes), or None when off."""
+    d = cfg.diagnostics
+    if d.level == "off":
+        return None
+    landscape = (Landscape(d.landscape_points, d.landscape_span, d.landscape_batches) if d.level == "full"
+                 else None)
+    return GradientDiagnostics(d.every, landscape, cfg.seed)
 
 
 def _higher_precision_replay(cfg) -> HigherPrecisionReplay | None:

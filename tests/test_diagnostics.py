@@ -18,6 +18,7 @@ from hdqt_cil.quant.layers import ROLE_CODES, ROLE_STRIDE
 from hdqt_cil.quant.rounding import Counter
 from hdqt_cil.trainer.diagnostics import (QuantizerWatch, _Pass, fidelity, float_shadow, quantizer_steps, replayed,
                                           watched)
+from hdqt_cil.trainer.landscape import filter_normalised_direction, loss_landscape
 
 
 def _mlp():
@@ -96,6 +97,33 @@ def test_the_watch_counts_underflow_by_role_and_keeps_the_largest_tile_sum():
                               "tile_sums": {"forward": {"largest": 1568.0, "limit": 127}}}
 
 
+def test_a_filter_normalised_direction_matches_each_filters_norm_and_leaves_biases():
+    model = nn.Sequential(nn.Conv2d(3, 5, 3), nn.BatchNorm2d(5), nn.Flatten(), nn.Linear(5 * 4 * 4, 7))
+    direction = filter_normalised_direction(model, torch.Generator().manual_seed(1))
+    for name, weight in model.named_parameters():
+        if weight.dim() < 2:
+            assert not direction[name].any()
+        else:
+            torch.testing.assert_close(direction[name].flatten(1).norm(dim=1), weight.detach().flatten(1).norm(dim=1))
+
+
+@pytest.mark.parametrize("scheme", ["hdqt", "fp32"])
+def test_the_landscape_centre_is_the_models_loss_and_the_model_is_untouched(scheme):
+    model = quantize_model(_mlp(), preset(scheme)).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(8, 12, generator=g), torch.randint(0, 5, (8,), generator=g)) for _ in range(2)]
+    directions = tuple(filter_normalised_direction(model, g) for _ in range(2))
+    found = loss_landscape(model, batches, directions, points=5, span=0.5)
+    with torch.no_grad():
+        expected = sum(F.cross_entropy(model(x), y, reduction="sum").item() for x, y in batches) / 16
+    assert found["alphas"] == pytest.approx([-0.5, -0.25, 0, 0.25, 0.5])
+    assert found["1d"][2] == pytest.approx(expected, rel=1e-6) and found["2d"][2][2] == pytest.approx(expected)
+    assert found["2d"][0][2] == pytest.approx(found["1d"][0])  # β = 0 is the 1-D slice
+    assert len(set(found["1d"])) == 5
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
 def _light(make_cfg, quant, *more):
     return make_cfg("strategy=lwf", f"quant={quant}", "trainer.epochs=2", "trainer.device=cpu",
                     "benchmark.n_experiences=null", "benchmark.classes_per_exp=4", *more)
@@ -132,6 +160,17 @@ def test_a_run_records_fidelity_per_layer_and_experience_without_changing_its_nu
     assert "underflow grad_input.grad_output" in header and "grad_weight tile sum / limit" in header
 
 
+def test_a_full_run_records_a_landscape_per_experience(make_cfg, tmp_path):
+    summary = run(_light(make_cfg, "hdqt", "diagnostics=full", "diagnostics.every=20", "diagnostics.landscape_points=3",
+                         "diagnostics.landscape_batches=1"), tmp_path / "full")
+    records = json.loads((tmp_path / "full" / "diagnostics.json").read_text())
+    assert all(set(r["landscape"]) == {"quantized", "float"} for r in records)
+    assert all(len(r["landscape"]["quantized"]["2d"]) == 3 for r in records)
+    assert set(summary["diagnostics"][0]["landscape"]["float"]) == {"centre", "rise"}
+    make_tables([tmp_path / "full"], tmp_path / "tables")
+    assert (tmp_path / "tables" / "landscape.png").stat().st_size > 1000
+
+
 def test_under_fp32_every_gradient_is_its_own_reference(make_cfg, tmp_path):
     summary = run(_light(make_cfg, "fp32", "diagnostics=light", "diagnostics.every=6"), tmp_path / "run")
     for experience in summary["diagnostics"]:
@@ -145,3 +184,5 @@ def test_bad_diagnostics_settings_are_refused(make_cfg):
 
     with pytest.raises(ValueError, match="diagnostics.every=0 must be a positive integer"):
         validate(make_cfg("diagnostics=light", "diagnostics.every=0"))
+    with pytest.raises(ValueError, match="diagnostics.landscape_points=4 must be an odd integer"):
+        validate(make_cfg("diagnostics=full", "diagnostics.landscape_points=4"))

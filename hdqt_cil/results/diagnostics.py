@@ -1,6 +1,6 @@
 """Tables and plots of the runs' gradient diagnostics (diagnostics.json, trainer/diagnostics.py): fidelity by layer
 and by experience, old against new classes, the gradients' statistics by layer, and the quantizers' underflow and
-the products' largest tile sums by layer."""
+the products' largest tile sums by layer, and the loss landscapes of diagnostics=full."""
 import json
 from pathlib import Path
 
@@ -107,6 +107,55 @@ def plot_fidelity(fidelity: pd.DataFrame, path) -> None:
         for ax in row:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def landscapes(runs: pd.DataFrame) -> list[dict]:
+    """The loss landscapes the runs recorded (diagnostics=full): one entry per run and experience, with the run's
+    label (strategy / scheme, variants) and seed."""
+    out = []
+    for _, run in runs.iterrows():
+        path = Path(run["path"]) / "diagnostics.json"
+        if not path.exists():
+            continue
+        label = " / ".join(str(run[k]) for k in RUN_KEYS[1:] if k in run and run[k])
+        for record in json.loads(path.read_text()):
+            if "landscape" in record:
+                out.append({"benchmark": run["benchmark"], "label": label, "seed": run.get("seed"),
+                            "experience": record["experience"], **record["landscape"]})
+    return out
+
+
+def plot_landscapes(found: list[dict], path) -> None:
+    """Per run (its lowest seed): the 1-D slice of every experience (quantized solid, float shadow dashed) and the
+    2-D slice of its last experience, quantized, as contours."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {}
+    for entry in sorted(found, key=lambda e: (e["seed"] is None, e["seed"])):
+        runs.setdefault((entry["benchmark"], entry["label"]), {}).setdefault(entry["seed"], []).append(entry)
+    fig, axes = plt.subplots(len(runs), 2, figsize=(11, 4 * len(runs)), squeeze=False)
+    for (ax_1d, ax_2d), ((bench, label), seeds) in zip(axes, runs.items()):
+        entries = next(iter(seeds.values()))
+        colors = plt.get_cmap("viridis")([i / max(1, len(entries) - 1) for i in range(len(entries))])
+        for entry, color in zip(entries, colors):
+            for model, style in (("quantized", "-"), ("float", "--")):
+                ax_1d.plot(entry[model]["alphas"], entry[model]["1d"], style, color=color,
+                           label=f"experience {entry['experience'] + 1}, {model}")
+        ax_1d.set(title=f"{bench}: {label}, 1-D slice", xlabel="α (filter-normalised direction)",
+                  ylabel="training loss")
+        ax_1d.legend(fontsize=6)
+        last = entries[-1]["quantized"]
+        contour = ax_2d.contour(last["alphas"], last["alphas"], last["2d"], levels=15)
+        ax_2d.clabel(contour, fontsize=6)
+        ax_2d.set(title=f"{bench}: {label}, 2-D slice after experience {entries[-1]['experience'] + 1}, quantized",
+                  xlabel="β", ylabel="α")
+        for ax in (ax_1d, ax_2d):
+            ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

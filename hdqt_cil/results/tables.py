@@ -10,8 +10,8 @@
   by seed, and the settings whose runs came out the same;
 - energy.png: accuracy against the estimated training energy on integer hardware (runs that report their cost;
   table.* then adds the integer GMACs, the energy and its ratio to the FP32 row);
-- fidelity.md / fidelity.png / gradient_stats.md / quantizers.md: runs with diagnostics=light
-  (results/diagnostics.py).
+- fidelity.md / fidelity.png / gradient_stats.md / quantizers.md: runs with diagnostics=light or full;
+  landscape.png: runs with diagnostics=full (results/diagnostics.py).
 A run counts in a mean only when its summary says `complete`. Diverged runs are shown as such; runs that
 stopped early (fewer experiences than configured) are counted in a separate column, never averaged in.
 Outside table.*, a benchmark's label names its scenario unless it is class-incremental ("hapt (task)").
@@ -27,7 +27,8 @@ from omegaconf import OmegaConf
 from ..config import RUN_INDEPENDENT_QUANT, SWITCHED_SETTINGS, comparable_config
 from ..quant.schemes import SCHEMES, preset_settings
 from ..files import read_json, write_atomic
-from .diagnostics import diagnostics_frame, fidelity_table, plot_fidelity, quantizer_table, statistics_table
+from .diagnostics import (diagnostics_frame, fidelity_table, landscapes, plot_fidelity, plot_landscapes,
+                          quantizer_table, statistics_table)
 
 KEYS = ["benchmark", "scenario", "model", "strategy", "quant"]
 # the schedule beside the row's identity: epochs a task, and the paper preset ('–': none) the runs start from
@@ -522,4 +523,7 @@ def make_tables(roots, out_dir, plot: bool = True, published=None) -> pd.DataFra
             plot_fidelity(fidelity, out / "fidelity.png")
     if len(quantizers):
         write_atomic(out / "quantizers.md", to_markdown(quantizer_table(quantizers)))
+    found = landscapes(df)
+    if found and plot:
+        plot_landscapes(found, out / "landscape.png")
     return table

@@ -11,7 +11,8 @@ mean, L2 norm). The quantized copy's ops are watched (`QuantizerWatch`, for G wh
 quantizer rounds to level 0 (underflow), by its role, and each integer product's largest tile sum against its
 accumulator's limit. The copies draw the same dropout masks from a forked generator: the run's own random streams
 and numbers are untouched. Records are means over an experience's diagnosed batches, kept in the plugin and in its
-epoch checkpoints, written with the run as diagnostics.json.
+epoch checkpoints, written with the run as diagnostics.json. diagnostics=full adds, at the end of each experience,
+the training loss's landscape around the weights for the quantized model and its float shadow (trainer/landscape.py).
 """
 import copy
 import math
@@ -24,9 +25,12 @@ from torch import nn
 from ..quant import preset, quantize_model
 from ..quant.intmm import accumulator_limit, largest_tile_sum
 from ..quant.layers import ROLE_CODES, ROLE_STRIDE, QuantLayer
-from ..settings import POSITIVE_INT, one_of, setting
+from ..settings import POSITIVE, POSITIVE_INT, Rule, one_of, setting
+from .landscape import filter_normalised_direction, loss_landscape
 
-LEVELS = ("off", "light")
+LEVELS = ("off", "light", "full")
+ODD_POINTS = Rule(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 3 and v % 2 == 1,
+                  "an odd integer >= 3 (the grid's middle point is the trained weights)")
 GRADIENTS = ("g_W", "g_x")
 ROLES = ("input", "weight", "grad_output", "g_x", "g_W")
 ROLE_OF_CODE = {code: role for role, code in ROLE_CODES.items()}  # a quantizer's role, from its counter
@@ -36,8 +40,20 @@ PRODUCT_STATS = {"forward": "forward_saturated", "grad_input": "grad_input_satur
 
 @dataclass
 class DiagnosticsConfig:
-    level: str = setting("off", one_of(*LEVELS))  # off | light (gradient fidelity and statistics)
+    level: str = setting("off", one_of(*LEVELS))  # off | light (gradient fidelity and statistics) | full (+ landscapes)
     every: int = setting(50, POSITIVE_INT)  # every Nth training batch of an experience, from its first
+    # full: the loss landscape at the end of each experience on a grid of points² weights along two directions
+    landscape_points: int = setting(21, ODD_POINTS)
+    landscape_span: float = setting(1.0, POSITIVE)  # the grid spans [-span, span] of each direction
+    landscape_batches: int = setting(4, POSITIVE_INT)  # training batches of the experience the loss is taken on
+
+
+@dataclass(frozen=True)
+class Landscape:
+    """What diagnostics=full evaluates at the end of each experience (DiagnosticsConfig's landscape_*)."""
+    points: int
+    span: float
+    batches: int
 
 
 def fidelity(quantized: torch.Tensor, reference: torch.Tensor) -> dict:
@@ -210,9 +226,9 @@ class _Pass:
 class GradientDiagnostics(SupervisedPlugin):
     """The plugin of diagnostics=light (module docstring): `experiences` holds one record per trained experience."""
 
-    def __init__(self, every: int = 50):
+    def __init__(self, every: int = 50, landscape: Landscape | None = None, seed: int = 0):
         super().__init__()
-        self.every = every
+        self.every, self.landscape, self.seed = every, landscape, seed
         self.experiences: list[dict] = []
         self._steps: dict | None = None
         self._g: torch.Tensor | None = None
@@ -229,6 +245,25 @@ class GradientDiagnostics(SupervisedPlugin):
 
     def load_epoch_state(self, state: list) -> None:
         self.experiences = state
+
+    def after_training_exp(self, strategy, **kwargs):
+        """diagnostics=full: the landscape of the quantized model and of its float shadow, along the same two
+        directions (drawn from the run's seed and the experience), on the experience's first training batches
+        (in their evaluation transform)."""
+        if self.landscape is None:
+            return
+        spec, k = self.landscape, self.experiences[-1]["experience"]
+        generator = torch.Generator().manual_seed(self.seed * 1000003 + k)
+        directions = tuple(filter_normalised_direction(strategy.model, generator) for _ in range(2))
+        loader = torch.utils.data.DataLoader(strategy.experience.dataset.eval(), batch_size=strategy.train_mb_size)
+        batches = []
+        for x, y, *_ in loader:
+            batches.append((x.to(strategy.device), y.to(strategy.device)))
+            if len(batches) == spec.batches:
+                break
+        self.experiences[-1]["landscape"] = {
+            name: loss_landscape(model, batches, directions, spec.points, spec.span)
+            for name, model in (("quantized", strategy.model), ("float", float_shadow(strategy.model)))}
 
     def _diagnosing(self, strategy) -> bool:
         return strategy.clock.train_exp_iterations % self.every == 0
@@ -327,6 +362,10 @@ class GradientDiagnostics(SupervisedPlugin):
             entry = {"experience": exp["experience"], "batches": exp["batches"], "mean over layers": means}
             if reach:
                 entry["largest tile sum / limit"] = reach
+            if "landscape" in exp:  # the 1-D slice: the loss at the weights, and its mean rise at ±span
+                entry["landscape"] = {name: {"centre": s["1d"][len(s["1d"]) // 2],
+                                             "rise": (s["1d"][0] + s["1d"][-1]) / 2 - s["1d"][len(s["1d"]) // 2]}
+                                      for name, s in exp["landscape"].items()}
             out.append(entry)
         return out
 
