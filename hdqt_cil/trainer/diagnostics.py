@@ -224,7 +224,9 @@ class _Pass:
 
 
 class GradientDiagnostics(SupervisedPlugin):
-    """The plugin of diagnostics=light (module docstring): `experiences` holds one record per trained experience."""
+    """The plugin of diagnostics=light and full (module docstring): `experiences` holds one record per trained
+    experience."""
+    landscape: Landscape | None = None  # a plugin restored from a checkpoint written before full existed: light
 
     def __init__(self, every: int = 50, landscape: Landscape | None = None, seed: int = 0):
         super().__init__()
