@@ -160,9 +160,11 @@ def test_a_run_records_fidelity_per_layer_and_experience_without_changing_its_nu
     assert "underflow grad_input.grad_output" in header and "grad_weight tile sum / limit" in header
 
 
-def test_a_full_run_records_a_landscape_per_experience(make_cfg, tmp_path):
+def test_a_full_run_records_a_landscape_per_experience_without_changing_its_numbers(make_cfg, tmp_path):
     summary = run(_light(make_cfg, "hdqt", "diagnostics=full", "diagnostics.every=20", "diagnostics.landscape_points=3",
                          "diagnostics.landscape_batches=1"), tmp_path / "full")
+    plain = run(_light(make_cfg, "hdqt"), tmp_path / "off")
+    assert summary["acc_matrix"] == plain["acc_matrix"] and summary["train_loss"] == plain["train_loss"]
     records = json.loads((tmp_path / "full" / "diagnostics.json").read_text())
     assert all(set(r["landscape"]) == {"quantized", "float"} for r in records)
     assert all(len(r["landscape"]["quantized"]["2d"]) == 3 for r in records)

@@ -257,12 +257,14 @@ class GradientDiagnostics(SupervisedPlugin):
         spec, k = self.landscape, self.experiences[-1]["experience"]
         generator = torch.Generator().manual_seed(self.seed * 1000003 + k)
         directions = tuple(filter_normalised_direction(strategy.model, generator) for _ in range(2))
-        loader = torch.utils.data.DataLoader(strategy.experience.dataset.eval(), batch_size=strategy.train_mb_size)
-        batches = []
-        for x, y, *_ in loader:
-            batches.append((x.to(strategy.device), y.to(strategy.device)))
-            if len(batches) == spec.batches:
-                break
+        device = strategy.device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # a loader draws a seed
+            loader = torch.utils.data.DataLoader(strategy.experience.dataset.eval(), batch_size=strategy.train_mb_size)
+            batches = []
+            for x, y, *_ in loader:
+                batches.append((x.to(device), y.to(device)))
+                if len(batches) == spec.batches:
+                    break
         self.experiences[-1]["landscape"] = {
             name: loss_landscape(model, batches, directions, spec.points, spec.span)
             for name, model in (("quantized", strategy.model), ("float", float_shadow(strategy.model)))}
