@@ -10,17 +10,22 @@ RUN_KEYS = ["benchmark", "strategy", "variant", "scheme", "quant_variant"]
 MEASURES = ("cosine", "rel_error", "sign")
 
 
+def _records(runs: pd.DataFrame):
+    """(run, its diagnostics.json records) of every run that recorded diagnostics."""
+    for _, run in runs.iterrows():
+        path = Path(run["path"]) / "diagnostics.json"
+        if path.exists():
+            yield run, json.loads(path.read_text())
+
+
 def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(fidelity, statistics, quantizers) in long form, one row per run, experience, layer and measured thing;
     empty where no run recorded diagnostics. quantizers: `measure` an underflow share by role or a product's
     largest tile sum as a fraction of its accumulator's limit."""
     fidelity, statistics, quantizers = [], [], []
-    for _, run in runs.iterrows():
-        path = Path(run["path"]) / "diagnostics.json"
-        if not path.exists():
-            continue
+    for run, records in _records(runs):
         keys = {k: run[k] for k in RUN_KEYS + ["seed"] if k in run}
-        for record in json.loads(path.read_text()):
+        for record in records:
             for position, (layer, found) in enumerate(record["layers"].items()):
                 where = {**keys, "experience": record["experience"], "position": position, "layer": layer}
                 for kind in ("g_W", "g_x"):
@@ -116,12 +121,9 @@ def landscapes(runs: pd.DataFrame) -> list[dict]:
     """The loss landscapes the runs recorded (diagnostics=full): one entry per run and experience, with the run's
     label (strategy / scheme, variants) and seed."""
     out = []
-    for _, run in runs.iterrows():
-        path = Path(run["path"]) / "diagnostics.json"
-        if not path.exists():
-            continue
+    for run, records in _records(runs):
         label = " / ".join(str(run[k]) for k in RUN_KEYS[1:] if k in run and run[k])
-        for record in json.loads(path.read_text()):
+        for record in records:
             if "landscape" in record:
                 out.append({"benchmark": run["benchmark"], "label": label, "seed": run.get("seed"),
                             "experience": record["experience"], **record["landscape"]})

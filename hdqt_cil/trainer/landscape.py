@@ -42,15 +42,17 @@ def _loss(model: nn.Module, batches: list) -> float:
 def loss_landscape(model: nn.Module, batches: list, directions: tuple[dict, dict], points: int,
                    span: float) -> dict:
     """{alphas, 1d: loss at θ + α·d1, 2d: [row α][column β] loss at θ + α·d1 + β·d2} on a copy of `model` in eval
-    mode, `points` values of α (and β) evenly over [-span, span]."""
+    mode, an odd number of `points` values of α (and β) evenly over [-span, span], the middle one exactly 0: the 1-D
+    slice is the 2-D grid's middle column."""
     probe = copy.deepcopy(model).eval()
     origin = {name: p.detach().clone() for name, p in probe.named_parameters()}
-    alphas = torch.linspace(-span, span, points).tolist()
+    half = points // 2
+    alphas = [span * (i - half) / half for i in range(points)]
 
     def at(alpha: float, beta: float) -> float:
         with torch.no_grad():
             for name, p in probe.named_parameters():
                 p.copy_(origin[name] + alpha * directions[0][name] + beta * directions[1][name])
             return _loss(probe, batches)
-    return {"alphas": alphas, "1d": [at(a, 0.0) for a in alphas],
-            "2d": [[at(a, b) for b in alphas] for a in alphas]}
+    grid = [[at(a, b) for b in alphas] for a in alphas]
+    return {"alphas": alphas, "1d": [row[half] for row in grid], "2d": grid}
