@@ -307,6 +307,51 @@ def test_hadamard_quantize_bit_identical(shape, block, spec):
         assert_same(scale, ref_scale, f"scale {x.dtype}")
 
 
+@pytest.mark.parametrize("spec", [SPECS[0], SPECS[3], SPECS[4], SPECS[11]], ids=str)
+@pytest.mark.parametrize("shape, block", [((5, 3), 1), ((64, 16, 32, 32), 1), ((3, 1000003), 1), ((128, 16, 1024), 16),
+                                          ((1, 561, 128), 128), ((7, 96), 32)], ids=str)
+def test_quantizers_write_their_scale_times_a_factor(shape, block, spec):
+    """`times`: the scale returned is the reference's scale times the factor (one float32 product, as torch's),
+    the levels unchanged; single-pass, two-pass and transformed quantizers, a SAWB scale through its fallback."""
+    from hdqt_cil.quant.backend import TORCH_OPS
+
+    g = gen(len(shape) * 131 + block)
+    counter = Counter(3, 5, 8 * 2 + 5)
+    transformed = block > 1 and spec.scale == "max"
+    for factor in (torch.rand((), generator=g, device="cuda") / 3, torch.tensor(1e-30, device="cuda")):
+        t = torch.randn(shape, generator=g, device="cuda")
+        for ops in (CUPY, TORCH_OPS):
+            if transformed:
+                levels, scale = ops.hadamard_quantize(t, spec, counter, block, times=factor)
+                plain_levels, plain_scale = ops.hadamard_quantize(t, spec, counter, block)
+            else:
+                levels, scale = ops.quantize(t, spec, counter, times=factor)
+                plain_levels, plain_scale = ops.quantize(t, spec, counter)
+            assert torch.equal(levels, plain_levels), f"{ops.name}: the factor changed the levels"
+            assert not torch.equal(scale, plain_scale), "a factor of no effect tests nothing"
+            if ops is CUPY:
+                got = levels, scale
+        assert_same(got[0], levels, "levels")
+        assert_same(got[1], scale, "scale times the factor")
+        assert_same(scale, plain_scale * factor, "the reference: its scale times the factor")
+
+
+def test_advance_step_reads_and_advances_the_counter():
+    counter = torch.tensor(41, dtype=torch.int64, device="cuda")
+    step = kernels.advance_step(counter)
+    assert (step.item(), counter.item()) == (41, 42)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        captured = kernels.advance_step(counter)
+    torch.cuda.current_stream().wait_stream(stream)
+    for expected in (43, 44):  # each replay reads the counter where it lies and advances it
+        graph.replay()
+        torch.cuda.synchronize()
+        assert (captured.item(), counter.item()) == (expected - 1, expected)
+
+
 # ----------------------------------------------------------------------------------------------------- GEMM
 
 GEMM_SHAPES = [(1, 1, 1), (5, 7, 3), (16, 16, 32), (17, 9, 33), (128, 561, 561), (64, 64, 1000), (100, 130, 4096),
@@ -465,6 +510,26 @@ def test_batch_summed_product_bit_identical(shape, tile, acc_bits, config):
             plain = kernels.scaled_int_matmul(a, b, sa, sb, block, tile, acc_bits, (8, 15), sum_batch=True,
                                               config=config)
             assert_same(plain, ref, "without the count (packed mode where eligible)")
+
+
+@pytest.mark.parametrize("shape", [(70, 90, 300), (1024, 640, 64)], ids=str)  # summed after the GEMM, inside it
+def test_batch_sum_times_the_estimators_mask(shape):
+    """keep: the batch sum times a bool mask (signed zeros kept) in the summing pass, as the reference's product."""
+    from hdqt_cil.quant.backend import TORCH_OPS
+
+    m, n, _ = shape
+    a, b = int_operands(shape, batch=(6,), seed=40)
+    g = gen(41)
+    sa = torch.rand((6, 1, 1), generator=g, device="cuda") - 0.5
+    sb = torch.rand((), generator=g, device="cuda")
+    keep = torch.rand((m, n), generator=g, device="cuda") > 0.3
+    got = CUPY.scaled_int_matmul(a, b, sa, sb, 4, 32, 8, (8, 15), sum_batch=True, keep=keep)
+    ref = TORCH_OPS.scaled_int_matmul(a.float(), b.float(), sa, sb, 4, 32, 8, (8, 15), sum_batch=True, keep=keep)
+    assert_same(got, ref)
+    assert torch.equal(torch.signbit(got), torch.signbit(ref))
+    assert torch.signbit(ref[~keep]).any(), "no negative sum masked: the sign of zero is untested"
+    with pytest.raises(ValueError, match="keep"):
+        CUPY.scaled_int_matmul(a, b, sa, sb, 4, 32, 8, (8, 15), keep=keep)
 
 
 def test_sum_entries_kernel_keeps_the_order():

@@ -258,3 +258,29 @@ def test_conv_keeps_the_layouts_the_layers_around_it_see():
         assert y.stride() == (288, 1, 48, 8)
         y.backward(torch.randn(2, 8, 6, 6))
         assert seen[0].is_contiguous() == x_grad_contiguous, ste
+
+
+def test_reference_ops_multiply_where_they_write():
+    """The reference's `times`, `keep` and `advance_step`: what the layers once did with a torch op of their own."""
+    from hdqt_cil.quant.backend import TORCH_OPS
+    from hdqt_cil.quant import QuantSpec, quantize
+    from hdqt_cil.quant.rounding import Counter
+
+    g = torch.Generator().manual_seed(5)
+    t, factor = torch.randn(6, 40, generator=g), torch.rand((), generator=g)
+    spec = QuantSpec(4, "signed", "max", 1.0, "sample", "stochastic")
+    counter = Counter(1, 2, 3)
+    levels, scale = TORCH_OPS.quantize(t, spec, counter, times=factor)
+    ref_levels, ref_scale = quantize(t, spec, counter)
+    assert torch.equal(levels, ref_levels) and torch.equal(scale, ref_scale * factor)
+
+    a, b = torch.randint(-7, 8, (3, 5, 64), generator=g).float(), torch.randint(-7, 8, (3, 64, 4), generator=g).float()
+    sa, sb = torch.rand(3, 1, 1, generator=g) - 0.5, torch.rand((), generator=g)
+    keep = torch.rand(5, 4, generator=g) > 0.5
+    summed = TORCH_OPS.scaled_int_matmul(a, b, sa, sb, 2, sum_batch=True)
+    assert torch.equal(TORCH_OPS.scaled_int_matmul(a, b, sa, sb, 2, sum_batch=True, keep=keep), summed * keep)
+    with pytest.raises(ValueError, match="keep"):
+        TORCH_OPS.scaled_int_matmul(a, b, sa, sb, 2, keep=keep)
+
+    counter_t = torch.tensor(7)
+    assert TORCH_OPS.advance_step(counter_t).item() == 7 and counter_t.item() == 8

@@ -2,17 +2,18 @@
 
 One module a primitive, as in `hdqt_cil.quant`, over a small runtime:
 
-    quantize.py   quantize(t, spec, counter, scale, worst) -> (int8 levels, float32 scale)
+    quantize.py   quantize(t, spec, counter, scale, worst, times) -> (int8 levels, float32 scale)
                   forward_quantize(t, spec, counter, scale, stats, worst)
                                                          -> the same and a forward operand's statistics, keep mask
-                  hadamard_quantize(x, spec, counter, block, dim, scale)
+                  hadamard_quantize(x, spec, counter, block, dim, scale, times)
                                                          -> quantize(block_hadamard(x)) fused (dim last)
+                  advance_step(counter)                  -> the counter's value; the counter + 1
     hadamard.py   block_hadamard(x, dim, block)          -> float32
                   hla_compress(x, block, rank, slots)    -> the kept rows of its transform (HLA), float32
     intmm.py      tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated, config, packed)
-                  scaled_int_matmul(a, b, scale_a, scale_b, block, ..., sum_batch, config, packed)
+                  scaled_int_matmul(a, b, scale_a, scale_b, block, ..., sum_batch, config, packed, tally, keep)
                                                          -> the layers' product, its scaling in the GEMM's epilogue
-                  sum_entries(t)                         -> the batch of (..., M, N) summed in order from +0
+                  sum_entries(t, keep)                   -> the batch of (..., M, N) summed in order from +0
     im2col.py     im2col(x, ..., columns, out_size), col2im(rows, x_shape, ..., out_size, keep)
                   col2im_int_matmul(a, b, scales, ..., x_shape, ...) -> col2im of the scaled product, fused
     runtime.py    available(), loading and launching, buffers; NotCovered
@@ -28,9 +29,9 @@ from .hadamard import MAX_HADAMARD_BLOCK, block_hadamard, hla_compress
 from .compile import COL2IM_PRODUCT_WIDTHS
 from .im2col import col2im, col2im_int_matmul, im2col
 from .intmm import scaled_int_matmul, sum_entries, tiled_int_matmul
-from .quantize import Stats, forward_quantize, hadamard_quantize, quantize
+from .quantize import Stats, advance_step, forward_quantize, hadamard_quantize, quantize
 from .runtime import NotCovered, available, unavailable_reason
 
-__all__ = ["available", "unavailable_reason", "NotCovered", "quantize", "forward_quantize", "Stats",
+__all__ = ["available", "unavailable_reason", "NotCovered", "quantize", "forward_quantize", "Stats", "advance_step",
            "hadamard_quantize", "block_hadamard", "hla_compress", "tiled_int_matmul", "scaled_int_matmul",
            "sum_entries", "im2col", "col2im", "col2im_int_matmul", "COL2IM_PRODUCT_WIDTHS", "MAX_HADAMARD_BLOCK"]

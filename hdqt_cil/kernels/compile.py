@@ -33,7 +33,7 @@ QUANT_KERNELS += tuple(f"hla{n}_f32" for n, _ in FLAT_SHAPES)
 QUANT_KERNELS += tuple(f"group_{had}{t}_{r}" for had in TRANSFORMS for t in ("f32", "i8") for r in ROUNDINGS)
 # A forward operand's quantizers with its statistics and keep mask (float32 input, no transform).
 QUANT_KERNELS += tuple(f"{kind}_stats_f32_{r}" for kind in ("quantize", "group") for r in ROUNDINGS[:2])
-QUANT_KERNELS += ("sum_entries_f32", "transpose_i8")
+QUANT_KERNELS += ("sum_entries_f32", "transpose_i8", "advance_step")
 # GEMM tile shapes: warps along M, warps along N, m16 blocks per warp, n8 blocks per warp, min CTAs per SM[,
 # pipeline stages].
 GEMM_CONFIGS = {

@@ -123,7 +123,7 @@ def tile_sums(tile, acc_bits, k: int) -> int:
 
 
 def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=None, packed=None, sum_batch=False,
-                tally=None):
+                tally=None, keep=None):
     """The product of every public entry: NotCovered (nothing launched) where the kernels do not cover it."""
     rt.require_cuda(a, b)
     k = a.shape[-1]
@@ -211,7 +211,9 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
     if out_mode == 0:
         out = out.to(torch.float64)
     if sum_batch and out_mode == 2:
-        out = sum_entries(out)
+        out = sum_entries(out, keep)
+    elif keep is not None:  # summed inside the GEMM
+        out = out * keep
     return (out, counter.view(())) if count_saturated and tally is None else out
 
 
@@ -241,18 +243,21 @@ def _tiles(m: int, n: int, config: str) -> int:
     return -(-m // bm) * -(-n // bn)
 
 
-def sum_entries(t: torch.Tensor) -> torch.Tensor:
-    """`hdqt_cil.quant.sum_entries` of a float32 CUDA tensor (..., M, N): the batch summed in order from +0."""
+def sum_entries(t: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """`hdqt_cil.quant.sum_entries` of a float32 CUDA tensor (..., M, N): the batch summed in order from +0;
+    times `keep` (a bool (M, N) mask) where given, in the same pass."""
     rt.require_cuda(t)
     flat = rt.flat_input(t)
     size = t.shape[-2] * t.shape[-1]
     entries = flat.numel() // size if size else 0
     out = rt.empty(t.shape[-2:], torch.float32, t.device)
+    if keep is not None:
+        keep = keep.reshape(out.shape).contiguous()
     if size:
         with rt.on_device(t):
             ctas = min(-(-size // 256), rt.sm_count() * 8)
             rt.launch(rt.function("quant.cu", "sum_entries_f32"), (ctas,), (256,),
-                      (rt.ptr(flat), rt.u32(entries), rt.u64(size), rt.ptr(out)))
+                      (rt.ptr(flat), rt.u32(entries), rt.u64(size), rt.ptr(keep), rt.ptr(out)))
     return out
 
 
@@ -271,12 +276,13 @@ def tiled_int_matmul(a: torch.Tensor, b: torch.Tensor, tile: int | None = 32, ac
 def scaled_int_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, block: int = 1,
                       tile: int | None = 32, acc_bits: int | None = 8, bounds: tuple[float, float] | None = None,
                       count_saturated: bool = False, sum_batch: bool = False, config: str | None = None,
-                      packed: bool | None = None, tally: torch.Tensor | None = None):
+                      packed: bool | None = None, tally: torch.Tensor | None = None, keep: torch.Tensor | None = None):
     """float32(tiled_int_matmul(a, b, ...)) * ((scale_a * scale_b) / block), float32, with the scale applied in
     the GEMM's epilogue: scale_a broadcastable to (..., M, 1), scale_b to (..., 1, N), `block` a power of two (so
     that / block is exact). sum_batch: the (M, N) sum over the batch of `hdqt_cil.quant.sum_entries`, inside the
     GEMM when its M x N tiles fill the GPU (the batch then never written), else by a summing kernel after it.
     tally: an int64 (2,) view to which the GEMM itself adds (saturated tile sums, tile sums); only the product is
-    returned then."""
+    returned then. keep (with sum_batch): a bool (M, N) mask the sum is multiplied by (in the summing kernel where
+    there is one)."""
     return _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, (scale_a, scale_b, block), config, packed,
-                       sum_batch, tally)
+                       sum_batch, tally, keep)

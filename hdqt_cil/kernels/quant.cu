@@ -20,6 +20,7 @@
 // replayed from a CUDA graph checks that once instead of a reduction per layer.
 // sum_entries_f32: the batch sum of a GEMM's scaled products in the order of intmm.cu's OUT mode 3.
 // transpose_i8: int8 matrices transposed into a row pitch of the caller's choice (the GEMM's operand packing).
+// advance_step: a layer's step counter read and advanced in one launch.
 // Template T: float or signed char input (levels). HAD: 0 no transform, 1 a Hadamard block of any size, 2 one of
 // at least 256 * ROUNDS elements (butterfly's WIDE).
 
@@ -355,9 +356,11 @@ struct Stats {
     }
 };
 
-// A group's scale s, where its owner writes it: to scale_out (when given) and into *worst (when given).
-__device__ __forceinline__ void report_scale(float s, u32 g, float* scale_out, u32* worst) {
-    if (scale_out != nullptr) scale_out[g] = s;
+// A group's scale s, where its owner writes it: to scale_out (when given; times *times where that is given: a
+// re-quantized operand's product of both scales, one rounding as torch's multiplication) and into *worst (when
+// given).
+__device__ __forceinline__ void report_scale(float s, u32 g, float* scale_out, u32* worst, const float* times) {
+    if (scale_out != nullptr) scale_out[g] = times != nullptr ? __fmul_rn(s, *times) : s;
     if (worst != nullptr) atomicMax(worst, __float_as_uint(s));
 }
 
@@ -401,7 +404,8 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
                                               const u32* __restrict__ neg_flag, int sign_mode, float signed_max,
                                               float unsigned_max, float clip, u32 key,
                                               signed char* __restrict__ out, float* __restrict__ scale_out,
-                                              u32* __restrict__ worst, Stats& st, u64* clipped, u64* seen) {
+                                              u32* __restrict__ worst, const float* times, Stats& st,
+                                              u64* clipped, u64* seen) {
     extern __shared__ float smem[];
     const u32 E = blockDim.x * 8u * ROUNDS;
     const u32 start = blockIdx.x * range;
@@ -431,7 +435,7 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
                     group = g;
                     divider = Divider(scale_of(g));
                 }
-                if (i0 == g * G) report_scale(divider.s, g, scale_out, worst);
+                if (i0 == g * G) report_scale(divider.s, g, scale_out, worst, times);
                 quantize8<ROUNDING, true, STATS>(v[r], divider, low, high, i0, stop, key, vec, out, st);
                 return;
             }
@@ -446,7 +450,7 @@ __device__ __forceinline__ void quantize_body(const T* __restrict__ x, u32 n_el,
                     group = g;
                     divider = Divider(scale_of(g));
                 }
-                if (i < stop && i == g * G) report_scale(divider.s, g, scale_out, worst);
+                if (i < stop && i == g * G) report_scale(divider.s, g, scale_out, worst, times);
                 quotient[j] = __fdiv_rn(v[r][j], divider.s);
                 q[j] = level_of<ROUNDING>(quotient[j], element_hash<true>(shared, i0, j, key), low, high);
             }
@@ -514,8 +518,8 @@ __device__ __forceinline__ u32 block_max(u32 m, u32* s_warp) {
 template <typename T, int HAD, int ROUNDS, int ROUNDING, bool STATS>
 __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int logn, int sign_mode, float signed_max,
                                            float unsigned_max, float clip, u32 key, signed char* __restrict__ out,
-                                           float* __restrict__ scale_out, u32* __restrict__ worst, Stats& st,
-                                           u64* clipped, u64* seen) {
+                                           float* __restrict__ scale_out, u32* __restrict__ worst,
+                                           const float* times, Stats& st, u64* clipped, u64* seen) {
     extern __shared__ float smem[];
     __shared__ u32 s_warp[32];
     const bool vec = (G % 8u) == 0 && (reinterpret_cast<u64>(x) % 16u) == 0 &&
@@ -542,7 +546,7 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
     const float high = is_signed ? signed_max : unsigned_max;
     const float low = is_signed ? -signed_max : 0.0f;
     const float s = scale_of_clip(__fmul_rn(peak, clip), high);
-    if (threadIdx.x == 0) report_scale(s, g, scale_out, worst);
+    if (threadIdx.x == 0) report_scale(s, g, scale_out, worst, times);
     const Divider divider(s);
     each_run<ROUNDS>(first, stop, [&](int r, u32 i0) {
         if (vec)  // G % 8 == 0: every i0 a multiple of 8
@@ -561,8 +565,10 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
         absmax_body<T, HAD, ROUNDS>(x, n_el, G, range, logn, peaks, neg_flag);                                \
     }
 // The quantizers' last arguments: the largest scale's slot (worst), then the STATS kernels' counters (values
-// clipped, values seen), keep mask and estimator (the others ignore them).
-#define REPORT_ARGS u32 *worst, u64 *clipped, u64 *seen, unsigned char *keep, int ste, float threshold
+// clipped, values seen), keep mask and estimator (the others ignore them), then the factor the written scales are
+// multiplied by (times; none: nullptr).
+#define REPORT_ARGS u32 *worst, u64 *clipped, u64 *seen, unsigned char *keep, int ste, float threshold, \
+                    const float *times
 #define QUANTIZE(NAME, T, HAD, ROUNDS, ROUNDING, STATS)                                                       \
     extern "C" __global__ void NAME(const T* x, u32 n_el, u32 G, u32 range, int logn, const u32* peaks,      \
                                     const float* moments, const u32* neg_flag, int sign_mode,                \
@@ -572,8 +578,8 @@ __device__ __forceinline__ void group_body(const T* __restrict__ x, u32 G, int l
         Stats st = {keep, ste, threshold, 0u};                                                                \
         quantize_body<T, HAD, ROUNDS, ROUNDING, STATS>(x, n_el, G, range, logn, peaks, moments, neg_flag,    \
                                         sign_mode, signed_max, unsigned_max, clip,                            \
-                                        counter_key(seed, role, step_at, step), out, scale_out, worst, st,   \
-                                        clipped, seen);                                                       \
+                                        counter_key(seed, role, step_at, step), out, scale_out, worst,       \
+                                        times, st, clipped, seen);                                            \
     }
 #define QUANTIZE_ROUNDINGS(NAME, T, HAD, ROUNDS)                                                              \
     QUANTIZE(NAME##_nearest, T, HAD, ROUNDS, 0, false)                                                        \
@@ -624,7 +630,7 @@ HLA(hla4_f32, 4)
         Stats st = {keep, ste, threshold, 0u};                                                                \
         group_body<T, HAD, ROUNDS, ROUNDING, STATS>(x, G, logn, sign_mode, signed_max, unsigned_max, clip,    \
                                                     counter_key(seed, role, step_at, step), out, scale_out,   \
-                                                    worst, st, clipped, seen);                                \
+                                                    worst, times, st, clipped, seen);                         \
     }
 // Group kernels hold 4 runs of 8 a thread: 32 elements, Hadamard blocks of up to 1024 within a warp.
 #define GROUP_ROUNDINGS(NAME, T, HAD)                                                                         \
@@ -637,14 +643,21 @@ GROUP(group_stats_f32_nearest, float, 0, 4, 0, true)
 GROUP(group_stats_f32_stochastic, float, 0, 4, 1, true)
 
 // out[i] = (((+0 + x[0][i]) + x[1][i]) + ...) + x[entries - 1][i], float32, entries in order (quant/intmm.py
-// sum_entries): for batched products too small in M x N to loop over the batch inside the GEMM.
+// sum_entries): for batched products too small in M x N to loop over the batch inside the GEMM. Where keep is
+// given, times keep[i] (0 or 1, a multiplication as torch's by a bool mask: a negative total times 0 is -0).
 extern "C" __global__ void sum_entries_f32(const float* __restrict__ x, u32 entries, u64 size,
-                                           float* __restrict__ out) {
+                                           const unsigned char* __restrict__ keep, float* __restrict__ out) {
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < size; i += (u64)gridDim.x * blockDim.x) {
         float total = 0.0f;
         for (u32 e = 0; e < entries; ++e) total = __fadd_rn(total, __ldg(x + e * size + i));
-        out[i] = total;
+        out[i] = keep != nullptr ? __fmul_rn(total, keep[i] ? 1.0f : 0.0f) : total;
     }
+}
+
+// *out = *counter, then *counter + 1: a layer's step counter read for this call and advanced, one launch.
+extern "C" __global__ void advance_step(long long* counter, long long* out) {
+    *out = *counter;
+    *counter += 1;
 }
 
 // out[b][c][r] = in[b][r][c] for a batch (grid z) of rows x cols int8 matrices with row strides in_ld and out_ld,

@@ -47,6 +47,25 @@ def _counter_args(counter, device: torch.device) -> tuple:
             rt.u32(0 if on_device else step & _MASK32))
 
 
+def _scalar(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """A one-element factor as the kernels read it: float32 on `device`."""
+    if t is None:
+        return None
+    if t.numel() != 1:
+        raise rt.NotCovered(f"a scale factor of {t.numel()} elements")
+    return t.to(device=device, dtype=torch.float32).reshape(())
+
+
+def advance_step(counter: torch.Tensor) -> torch.Tensor:
+    """A copy of the int64 0-dim `counter` (a layer's step, as this call's quantizers read it), the counter then
+    advanced by one: one launch (torch: a clone and an add)."""
+    rt.require_cuda(counter)
+    out = rt.empty((), torch.int64, counter.device)
+    with rt.on_device(counter):
+        rt.launch(rt.function("quant.cu", "advance_step"), (1,), (1,), (rt.ptr(counter), rt.ptr(out)))
+    return out
+
+
 class Stats(NamedTuple):
     """What a forward operand's quantizer counts and masks beside its levels (quant.cu `Stats`): `tally` an int64
     (2,) view, (values outside the level range, values seen) added to; `ste` a key of STES, its keep mask
@@ -56,21 +75,23 @@ class Stats(NamedTuple):
     threshold: float
 
 
-def _report_args(worst: torch.Tensor | None, stats: Stats | None, keep: torch.Tensor | None) -> tuple:
+def _report_args(worst: torch.Tensor | None, stats: Stats | None, keep: torch.Tensor | None,
+                 times: torch.Tensor | None) -> tuple:
     """quant.cu's REPORT_ARGS."""
     if stats is None:
-        return rt.ptr(worst), rt.u64(0), rt.u64(0), rt.ptr(None), rt.i32(0), rt.f32(0.0)
+        return rt.ptr(worst), rt.u64(0), rt.u64(0), rt.ptr(None), rt.i32(0), rt.f32(0.0), rt.ptr(times)
     clipped = stats.tally.data_ptr()
     return (rt.ptr(worst), rt.u64(clipped), rt.u64(clipped + stats.tally.stride(0) * 8), rt.ptr(keep),
-            rt.i32(STES[stats.ste]), rt.f32(stats.threshold))
+            rt.i32(STES[stats.ste]), rt.f32(stats.threshold), rt.ptr(times))
 
 
 def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, moments: torch.Tensor | None,
-                   worst: torch.Tensor | None = None, stats: Stats | None = None):
+                   worst: torch.Tensor | None = None, stats: Stats | None = None, times: torch.Tensor | None = None):
     """levels (int8, `shape`), scale and the keep mask (bool, or None) of the flat tensor x (already contiguous),
     transformed first when logn. `moments`: for a SAWB scale, the caller's (2, groups) float32 sums (mean t²,
     mean |t|) from which the kernels finish the rule. `worst`: a float32 slot raised to the largest scale;
-    `stats` (float32 input, no transform): the forward operand's statistics and mask."""
+    `stats` (float32 input, no transform): the forward operand's statistics and mask; `times`: a float32 0-dim
+    tensor the returned scale is multiplied by (the levels still follow the quantizer's own scale)."""
     n_el = x.numel()
     scale_shape = spec.scale_shape(shape)
     groups = math.prod(scale_shape)
@@ -82,7 +103,7 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, moments: to
     device = x.device
     levels = rt.empty(shape, torch.int8, device)
     keep = rt.empty(shape, torch.bool, device) if stats is not None and stats.ste != "none" else None
-    report = _report_args(worst, stats, keep)
+    report = _report_args(worst, stats, keep, _scalar(times, device))
     counted = "stats_" if stats is not None else ""  # quant.cu's forward-operand kernels (no transform)
     single_pass = (spec.scale == "max" and group <= GROUP_MAX and (group >= GROUP_MIN or groups == 1)
                    and (sign_mode != 2 or groups == 1))
@@ -147,15 +168,17 @@ def _needs_moments(spec, moments) -> None:
 
 
 def quantize(t: torch.Tensor, spec, counter=None, moments: torch.Tensor | None = None,
-             worst: torch.Tensor | None = None):
+             worst: torch.Tensor | None = None, times: torch.Tensor | None = None):
     """(int8 levels, float32 scale) as `hdqt_cil.quant.quantize`. `counter`: the random bits' key of stochastic
     rounding; `moments`: for a SAWB scale, the (2, groups) float32 (mean t², mean |t|) of the reference's
-    `sawb_moments` on `t`; `worst`: a float32 slot raised to the largest scale (a NaN or Inf in t reaches it)."""
+    `sawb_moments` on `t`; `worst`: a float32 slot raised to the largest scale (a NaN or Inf in t reaches it);
+    `times`: a one-element tensor the returned scale is multiplied by, where it is written (no launch of its
+    own)."""
     rt.require_cuda(t)
     _check_covered(t, spec)
     _needs_moments(spec, moments)
     with rt.on_device(t):
-        return _quantize_flat(rt.flat_input(t), t.shape, spec, counter, 0, moments, worst)[:2]
+        return _quantize_flat(rt.flat_input(t), t.shape, spec, counter, 0, moments, worst, times=times)[:2]
 
 
 def forward_quantize(t: torch.Tensor, spec, counter, moments: torch.Tensor | None, stats: Stats,
@@ -171,15 +194,18 @@ def forward_quantize(t: torch.Tensor, spec, counter, moments: torch.Tensor | Non
         return _quantize_in_place_order(t, spec, counter, moments, worst, stats)
 
 
-def hadamard_quantize(x: torch.Tensor, spec, counter, block: int, dim: int = -1, worst: torch.Tensor | None = None):
+def hadamard_quantize(x: torch.Tensor, spec, counter, block: int, dim: int = -1, worst: torch.Tensor | None = None,
+                      times: torch.Tensor | None = None):
     """quantize(block_hadamard(x, dim, block), spec, counter), the transformed tensor never written where `dim` is
     the last; `block` a power of two dividing x.shape[dim] (the caller checks it). Max scales only: a SAWB scale
-    needs the transformed tensor written anyway (for the reference's float sums). `worst` as in quantize."""
+    needs the transformed tensor written anyway (for the reference's float sums). `worst`, `times` as in
+    quantize."""
     rt.require_cuda(x)
     _check_covered(x, spec)
     if spec.scale != "max" or block > MAX_HADAMARD_BLOCK:
         raise rt.NotCovered(f"a {spec.scale} scale after a Hadamard block of {block}, fused")
     if block == 1 or dim not in (-1, x.dim() - 1):
-        return quantize(block_hadamard(x, dim, block), spec, counter, worst=worst)
+        return quantize(block_hadamard(x, dim, block), spec, counter, worst=worst, times=times)
     with rt.on_device(x):
-        return _quantize_flat(rt.flat_input(x), x.shape, spec, counter, block.bit_length() - 1, None, worst)[:2]
+        return _quantize_flat(rt.flat_input(x), x.shape, spec, counter, block.bit_length() - 1, None, worst,
+                              times=times)[:2]

@@ -1,9 +1,10 @@
 """Which implementation runs the numeric primitives: the torch reference of this package or the CuPy kernels.
 
 Both namespaces have the reference's signatures and give the same bits (docs/numerics.md, "Backends"):
-`block_hadamard`, `hla_compress`, `quantize`, `tiled_int_matmul`, `im2col`, `col2im`, and the fused `hadamard_quantize`,
-`forward_quantize`, `scaled_int_matmul` and `col2im_int_matmul`, whose torch versions are compositions of the
-reference functions.
+`block_hadamard`, `hla_compress`, `quantize`, `tiled_int_matmul`, `im2col`, `col2im`, `advance_step`, and the fused
+`hadamard_quantize`, `forward_quantize`, `scaled_int_matmul` and `col2im_int_matmul`, whose torch versions are
+compositions of the reference functions. Where a launch would only multiply, the multiplication joins a kernel that
+writes the operand: a quantizer's scale times a factor (`times`), a batch sum times a mask (`keep`).
 What a layer records reaches device memory it owns from inside the ops (no launch of its own, docs/quant.md
 "Statistics"): a quantizer given `worst` raises it to its largest scale, `forward_quantize` adds its clipped values
 to a `tally`, and `scaled_int_matmul` its saturated tile sums. KERNEL_OPS resolves and
@@ -32,16 +33,24 @@ def _raise_worst(worst, scale) -> None:
         torch.maximum(worst, scale.amax(), out=worst)
 
 
-def reported_quantize(t, spec, counter=None, worst=None):
-    """quantize(t, spec, counter), raising `worst` (a float32 0-dim tensor) to the largest scale."""
+def advance_step(counter):
+    """A copy of a layer's int64 step counter (what this call's quantizers read), the counter then advanced by one."""
+    step = counter.clone()
+    counter.add_(1)
+    return step
+
+
+def reported_quantize(t, spec, counter=None, worst=None, times=None):
+    """quantize(t, spec, counter), raising `worst` (a float32 0-dim tensor) to the largest scale; the scale returned
+    times `times` (a one-element tensor: a re-quantized operand's earlier scale) where given."""
     levels, scale = quantize(t, spec, counter)
     _raise_worst(worst, scale)
-    return levels, scale
+    return levels, scale if times is None else scale * times
 
 
-def hadamard_quantize(x, spec, counter=None, block=None, dim=-1, worst=None):
+def hadamard_quantize(x, spec, counter=None, block=None, dim=-1, worst=None, times=None):
     """quantize(block_hadamard(x, dim, block), spec, counter): one call, so that a backend can fuse the two."""
-    return reported_quantize(block_hadamard(x, dim, block), spec, counter, worst)
+    return reported_quantize(block_hadamard(x, dim, block), spec, counter, worst, times)
 
 
 def forward_quantize(t, spec, counter, ste, tally, worst=None):
@@ -63,18 +72,27 @@ def masked_col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep=No
     return out if keep is None else out * keep
 
 
+def _check_keep(keep, sum_batch: bool) -> None:
+    if keep is not None and not (sum_batch and keep.dtype == torch.bool):
+        raise ValueError("scaled_int_matmul's keep is a bool mask of a batch sum (sum_batch=True); got "
+                         f"{keep.dtype} with sum_batch={sum_batch}")
+
+
 def scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None, count_saturated=False,
-                      sum_batch=False, tally=None):
+                      sum_batch=False, tally=None, keep=None):
     """float32(tiled_int_matmul(a, b)) * ((scale_a * scale_b) / block): the layers' product with its epilogue in
     one call (docs/numerics.md "Epilogue"), so that a backend can fuse the scaling into the GEMM; with sum_batch,
-    summed over the batch by `sum_entries` (the weight gradient of per-sample products). tally: an int64 (2,)
-    tensor to which (saturated tile sums, tile sums) are added; only the product is returned then."""
+    summed over the batch by `sum_entries` (the weight gradient of per-sample products), times `keep` (a bool
+    (M, N) mask: the straight-through estimator's) where given. tally: an int64 (2,) tensor to which (saturated
+    tile sums, tile sums) are added; only the product is returned then."""
     block = epilogue_block(block)
+    _check_keep(keep, sum_batch)
     counting = count_saturated or tally is not None
     result = tiled_int_matmul(a, b, tile, acc_bits, bounds, counting)
     acc, saturated = result if counting else (result, None)
     out = acc.to(torch.float32) * ((scale_a * scale_b) / block)
     out = sum_entries(out) if sum_batch else out
+    out = out if keep is None else out * keep.reshape(out.shape)
     if tally is not None:
         tally[0].add_(saturated)
         tally[1].add_(tile_sums(a.shape, b.shape, tile, acc_bits))
@@ -91,7 +109,7 @@ def col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_s
 
 
 TORCH_OPS = SimpleNamespace(name="torch", block_hadamard=block_hadamard, hla_compress=hla_compress,
-                            quantize=reported_quantize,
+                            quantize=reported_quantize, advance_step=advance_step,
                             tiled_int_matmul=tiled_int_matmul, hadamard_quantize=hadamard_quantize,
                             forward_quantize=forward_quantize, scaled_int_matmul=scaled_int_matmul, im2col=im2col,
                             col2im=masked_col2im, col2im_int_matmul=col2im_int_matmul)
@@ -121,10 +139,10 @@ def _given_moments(t, spec):
     return sawb_moments(t.to(torch.float32), reduction_dims(t.dim(), spec.granularity), out).reshape(2, -1)
 
 
-def _kernel_quantize(t, spec, counter=None, worst=None):
+def _kernel_quantize(t, spec, counter=None, worst=None, times=None):
     require_counter(spec, counter)
-    return _covered(lambda: kernels.quantize(t, spec, counter, _given_moments(t, spec), worst),
-                    lambda: reported_quantize(t, spec, counter, worst))
+    return _covered(lambda: kernels.quantize(t, spec, counter, _given_moments(t, spec), worst, times),
+                    lambda: reported_quantize(t, spec, counter, worst, times))
 
 
 def _kernel_forward_quantize(t, spec, counter, ste, tally, worst=None):
@@ -149,11 +167,11 @@ def _kernel_hla_compress(t, block, rank, dim=-1):
     return hla_compress(t, block, rank, dim, _kernel_block_hadamard)
 
 
-def _kernel_hadamard_quantize(x, spec, counter=None, block=None, dim=-1, worst=None):
+def _kernel_hadamard_quantize(x, spec, counter=None, block=None, dim=-1, worst=None, times=None):
     block = checked_block(x.shape[dim], block)
     require_counter(spec, counter)
-    return _covered(lambda: kernels.hadamard_quantize(x, spec, counter, block, dim, worst),
-                    lambda: _kernel_quantize(_kernel_block_hadamard(x, dim, block), spec, counter, worst))
+    return _covered(lambda: kernels.hadamard_quantize(x, spec, counter, block, dim, worst, times),
+                    lambda: _kernel_quantize(_kernel_block_hadamard(x, dim, block), spec, counter, worst, times))
 
 
 def _kernel_tiled_int_matmul(a, b, tile=32, acc_bits=8, bounds=None, count_saturated=False):
@@ -163,15 +181,16 @@ def _kernel_tiled_int_matmul(a, b, tile=32, acc_bits=8, bounds=None, count_satur
 
 
 def _kernel_scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
-                              count_saturated=False, sum_batch=False, tally=None):
+                              count_saturated=False, sum_batch=False, tally=None, keep=None):
     block = epilogue_block(block)
+    _check_keep(keep, sum_batch)
     scale_a, scale_b = (s if torch.is_tensor(s) else torch.tensor(float(s), device=a.device)
                         for s in (scale_a, scale_b))
     check_product(a, b, tile, acc_bits)
     return _covered(lambda: kernels.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds,
-                                                      count_saturated, sum_batch, tally=tally),
+                                                      count_saturated, sum_batch, tally=tally, keep=keep),
                     lambda: scaled_int_matmul(_as_float(a), _as_float(b), scale_a, scale_b, block, tile, acc_bits,
-                                              bounds, count_saturated, sum_batch, tally))
+                                              bounds, count_saturated, sum_batch, tally, keep))
 
 
 def _kernel_im2col(x, kernel_size, padding, dilation, stride, columns=False):
@@ -199,7 +218,7 @@ def _kernel_col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bou
 
 
 KERNEL_OPS = SimpleNamespace(name="cupy", block_hadamard=_kernel_block_hadamard, hla_compress=_kernel_hla_compress,
-                             quantize=_kernel_quantize,
+                             quantize=_kernel_quantize, advance_step=kernels.advance_step,
                              tiled_int_matmul=_kernel_tiled_int_matmul, hadamard_quantize=_kernel_hadamard_quantize,
                              forward_quantize=_kernel_forward_quantize, scaled_int_matmul=_kernel_scaled_int_matmul,
                              im2col=_kernel_im2col, col2im=_kernel_col2im,

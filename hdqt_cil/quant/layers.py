@@ -75,12 +75,10 @@ class QuantLayer:
         self.quant_step.fill_(value)
 
     def _step_for(self, training: bool) -> torch.Tensor:
-        """This call's step as a device scalar; a training call advances the counter (one device op each)."""
+        """This call's step as a device scalar; a training call advances the counter (one launch)."""
         if not training:
             return self.quant_step
-        step = self.quant_step.clone()
-        self.quant_step.add_(1)
-        return step
+        return self._ops(self.quant_step.device).advance_step(self.quant_step)
 
     def forward(self, x):
         if not self.scheme.quantizes or x.numel() == 0:  # an empty batch has nothing to quantize
@@ -137,7 +135,6 @@ class _QuantProduct(torch.autograd.Function):
         rows = Operand(layer._forward_rows(x_op.values, ops), x_op.scale, x_op.bound)
         y_rows = operands.product(ops, rows, w_op, 1, scheme.forward,
                                   tally=layer._tally("forward_saturated") if training else None)
-        w_keep = None if w_keep is None else w_keep.reshape(weight.shape)
         ctx.save_for_backward(x_op.values, w_op.values, x_keep, w_keep)
         ctx.layer, ctx.scheme, ctx.step, ctx.x_shape, ctx.w_shape = layer, scheme, step, x.shape, weight.shape
         ctx.x_meta, ctx.w_meta = (x_op.scale, x_op.bound), (w_op.scale, w_op.bound)
@@ -176,9 +173,9 @@ class _QuantProduct(torch.autograd.Function):
             qb = backward_operand(layer, layer._input_columns(x_values, ops), product.right, x_op, block,
                                    "grad_weight.input", step, ops, checks)
             grad_w = operands.product(ops, qa, qb, block, product, sum_batch=True,
-                                      tally=layer._tally("grad_weight_saturated"))
+                                      tally=layer._tally("grad_weight_saturated"),
+                                      keep=w_keep)
             grad_w = grad_w.reshape(ctx.w_shape)
-            grad_w = grad_w if w_keep is None else grad_w * w_keep
         layer._check_finite(checks, backward=True)
         return grad_x, grad_w, None, None, None
 

@@ -37,16 +37,20 @@ def _integer_product(a: Operand, bt: Operand, block: int, spec: Product) -> tupl
             (a.bound, bt.bound))
 
 
-def product(ops, a: Operand, bt: Operand, block: int, product: Product, sum_batch: bool = False, tally=None):
+def product(ops, a: Operand, bt: Operand, block: int, product: Product, sum_batch: bool = False, tally=None,
+            keep=None):
     """a (..., M, K) times btᵀ (K along bt's last dim too), scaled back by s_a · s_b / block; with sum_batch,
-    summed over the leading dims (in order, `sum_entries`, for the integer product). `tally`: an int64 (2,) view
-    to which an integer product adds its saturated tile sums and its tile sums (float products count nothing).
+    summed over the leading dims (in order, `sum_entries`, for the integer product), times the bool mask `keep`
+    where given. `tally`: an int64 (2,) view to which an integer product adds its saturated tile sums and its
+    tile sums (float products count nothing).
     """
     if not (a.is_integer and bt.is_integer):
         out = torch.matmul(a.dequantized(), bt.dequantized().transpose(-1, -2))
         out = out / block if block > 1 else out
-        return out.sum(dim=0) if sum_batch else out
-    return ops.scaled_int_matmul(*_integer_product(a, bt, block, product), sum_batch=sum_batch, tally=tally)
+        out = out.sum(dim=0) if sum_batch else out
+        return out if keep is None else out * keep
+    return ops.scaled_int_matmul(*_integer_product(a, bt, block, product), sum_batch=sum_batch, tally=tally,
+                                 keep=keep)
 
 
 def product_col2im(ops, a: Operand, bt: Operand, block: int, spec: Product, fold: tuple, keep, tally):
@@ -78,20 +82,20 @@ def backward_operand(layer, t, spec: QuantSpec | None, source: Operand | None, b
     """A backward operand, block-Hadamard-transformed along K (its last dim) when block > 1: re-quantized (the
     transform fused into the quantizer), or the forward's levels / floats transformed as they are.
 
-    Re-quantized forward levels carry the product of both scales (s_requant · s_forward, float32)."""
+    Re-quantized forward levels carry the product of both scales (s_requant · s_forward, float32; the quantizer
+    writes it)."""
     if spec is None:
         t = ops.block_hadamard(t, -1, block) if block > 1 else t
         if source is None or not source.is_integer:
             return Operand(t, None)
         return Operand(t, source.scale, source.bound * block)
     counter, worst = layer._counter(role, step), layer.quant_worst[1]
+    times = source.scale if source is not None and source.is_integer else None
     if block > 1:
-        levels, scale = ops.hadamard_quantize(t, spec, counter, block, worst=worst)
+        levels, scale = ops.hadamard_quantize(t, spec, counter, block, worst=worst, times=times)
     else:
-        levels, scale = ops.quantize(t, spec, counter, worst=worst)
+        levels, scale = ops.quantize(t, spec, counter, worst=worst, times=times)
     checks.append((role, t, scale))
-    if source is not None and source.is_integer:
-        scale = scale * source.scale
     return Operand(levels, scale, spec.level_bound)
 
 

@@ -129,8 +129,8 @@ class QuantizerWatch:
         kept = self.tile_sums.setdefault(product, {"largest": 0.0, "limit": accumulator_limit(acc_bits)})
         kept["largest"] = max(kept["largest"], largest_tile_sum(a, b, tile, bounds))
 
-    def quantize(self, t, spec, counter=None, worst=None):
-        levels, scale = self.ops.quantize(t, spec, counter, worst=worst)
+    def quantize(self, t, spec, counter=None, worst=None, times=None):
+        levels, scale = self.ops.quantize(t, spec, counter, worst=worst, times=times)
         self._underflow(t, levels, counter)
         return levels, scale
 
@@ -139,17 +139,17 @@ class QuantizerWatch:
         self._underflow(t, out[0], counter)
         return out
 
-    def hadamard_quantize(self, x, spec, counter=None, block=None, dim=-1, worst=None):
-        levels, scale = self.ops.hadamard_quantize(x, spec, counter, block, dim, worst=worst)
+    def hadamard_quantize(self, x, spec, counter=None, block=None, dim=-1, worst=None, times=None):
+        levels, scale = self.ops.hadamard_quantize(x, spec, counter, block, dim, worst=worst, times=times)
         if self.recording:
             self._underflow(self.ops.block_hadamard(x, dim, block), levels, counter)
         return levels, scale
 
     def scaled_int_matmul(self, a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
-                          count_saturated=False, sum_batch=False, tally=None):
+                          count_saturated=False, sum_batch=False, tally=None, keep=None):
         self._tile_sums(a, b, tile, acc_bits, bounds, tally)
         return self.ops.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated,
-                                          sum_batch, tally=tally)
+                                          sum_batch, tally=tally, keep=keep)
 
     def col2im_int_matmul(self, a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size,
                           padding, dilation, stride, keep=None, tally=None):
