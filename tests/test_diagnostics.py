@@ -16,8 +16,8 @@ from hdqt_cil.quant import QuantSpec
 from hdqt_cil.quant.backend import TORCH_OPS
 from hdqt_cil.quant.layers import ROLE_CODES, ROLE_STRIDE
 from hdqt_cil.quant.rounding import Counter
-from hdqt_cil.trainer.diagnostics import (QuantizerWatch, _Pass, fidelity, float_shadow, quantizer_steps, replayed,
-                                          watched)
+from hdqt_cil.trainer.diagnostics import (GradientDiagnostics, ModelCopies, QuantizerWatch, _Pass, fidelity,
+                                          float_shadow, quantizer_steps, replayed, watched)
 from hdqt_cil.trainer.landscape import filter_normalised_direction, loss_landscape
 
 
@@ -95,6 +95,50 @@ def test_the_watch_counts_underflow_by_role_and_keeps_the_largest_tile_sum():
     ops.quantize(torch.full((3,), 0.001), QuantSpec(4), counter)  # not recorded
     assert watch.record() == {"underflow": {"grad_input.grad_output": 0.5},
                               "tile_sums": {"forward": {"largest": 1568.0, "limit": 127}}}
+
+
+def test_kept_copies_record_what_fresh_copies_record():
+    """ModelCopies refreshes its copies from the model's state between diagnosed batches (weights, BatchNorm
+    statistics, modes, frozen layers) and makes them anew when the model grows: the records of fresh deep copies."""
+    from types import SimpleNamespace
+
+    def grown(model):  # a wider classifier, as an incremental one after a new experience
+        old = model[4]
+        model[4] = nn.Linear(old.in_features, old.out_features + 2)
+        with torch.no_grad():
+            model[4].weight[:old.out_features] = old.weight
+        return quantize_model(model, preset("hdqt"))
+
+    torch.manual_seed(0)
+    model = quantize_model(nn.Sequential(nn.Linear(12, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2),
+                                         nn.Linear(16, 5)), preset("hdqt")).train()
+    kept, fresh = GradientDiagnostics(1), GradientDiagnostics(1)
+
+    class Fresh(ModelCopies):
+        def at(self, model, steps):
+            return replayed(model, steps), float_shadow(model)
+
+    fresh._copies = Fresh()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for batch in range(4):
+        if batch == 2:
+            model = grown(model)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        if batch == 3:
+            model[0].weight.requires_grad_(False)
+            model[1].eval()
+        x = torch.randn(8, 12)
+        steps = quantizer_steps(model)
+        logits = model(x)
+        g = torch.autograd.grad(F.cross_entropy(logits, torch.randint(0, 5, (8,))), logits, retain_graph=True)[0]
+        strategy = SimpleNamespace(model=model, mb_x=x, clock=SimpleNamespace(train_iterations=batch))
+        for plugin in (kept, fresh):
+            plugin.experiences = [{"experience": 0, "batches": 0, "layers": {}}]
+            plugin._record(strategy, steps, {"all": g, "old": g * 0.5})
+        assert kept.experiences == fresh.experiences, f"batch {batch}"
+        logits.backward(g)
+        optimizer.step()
+        optimizer.zero_grad()
 
 
 def test_a_filter_normalised_direction_matches_each_filters_norm_and_leaves_biases():

@@ -714,9 +714,12 @@ class CheckedOps:
                 out.copy_(value)
         return got
 
-    def quantize(self, t, spec, counter=None, worst=None):
-        return self._with_outputs("quantize", (t, spec, counter),
-                                  lambda ops, w: ops.quantize(t, spec, counter, worst=w), worst)
+    def quantize(self, t, spec, counter=None, worst=None, times=None):
+        return self._with_outputs("quantize", (t, spec, counter, times),
+                                  lambda ops, w: ops.quantize(t, spec, counter, worst=w, times=times), worst)
+
+    def advance_step(self, counter):
+        return self._with_outputs("advance_step", (counter,), lambda ops, c: ops.advance_step(c), counter)
 
     def forward_quantize(self, t, spec, counter=None, ste="none", tally=None, worst=None):
         return self._with_outputs("forward_quantize", (t, spec, counter, ste),
@@ -738,15 +741,16 @@ class CheckedOps:
         self._compare("tiled_int_matmul", (a, b, tile, acc_bits, bounds), got, ref)
         return got
 
-    def hadamard_quantize(self, x, spec, counter=None, block=None, dim=-1, worst=None):
-        return self._with_outputs("hadamard_quantize", (x, spec, counter, block, dim),
-                                  lambda ops, w: ops.hadamard_quantize(x, spec, counter, block, dim, worst=w), worst)
+    def hadamard_quantize(self, x, spec, counter=None, block=None, dim=-1, worst=None, times=None):
+        return self._with_outputs("hadamard_quantize", (x, spec, counter, block, dim, times),
+                                  lambda ops, w: ops.hadamard_quantize(x, spec, counter, block, dim, worst=w,
+                                                                       times=times), worst)
 
     def scaled_int_matmul(self, a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
-                          count_saturated=False, sum_batch=False, tally=None):
+                          count_saturated=False, sum_batch=False, tally=None, keep=None):
         args = (a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated, sum_batch)
-        return self._with_outputs("scaled_int_matmul", args[:8],
-                                  lambda ops, c: ops.scaled_int_matmul(*args, tally=c), tally)
+        return self._with_outputs("scaled_int_matmul", (*args[:8], keep),
+                                  lambda ops, c: ops.scaled_int_matmul(*args, tally=c, keep=keep), tally)
 
     def col2im_int_matmul(self, a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size, padding,
                           dilation, stride, keep=None, tally=None):

@@ -97,18 +97,19 @@ def _tile_chunks(a: torch.Tensor, b: torch.Tensor, tile: int, dtype: torch.dtype
 
 
 def largest_tile_sum(a: torch.Tensor, b: torch.Tensor, tile: int | None,
-                     bounds: tuple[float, float] | None = None) -> float:
+                     bounds: tuple[float, float] | None = None) -> torch.Tensor:
     """max |Σ_{k in tile} a[..., m, k] b[..., k, n]| over every output element and K tile of the product
     tiled_int_matmul forms (tile None: the whole K), before any saturation: how far its sums reach into an
-    accumulator's range. 0 for an empty product."""
+    accumulator's range, as a float64 0-dim tensor on the operands' device (read without a sync where `bounds`
+    are given). 0 for an empty product."""
     check_product(a, b, tile, None)
     if not (a.numel() and b.numel()):
-        return 0.0
+        return torch.zeros((), dtype=torch.float64, device=a.device)
     k = a.shape[-1]
     bounds = bounds or tuple(torch.stack([a.abs().amax(), b.abs().amax()]).tolist())
     dtype = _exact_dtype(*bounds, terms=max(k, 1), device=a.device)
     tile = k if tile is None or tile >= k else tile
-    return max(chunk.abs().amax().item() for chunk in _tile_chunks(a, b, tile, dtype))
+    return torch.stack([chunk.abs().amax() for chunk in _tile_chunks(a, b, tile, dtype)]).amax().double()
 
 
 def _result(out: torch.Tensor, saturated, count_saturated: bool):

@@ -56,22 +56,53 @@ class Landscape:
     batches: int
 
 
+def _fidelity(quantized: torch.Tensor, reference: torch.Tensor) -> dict:
+    """fidelity's measures as float64 0-dim tensors on the gradients' device (no sync)."""
+    q, f = quantized.double().reshape(-1), reference.double().reshape(-1)
+    norm, q_norm = f.norm(), q.norm()
+    nonzero = f != 0
+    measures = {"cosine": torch.where(q_norm > 0, q @ f / (q_norm * norm), 0.0),
+                "rel_error": (q - f).norm() / norm,
+                "sign": ((torch.sign(q) == torch.sign(f)) & nonzero).sum() / nonzero.sum().double()}
+    return {name: torch.where(norm > 0, value, math.nan) for name, value in measures.items()}
+
+
 def fidelity(quantized: torch.Tensor, reference: torch.Tensor) -> dict:
     """Cosine similarity, relative L2 error and sign agreement (where the reference is not zero) of two gradients;
     NaN where the reference is all zero."""
-    q, f = quantized.double().reshape(-1), reference.double().reshape(-1)
-    norm = f.norm()
-    nonzero = f != 0
-    if norm == 0:
-        return dict.fromkeys(("cosine", "rel_error", "sign"), math.nan)
-    return {"cosine": (q @ f / (q.norm() * norm)).item() if q.norm() > 0 else 0.0,
-            "rel_error": ((q - f).norm() / norm).item(),
-            "sign": (torch.sign(q[nonzero]) == torch.sign(f[nonzero])).double().mean().item()}
+    return on_host(_fidelity(quantized, reference))
 
 
-def summary_statistics(t: torch.Tensor) -> dict:
+def _summary_statistics(t: torch.Tensor) -> dict:
     t = t.double()
-    return {"max": t.max().item(), "min": t.min().item(), "mean": t.mean().item(), "norm": t.norm().item()}
+    return {"max": t.max(), "min": t.min(), "mean": t.mean(), "norm": t.norm()}
+
+
+def on_host(tree):
+    """A nested dict (or list) whose leaves are 0-dim tensors (on one device) as the same of Python numbers: one
+    device transfer for all of them, not a sync a value."""
+    leaves = []
+
+    def collect(node):
+        if isinstance(node, dict):
+            return {key: collect(value) for key, value in node.items()}
+        if isinstance(node, (list, tuple)):
+            return type(node)(collect(value) for value in node)
+        if torch.is_tensor(node):
+            leaves.append(node.double())
+            return len(leaves) - 1
+        return node
+
+    def fill(node, template):
+        if isinstance(template, dict):
+            return {key: fill(node[key], value) for key, value in template.items()}
+        if isinstance(template, (list, tuple)):
+            return type(template)(fill(n, t) for n, t in zip(node, template))
+        return values[node] if torch.is_tensor(template) else node
+
+    indexed = collect(tree)
+    values = torch.stack(leaves).tolist() if leaves else []
+    return fill(indexed, tree)
 
 
 def _layers(model: nn.Module) -> dict:
@@ -85,7 +116,10 @@ def quantizer_steps(model: nn.Module) -> dict:
 
 def replayed(model: nn.Module, steps: dict) -> nn.Module:
     """A copy of `model` whose quantized layers draw again from the counters `steps` (quantizer_steps)."""
-    twin = copy.deepcopy(model)
+    return _replaying(copy.deepcopy(model), steps)
+
+
+def _replaying(twin: nn.Module, steps: dict) -> nn.Module:
     for name, module in twin.named_modules():
         if name in steps:
             module.step = steps[name]
@@ -97,6 +131,41 @@ def float_shadow(model: nn.Module) -> nn.Module:
     return quantize_model(copy.deepcopy(model), preset("fp32"))
 
 
+def _structure(model: nn.Module) -> list:
+    """What a kept copy of `model` must share with it to be refreshed by its state: modules, schemes, shapes."""
+    return ([(name, type(m), getattr(m, "scheme", None)) for name, m in model.named_modules()]
+            + [(name, t.shape, t.dtype, t.device) for name, t in (*model.named_parameters(), *model.named_buffers())])
+
+
+class ModelCopies:
+    """The quantized copy and the float shadow of a diagnosed batch, made once and, while the model keeps its
+    structure, brought to its weights, buffers, modes and frozen parameters in place (a deep copy of the model a
+    diagnosed batch cost more than the copies' own passes)."""
+
+    def __init__(self):
+        self.structure, self.twin, self.shadow = None, None, None
+
+    def at(self, model: nn.Module, steps: dict) -> tuple[nn.Module, nn.Module]:
+        """(replayed(model, steps), float_shadow(model)), the same numbers."""
+        structure = _structure(model)
+        if structure != self.structure:
+            self.structure, self.twin, self.shadow = structure, copy.deepcopy(model), float_shadow(model)
+        else:
+            state = model.state_dict()
+            for kept in (self.twin, self.shadow):
+                kept.load_state_dict({key: state[key] for key in kept.state_dict()})
+                for source, target in zip(model.modules(), kept.modules()):
+                    target.training = source.training
+                for source, target in zip(model.parameters(), kept.parameters()):
+                    target.requires_grad_(source.requires_grad)
+            kept_buffers = dict(self.twin.named_buffers())
+            with torch.no_grad():
+                for name, buffer in model.named_buffers():  # the layers' counters and largest scales too
+                    if name not in state:
+                        kept_buffers[name].copy_(buffer)
+        return _replaying(self.twin, steps), self.shadow
+
+
 class QuantizerWatch:
     """A quantized layer's ops seen by the diagnostics (the layer's `ops_watch`): every call passes through
     unchanged; while `recording`, each quantizer's zero levels among its nonzero values are counted by role and
@@ -104,8 +173,8 @@ class QuantizerWatch:
 
     def __init__(self, layer: QuantLayer):
         self.layer, self.ops, self.recording = layer, None, True
-        self.zeros: dict[str, list[int]] = {}  # role: [zero levels of nonzero values, nonzero values]
-        self.tile_sums: dict[str, dict] = {}  # product: {largest, limit}
+        self.zeros: dict[str, list] = {}  # role: [zero levels of nonzero values, nonzero values] (device counts)
+        self.tile_sums: dict[str, dict] = {}  # product: {largest (device), limit}
 
     def __call__(self, ops):
         self.ops = ops
@@ -119,15 +188,16 @@ class QuantizerWatch:
             return
         nonzero = t != 0
         counts = self.zeros.setdefault(ROLE_OF_CODE[counter.role % ROLE_STRIDE], [0, 0])
-        counts[0] += int((nonzero & (levels == 0)).sum())
-        counts[1] += int(nonzero.sum())
+        counts[0] = counts[0] + (nonzero & (levels == 0)).sum()
+        counts[1] = counts[1] + nonzero.sum()
 
     def _tile_sums(self, a, b, tile, acc_bits, bounds, tally) -> None:
         if not self.recording or acc_bits is None or tally is None:
             return
         product = next(p for p, stat in PRODUCT_STATS.items() if self.layer._tally(stat).data_ptr() == tally.data_ptr())
-        kept = self.tile_sums.setdefault(product, {"largest": 0.0, "limit": accumulator_limit(acc_bits)})
-        kept["largest"] = max(kept["largest"], largest_tile_sum(a, b, tile, bounds))
+        largest = largest_tile_sum(a, b, tile, bounds)
+        kept = self.tile_sums.setdefault(product, {"largest": largest, "limit": accumulator_limit(acc_bits)})
+        kept["largest"] = torch.maximum(kept["largest"], largest)
 
     def quantize(self, t, spec, counter=None, worst=None, times=None):
         levels, scale = self.ops.quantize(t, spec, counter, worst=worst, times=times)
@@ -157,10 +227,20 @@ class QuantizerWatch:
         return self.ops.col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape,
                                           kernel_size, padding, dilation, stride, keep, tally)
 
+    def counts(self) -> dict:
+        """What was recorded, on the device: {zeros: {role: [zero levels, nonzero values]}, tile_sums: {product:
+        {largest, limit}}} (record's input, after on_host)."""
+        return {"zeros": self.zeros, "tile_sums": self.tile_sums}
+
     def record(self) -> dict:
         """{underflow: {role: share}, tile_sums: {product: {largest, limit}}} of what was recorded."""
-        return {"underflow": {role: zeros / seen if seen else 0.0 for role, (zeros, seen) in self.zeros.items()},
-                "tile_sums": self.tile_sums}
+        return underflow_shares(on_host(self.counts()))
+
+
+def underflow_shares(counts: dict) -> dict:
+    """QuantizerWatch.counts (on the host) as its record: the zero levels' share of the nonzero values by role."""
+    return {"underflow": {role: zeros / seen if seen else 0.0 for role, (zeros, seen) in counts["zeros"].items()},
+            "tile_sums": counts["tile_sums"]}
 
 
 def watched(model: nn.Module) -> dict:
@@ -232,6 +312,7 @@ class GradientDiagnostics(SupervisedPlugin):
         super().__init__()
         self.every, self.landscape, self.seed = every, landscape, seed
         self.experiences: list[dict] = []
+        self._copies = ModelCopies()
         self._steps: dict | None = None
         self._g: torch.Tensor | None = None
         self._output_hook = None
@@ -313,10 +394,11 @@ class GradientDiagnostics(SupervisedPlugin):
         self._record(strategy, steps, parts)
 
     def _record(self, strategy, steps: dict, parts: dict) -> None:
+        """The diagnosed batch's measures, computed on the device and read back in one transfer."""
         seed = strategy.clock.train_iterations
-        quantized = replayed(strategy.model, steps)
+        quantized, shadow = self._copies.at(strategy.model, steps)
         watches = watched(quantized)
-        passes = [_Pass(model, strategy.mb_x, seed) for model in (quantized, float_shadow(strategy.model))]
+        passes = [_Pass(model, strategy.mb_x, seed) for model in (quantized, shadow)]
         grads = {}
         try:
             for part, g in parts.items():  # "all" first: the watches record its backward alone
@@ -326,23 +408,32 @@ class GradientDiagnostics(SupervisedPlugin):
         finally:
             for p in passes:
                 p.close()
-        record = self.experiences[-1]
-        record["batches"] += 1
-        n = record["batches"]
-        for name, watch in watches.items():
-            _watched_into(record["layers"].setdefault(name, {}), watch.record(), n)
+            for module in quantized.modules():
+                if isinstance(module, QuantLayer):
+                    module.ops_watch = None
+        measured = {"watches": {name: watch.counts() for name, watch in watches.items()}, "layers": {}}
         for name in passes[0].layers:
-            layer = record["layers"].setdefault(name, {})
+            layer = measured["layers"][name] = {kind: {} for kind in GRADIENTS}
             for part, (q, f) in grads.items():
                 for kind in GRADIENTS:
                     if kind in q[name] and kind in f[name]:
-                        _mean_into(layer.setdefault(kind, {}).setdefault(part, {}), fidelity(q[name][kind],
-                                                                                              f[name][kind]), n)
+                        layer[kind][part] = _fidelity(q[name][kind], f[name][kind])
             q = grads["all"][0][name]
             stats = {"weight": passes[0].layers[name].weight.detach(), **q}
-            for role in ROLES:
-                if role in stats:
-                    _mean_into(layer.setdefault("stats", {}).setdefault(role, {}), summary_statistics(stats[role]), n)
+            layer["stats"] = {role: _summary_statistics(stats[role]) for role in ROLES if role in stats}
+        measured = on_host(measured)
+        record = self.experiences[-1]
+        record["batches"] += 1
+        n = record["batches"]
+        for name, counts in measured["watches"].items():
+            _watched_into(record["layers"].setdefault(name, {}), underflow_shares(counts), n)
+        for name, layer_measures in measured["layers"].items():
+            layer = record["layers"].setdefault(name, {})
+            for kind in GRADIENTS:
+                for part, values in layer_measures[kind].items():
+                    _mean_into(layer.setdefault(kind, {}).setdefault(part, {}), values, n)
+            for role, values in layer_measures["stats"].items():
+                _mean_into(layer.setdefault("stats", {}).setdefault(role, {}), values, n)
 
     def summary(self) -> list[dict]:
         """Per experience: the mean over layers of each gradient's fidelity, by part of G, and of each role's
