@@ -66,6 +66,14 @@ def epoch_log_every(cfg) -> int:
     return 0 if _show_bars(cfg) else -(-cfg.trainer.epochs // 10)
 
 
+def run_label(cfg, run_dir: Path) -> str:
+    """The run's folder below results_root (e.g. cifar10-resnet32/icarl/hdqt/seed0), else its name."""
+    try:
+        return Path(run_dir).resolve().relative_to(Path(cfg.results_root).resolve()).as_posix()
+    except ValueError:
+        return Path(run_dir).name
+
+
 def _evaluator(cfg, run_dir: Path) -> EvaluationPlugin:
     loggers = [InteractiveLogger()] if _show_bars(cfg) else []
     if cfg.logging.csv:
@@ -177,7 +185,7 @@ class RunPlugins:
         gpu_augment = cfg.benchmark.get("augment") and cfg.benchmark.augment_on == "gpu"
         return cls(
             recorder=PredictionRecorder(bench.task_classes() if cfg.benchmark.scenario == "task" else None),
-            monitor=TrainingMonitor(epoch_log_every(cfg)),
+            monitor=TrainingMonitor(epoch_log_every(cfg), run_label(cfg, run_dir)),
             optimizer=PerExperienceSGD(t.lr, list(t.milestones), t.gamma), quantization=QuantizationPlugin(cfg.quant),
             cost=CostCounter(energy_table(cfg.cost), teachers(cfg.strategy.name), t.weight_bits),
             storage=None if t.weight_bits is None else WeightStorage(t.weight_bits),

@@ -129,8 +129,8 @@ def test_epoch_progress_lines(make_cfg, tmp_path, caplog, every, epochs, logged)
     with caplog.at_level(logging.INFO, logger="hdqt_cil.trainer.monitor"):
         summary = run(cfg, tmp_path / "run")
     lines = [r.getMessage() for r in caplog.records if r.name == "hdqt_cil.trainer.monitor"]
-    expected = [f"experience {k}, epoch {e}/{epochs}: mean training loss {summary['train_loss'][k - 1][e - 1]:.4f}"
-                for k in (1, 2) for e in logged]
+    expected = [f"run: experience {k}, epoch {e}/{epochs}: mean training loss "
+                f"{summary['train_loss'][k - 1][e - 1]:.4f}" for k in (1, 2) for e in logged]
     assert [line.split(" (")[0] for line in lines] == expected
     assert all(re.search(r"\(\d+\.\d\d s an epoch\)$", line) for line in lines)
 

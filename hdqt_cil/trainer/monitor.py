@@ -30,11 +30,14 @@ class TrainingMonitor(SupervisedPlugin):
     epoch's end one transfer gives the mean loss, and a non-finite or runaway loss or the first parameter holding
     NaN/Inf (by its qualified name, i.e. the layer) raises `Diverged`. `losses[k]` lists experience k's
     per-epoch mean training losses. Every `log_every` epochs (0: never) a log line gives the loss and the time
-    an epoch takes, so a long experience shows progress where no progress bars are drawn (sweeps, clusters)."""
+    an epoch takes, so a long experience shows progress where no progress bars are drawn (sweeps, clusters); it
+    starts with the run's `label`, so that the lines of runs sharing one output (a packed sweep) tell whose they are.
+    """
+    label = ""  # a monitor restored from a checkpoint written before labels
 
-    def __init__(self, log_every: int = 0):
+    def __init__(self, log_every: int = 0, label: str = ""):
         super().__init__()
-        self.log_every = log_every
+        self.log_every, self.label = log_every, label
         self.losses: list[list[float]] = []
         self._sum = self._count = None
         self._since = self._epochs_since = None
@@ -79,6 +82,7 @@ class TrainingMonitor(SupervisedPlugin):
         self._epochs_since += 1
         if self.log_every and epoch % self.log_every == 0:
             now = time.perf_counter()
-            log.info("experience %d, epoch %d/%d: mean training loss %.4f (%.2f s an epoch)", experience + 1, epoch,
-                     self._epochs, mean, (now - self._since) / self._epochs_since)
+            log.info("%sexperience %d, epoch %d/%d: mean training loss %.4f (%.2f s an epoch)",
+                     f"{self.label}: " if self.label else "", experience + 1, epoch, self._epochs, mean,
+                     (now - self._since) / self._epochs_since)
             self._since, self._epochs_since = now, 0
