@@ -22,16 +22,17 @@ class CountingOps(SimpleNamespace):
     """TORCH_OPS, counting what each call computes from the tensors it is given."""
 
     def __init__(self):
-        super().__init__(name="counting", tally=Counter(), im2col=TORCH_OPS.im2col, col2im=TORCH_OPS.col2im)
+        super().__init__(name="counting", tally=Counter(), im2col=TORCH_OPS.im2col, col2im=TORCH_OPS.col2im,
+                         advance_step=TORCH_OPS.advance_step)
 
     def _quantized(self, t, spec):
         self.tally[f"quantize {level_name(spec)}"] += t.numel()
         if spec.rounding == "stochastic":
             self.tally["random_bit"] += RANDOM_BITS * t.numel()
 
-    def quantize(self, t, spec, counter=None, worst=None):
+    def quantize(self, t, spec, counter=None, worst=None, times=None):
         self._quantized(t, spec)
-        return TORCH_OPS.quantize(t, spec, counter, worst)
+        return TORCH_OPS.quantize(t, spec, counter, worst, times)
 
     def forward_quantize(self, t, spec, counter=None, ste="none", tally=None, worst=None):
         self._quantized(t, spec)
@@ -42,21 +43,21 @@ class CountingOps(SimpleNamespace):
         self.tally["hadamard_add"] += x.numel() * (block.bit_length() - 1)
         return TORCH_OPS.block_hadamard(x, dim, block)
 
-    def hadamard_quantize(self, x, spec, counter=None, block=None, dim=-1, worst=None):
-        return self.quantize(self.block_hadamard(x, dim, block), spec, counter, worst)
+    def hadamard_quantize(self, x, spec, counter=None, block=None, dim=-1, worst=None, times=None):
+        return self.quantize(self.block_hadamard(x, dim, block), spec, counter, worst, times)
 
     def hla_compress(self, t, block, rank, dim=-1):
         return hla_compress(t, block, rank, dim, self.block_hadamard)
 
     def scaled_int_matmul(self, a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
-                          count_saturated=False, sum_batch=False, tally=None):
+                          count_saturated=False, sum_batch=False, tally=None, keep=None):
         batch = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
         (m, k), n = a.shape[-2:], b.shape[-1]
         self.tally["int_mac"] += batch * m * n * k
         if acc_bits is not None:
             self.tally["saturate"] += batch * m * n * (1 if tile is None or tile >= k else math.ceil(k / tile))
         return TORCH_OPS.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated,
-                                           sum_batch, tally)
+                                           sum_batch, tally, keep)
 
     def col2im_int_matmul(self, a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size, padding,
                           dilation, stride, keep=None, tally=None):
