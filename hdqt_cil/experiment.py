@@ -318,6 +318,8 @@ def _train(cfg, bench, strategy, plugins: RunPlugins, folder: RunFolder, start: 
             summary["diagnostics"] = plugins.diagnostics.summary()
         folder.write(summary, records)
 
+    if plugins.diagnostics is not None:  # the landscapes' old test sets
+        plugins.diagnostics.old_tests = [experience.dataset for experience in scenario.test_stream]
     try:
         for k in steps[start.first:]:
             strategy.train(scenario.train_stream if joint else scenario.train_stream[k], **loader_args)

@@ -2,6 +2,7 @@
 without changing its numbers."""
 import json
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -136,6 +137,8 @@ def test_kept_copies_record_what_fresh_copies_record():
             plugin.experiences = [{"experience": 0, "batches": 0, "layers": {}}]
             plugin._record(strategy, steps, {"all": g, "old": g * 0.5})
         assert kept.experiences == fresh.experiences, f"batch {batch}"
+        restored = pickle.loads(pickle.dumps(kept))  # a checkpoint keeps the records, not the copies
+        assert restored._copies.twin is None and restored.experiences == kept.experiences
         logits.backward(g)
         optimizer.step()
         optimizer.zero_grad()
@@ -213,6 +216,11 @@ def test_a_full_run_records_a_landscape_per_experience_without_changing_its_numb
     assert all(set(r["landscape"]) == {"quantized", "float"} for r in records)
     assert all(len(r["landscape"]["quantized"]["2d"]) == 3 for r in records)
     assert set(summary["diagnostics"][0]["landscape"]["float"]) == {"centre", "rise"}
+    # the old experiences' test loss, from the second experience on, along the same directions
+    assert "old_test_landscape" not in records[0]
+    assert all(set(r["old_test_landscape"]) == {"quantized", "float"} for r in records[1:])
+    assert all(r["old_test_landscape"]["quantized"]["1d"] != r["landscape"]["quantized"]["1d"] for r in records[1:])
+    assert set(summary["diagnostics"][1]["old_test_landscape"]["quantized"]) == {"centre", "rise"}
     make_tables([tmp_path / "full"], tmp_path / "tables")
     assert (tmp_path / "tables" / "landscape.png").stat().st_size > 1000
 

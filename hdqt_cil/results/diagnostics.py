@@ -126,13 +126,15 @@ def landscapes(runs: pd.DataFrame) -> list[dict]:
         for record in records:
             if "landscape" in record:
                 out.append({"benchmark": run["benchmark"], "label": label, "seed": run.get("seed"),
-                            "experience": record["experience"], **record["landscape"]})
+                            "experience": record["experience"], **record["landscape"],
+                            "old_test": record.get("old_test_landscape")})
     return out
 
 
 def plot_landscapes(found: list[dict], path) -> None:
-    """Per run (its lowest seed): the 1-D slice of every experience (quantized solid, float shadow dashed) and the
-    2-D slice of its last experience, quantized, as contours."""
+    """Per run (its lowest seed): the 1-D slice of every experience's training loss (quantized solid, float shadow
+    dashed), the same of the old experiences' test loss where recorded, and the 2-D slice of the last experience's
+    training loss, quantized, as contours."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -140,17 +142,24 @@ def plot_landscapes(found: list[dict], path) -> None:
     runs = {}
     for entry in sorted(found, key=lambda e: (e["seed"] is None, e["seed"])):
         runs.setdefault((entry["benchmark"], entry["label"]), {}).setdefault(entry["seed"], []).append(entry)
-    fig, axes = plt.subplots(len(runs), 2, figsize=(11, 4 * len(runs)), squeeze=False)
-    for (ax_1d, ax_2d), ((bench, label), seeds) in zip(axes, runs.items()):
+    old_tests = any(entry.get("old_test") for entry in found)
+    fig, axes = plt.subplots(len(runs), 2 + old_tests, figsize=(5.5 * (2 + old_tests), 4 * len(runs)), squeeze=False)
+    for row, ((bench, label), seeds) in zip(axes, runs.items()):
+        ax_1d, ax_2d = row[0], row[-1]
         entries = next(iter(seeds.values()))
         colors = plt.get_cmap("viridis")([i / max(1, len(entries) - 1) for i in range(len(entries))])
-        for entry, color in zip(entries, colors):
-            for model, style in (("quantized", "-"), ("float", "--")):
-                ax_1d.plot(entry[model]["alphas"], entry[model]["1d"], style, color=color,
-                           label=f"experience {entry['experience'] + 1}, {model}")
-        ax_1d.set(title=f"{bench}: {label}, 1-D slice", xlabel="α (filter-normalised direction)",
-                  ylabel="training loss")
-        ax_1d.legend(fontsize=6)
+        panels = [(ax_1d, lambda entry: entry, "training loss")]
+        if old_tests:
+            panels.append((row[1], lambda entry: entry.get("old_test"), "old experiences' test loss"))
+        for ax, slices, what in panels:
+            for entry, color in zip(entries, colors):
+                for model, style in (("quantized", "-"), ("float", "--")):
+                    if slices(entry):
+                        ax.plot(slices(entry)[model]["alphas"], slices(entry)[model]["1d"], style, color=color,
+                                label=f"experience {entry['experience'] + 1}, {model}")
+            ax.set(title=f"{bench}: {label}, 1-D slice, {what}", xlabel="α (filter-normalised direction)",
+                   ylabel=what)
+            ax.legend(fontsize=6)
         last = entries[-1]["quantized"]
         contour = ax_2d.contour(last["alphas"], last["alphas"], last["2d"], levels=15)
         ax_2d.clabel(contour, fontsize=6)

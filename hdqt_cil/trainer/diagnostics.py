@@ -12,7 +12,8 @@ quantizer rounds to level 0 (underflow), by its role, and each integer product's
 accumulator's limit. The copies draw the same dropout masks from a forked generator: the run's own random streams
 and numbers are untouched. Records are means over an experience's diagnosed batches, kept in the plugin and in its
 epoch checkpoints, written with the run as diagnostics.json. diagnostics=full adds, at the end of each experience,
-the training loss's landscape around the weights for the quantized model and its float shadow (trainer/landscape.py).
+the training loss's landscape around the weights for the quantized model and its float shadow (trainer/landscape.py),
+and from the second experience on the old experiences' test loss along the same directions.
 """
 import copy
 import math
@@ -312,6 +313,7 @@ class GradientDiagnostics(SupervisedPlugin):
         super().__init__()
         self.every, self.landscape, self.seed = every, landscape, seed
         self.experiences: list[dict] = []
+        self.old_tests: list | None = None  # the test sets by experience (the run sets them; not checkpointed)
         self._copies = ModelCopies()
         self._steps: dict | None = None
         self._g: torch.Tensor | None = None
@@ -321,6 +323,14 @@ class GradientDiagnostics(SupervisedPlugin):
         k = strategy.clock.train_exp_counter
         self.experiences = [e for e in self.experiences if e["experience"] != k]
         self.experiences.append({"experience": k, "batches": 0, "layers": {}})
+
+    def __getstate__(self):
+        """A checkpoint keeps the records, not the kept model copies or the test sets."""
+        return {**self.__dict__, "_copies": None, "old_tests": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._copies, self.old_tests = ModelCopies(), None
 
     def epoch_state(self) -> list:
         """What an epoch checkpoint keeps of this plugin (trainer/checkpoint.py): the records so far."""
@@ -332,23 +342,23 @@ class GradientDiagnostics(SupervisedPlugin):
     def after_training_exp(self, strategy, **kwargs):
         """diagnostics=full: the landscape of the quantized model and of its float shadow, along the same two
         directions (drawn from the run's seed and the experience), on the experience's first training batches
-        (in their evaluation transform)."""
+        (in their evaluation transform); from the second experience on, also on batches drawn at random (by the
+        seed and the experience) from the earlier experiences' test sets."""
         if self.landscape is None:
             return
         spec, k = self.landscape, self.experiences[-1]["experience"]
         generator = torch.Generator().manual_seed(self.seed * 1000003 + k)
         directions = tuple(filter_normalised_direction(strategy.model, generator) for _ in range(2))
-        device = strategy.device
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # a loader draws a seed
-            loader = torch.utils.data.DataLoader(strategy.experience.dataset.eval(), batch_size=strategy.train_mb_size)
-            batches = []
-            for x, y, *_ in loader:
-                batches.append((x.to(device), y.to(device)))
-                if len(batches) == spec.batches:
-                    break
-        self.experiences[-1]["landscape"] = {
-            name: loss_landscape(model, batches, directions, spec.points, spec.span)
-            for name, model in (("quantized", strategy.model), ("float", float_shadow(strategy.model)))}
+        models = (("quantized", strategy.model), ("float", float_shadow(strategy.model)))
+        slices = {"landscape": _first_batches(strategy.experience.dataset.eval(), strategy.train_mb_size, spec.batches,
+                                              strategy.device)}
+        if k > 0 and self.old_tests:
+            old = torch.utils.data.ConcatDataset([t.eval() for t in self.old_tests[:k]])
+            slices["old_test_landscape"] = _first_batches(old, strategy.eval_mb_size, spec.batches, strategy.device,
+                                                          torch.Generator().manual_seed(self.seed * 1000003 + k))
+        for key, batches in slices.items():
+            self.experiences[-1][key] = {name: loss_landscape(model, batches, directions, spec.points, spec.span)
+                                         for name, model in models}
 
     def _diagnosing(self, strategy) -> bool:
         return strategy.clock.train_exp_iterations % self.every == 0
@@ -457,12 +467,27 @@ class GradientDiagnostics(SupervisedPlugin):
             entry = {"experience": exp["experience"], "batches": exp["batches"], "mean over layers": means}
             if reach:
                 entry["largest tile sum / limit"] = reach
-            if "landscape" in exp:  # the 1-D slice: the loss at the weights, and its mean rise at ±span
-                entry["landscape"] = {name: {"centre": s["1d"][len(s["1d"]) // 2],
-                                             "rise": (s["1d"][0] + s["1d"][-1]) / 2 - s["1d"][len(s["1d"]) // 2]}
-                                      for name, s in exp["landscape"].items()}
+            for key in ("landscape", "old_test_landscape"):  # the 1-D slice: the loss at the weights, its rise at ±span
+                if key in exp:
+                    entry[key] = {name: {"centre": s["1d"][len(s["1d"]) // 2],
+                                         "rise": (s["1d"][0] + s["1d"][-1]) / 2 - s["1d"][len(s["1d"]) // 2]}
+                                  for name, s in exp[key].items()}
             out.append(entry)
         return out
+
+
+def _first_batches(dataset, batch_size: int, count: int, device, shuffle: torch.Generator | None = None) -> list:
+    """The first `count` batches of `dataset` (shuffled by `shuffle` where given) on `device`, under a forked
+    random state: iterating a loader draws a seed, which must not move the run's own streams."""
+    batches = []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=shuffle is not None,
+                                             generator=shuffle)
+        for x, y, *_ in loader:
+            batches.append((x.to(device), y.to(device)))
+            if len(batches) == count:
+                break
+    return batches
 
 
 def _watched_into(layer: dict, watched: dict, n: int) -> None:
