@@ -116,6 +116,9 @@ RUN_INDEPENDENT_QUANT = ("backend",)
 
 # Settings that mean something only while another is set: (node, the switch, the prefix of its settings).
 SWITCHED_SETTINGS = (("strategy", "hp_replay", "hp_replay_"),)
+# A setting at the value that was the behaviour before it existed, with the settings that mean nothing then: left
+# out of a run's identity, so that a folder written before it matches.
+DEFAULTED_SETTINGS = (("quant", "acc", "int", ("acc_exp_bits", "acc_man_bits")),)
 
 
 def _without_nulls(value):
@@ -137,6 +140,9 @@ def comparable_config(cfg_dict: dict) -> dict:
     for node, switch, prefix in SWITCHED_SETTINGS:
         if switch not in out.get(node, {}):
             out[node] = {k: v for k, v in out.get(node, {}).items() if not k.startswith(prefix)}
+    for node, setting_name, default, meaningless in DEFAULTED_SETTINGS:
+        if out.get(node, {}).get(setting_name) == default:
+            out[node] = {k: v for k, v in out[node].items() if k != setting_name and k not in meaningless}
     out["trainer"] = {k: v for k, v in out.get("trainer", {}).items() if k not in RUN_INDEPENDENT_TRAINER}
     out["quant"] = {k: v for k, v in out.get("quant", {}).items() if k not in RUN_INDEPENDENT_QUANT}
     benchmark = {k: v for k, v in out.get("benchmark", {}).items() if k not in DATA_LOCATION}

@@ -50,18 +50,19 @@ class CountingOps(SimpleNamespace):
         return hla_compress(t, block, rank, dim, self.block_hadamard)
 
     def scaled_int_matmul(self, a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
-                          count_saturated=False, sum_batch=False, tally=None, keep=None):
+                          count_saturated=False, sum_batch=False, tally=None, keep=None, acc_format=None):
         batch = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
         (m, k), n = a.shape[-2:], b.shape[-1]
         self.tally["int_mac"] += batch * m * n * k
-        if acc_bits is not None:
+        if acc_bits is not None or acc_format is not None:
             self.tally["saturate"] += batch * m * n * (1 if tile is None or tile >= k else math.ceil(k / tile))
         return TORCH_OPS.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated,
-                                           sum_batch, tally, keep)
+                                           sum_batch, tally, keep, acc_format)
 
     def col2im_int_matmul(self, a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size, padding,
-                          dilation, stride, keep=None, tally=None):
-        rows = self.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, tally=tally)
+                          dilation, stride, keep=None, tally=None, acc_format=None):
+        rows = self.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, tally=tally,
+                                      acc_format=acc_format)
         return self.col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep)
 
 
@@ -178,3 +179,15 @@ def test_saved_activations_by_width_and_the_energy_model():
         {"compute": 4.6, "saved activations": 61.0, "total": 65.6})
     with pytest.raises(KeyError, match="no energy for operations of kind 'teleport'"):
         table.per_op("teleport")
+
+
+def test_a_float_accumulator_is_costed_as_a_float_add_of_its_width():
+    from hdqt_cil.cost.energy import EnergyTable
+    from hdqt_cil.quant.schemes import scheme_from_config
+
+    table = EnergyTable()
+    assert table.per_op("int_mac int4xint4 acce5m2") == pytest.approx(0.2 * 16 / 64 + 0.9 * 8 / 32)
+    scheme = scheme_from_config({"name": "hdqt", "acc": "fp"})
+    counted = analytic(quantize_model(mlp(), scheme), step_inputs(mlp, 8)[0])
+    assert counted["int_mac int4xint4 acce5m2"] > 0 and not any(k.endswith("acc8") for k in counted)
+    assert counted["saturate"] > 0

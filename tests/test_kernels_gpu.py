@@ -747,17 +747,18 @@ class CheckedOps:
                                                                        times=times), worst)
 
     def scaled_int_matmul(self, a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
-                          count_saturated=False, sum_batch=False, tally=None, keep=None):
+                          count_saturated=False, sum_batch=False, tally=None, keep=None, acc_format=None):
         args = (a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated, sum_batch)
-        return self._with_outputs("scaled_int_matmul", (*args[:8], keep),
-                                  lambda ops, c: ops.scaled_int_matmul(*args, tally=c, keep=keep), tally)
+        return self._with_outputs("scaled_int_matmul", (*args[:8], keep, acc_format),
+                                  lambda ops, c: ops.scaled_int_matmul(*args, tally=c, keep=keep,
+                                                                       acc_format=acc_format), tally)
 
     def col2im_int_matmul(self, a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size, padding,
-                          dilation, stride, keep=None, tally=None):
+                          dilation, stride, keep=None, tally=None, acc_format=None):
         args = (a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size, padding, dilation, stride,
                 keep)
-        return self._with_outputs("col2im_int_matmul", args, lambda ops, c: ops.col2im_int_matmul(*args, tally=c),
-                                  tally)
+        return self._with_outputs("col2im_int_matmul", (*args, acc_format),
+                                  lambda ops, c: ops.col2im_int_matmul(*args, tally=c, acc_format=acc_format), tally)
 
     def im2col(self, x, kernel_size, padding, dilation, stride, columns=False):
         args = (x, kernel_size, padding, dilation, stride, columns)

@@ -120,3 +120,27 @@ def test_sum_entries_adds_in_order_from_positive_zero():
     x = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(0))
     assert sum_entries(x).shape == (4, 5)
     assert torch.equal(sum_entries(x), ((((x[0, 0] + 0) + x[0, 1]) + x[0, 2]) + x[1, 0] + x[1, 1]) + x[1, 2])
+
+
+@pytest.mark.parametrize("tile", [32, 7, None])
+def test_a_float_accumulator_rounds_every_tile_sum(tile):
+    """acc_format: each tile's exact sum rounded by the authors' quantizer (E5M2: 2 mantissa bits), the rounded
+    sums added; saturated where a sum lies beyond the format's largest value (E2M1: 6)."""
+    from hdqt_cil.quant.floats import authors_float, authors_format
+
+    a, b = random_levels((9, 70), -7, 7, seed=3), random_levels((70, 5), -7, 7, seed=4)
+    a64, b64 = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+    width = 70 if tile is None else tile
+    for exp_bits, man_bits in ((5, 2), (2, 1)):
+        fmt = authors_format(exp_bits, man_bits)
+        expected, saturated = np.zeros((9, 5)), 0
+        for start in range(0, 70, width):
+            sums = torch.tensor(a64[:, start:start + width] @ b64[start:start + width], dtype=torch.float32)
+            expected += authors_float(sums, exp_bits, man_bits).double().numpy()
+            saturated += int((sums.abs() > (6 if exp_bits == 2 else 1.75 * 2**16)).sum())
+        out, count = tiled_int_matmul(a, b, tile, None, count_saturated=True, acc_format=fmt)
+        np.testing.assert_array_equal(out.numpy(), expected)
+        assert count.item() == saturated
+        assert not np.array_equal(expected, a64 @ b64), "a rounding of no effect tests nothing"
+    with pytest.raises(ValueError, match="exclude each other"):
+        tiled_int_matmul(a, b, 32, 8, acc_format=fmt)

@@ -87,3 +87,36 @@ def test_unknown_hydra_key_is_refused(make_cfg):
     from hydra.errors import ConfigCompositionException
     with pytest.raises(ConfigCompositionException, match="bitz"):
         make_cfg("quant=hdqt", "quant.bitz=3")
+
+
+@pytest.mark.parametrize("name", ["hdqt", "int4", "luq"])
+def test_an_integer_scheme_takes_a_float_accumulator(make_cfg, name):
+    """quant.acc=fp: every integer product's tile sums rounded to acc_exp_bits/acc_man_bits (LUQ: its forward);
+    acc=none: exact sums; a run made before the setting existed is the same experiment as acc=int."""
+    from hdqt_cil.config import comparable_config
+
+    scheme = scheme_from_config(make_cfg(f"quant={name}", "quant.acc=fp", "quant.acc_man_bits=3").quant)
+    assert scheme.forward.acc_bits is None and scheme.forward.acc_format.name == "e5m3"
+    if name != "luq":
+        assert scheme.grad_input.acc_format == scheme.grad_weight.acc_format == scheme.forward.acc_format
+    exact = scheme_from_config(make_cfg(f"quant={name}", "quant.acc=none").quant)
+    assert exact.forward.acc_bits is None and exact.forward.acc_format is None
+    now = OmegaConf.to_container(make_cfg(f"quant={name}"), resolve=True)
+    before = {**now, "quant": {k: v for k, v in now["quant"].items() if k not in ("acc", "acc_exp_bits",
+                                                                                 "acc_man_bits")}}
+    assert comparable_config(before) == comparable_config(now)
+    fp = OmegaConf.to_container(make_cfg(f"quant={name}", "quant.acc=fp"), resolve=True)
+    assert comparable_config(fp) != comparable_config(now)
+    with pytest.raises(ValueError, match="quant.acc='float'"):
+        scheme_from_config({"name": name, "acc": "float"})
+
+
+def test_a_run_under_a_float_accumulator(make_cfg, tmp_path):
+    from hdqt_cil.experiment import run
+
+    args = ("strategy=naive", "quant=hdqt", "trainer.epochs=1", "trainer.device=cpu", "benchmark.n_experiences=2")
+    fp = run(make_cfg(*args, "quant.acc=fp"), tmp_path / "fp")
+    integer = run(make_cfg(*args), tmp_path / "int")
+    assert fp["status"] == integer["status"] == "complete"
+    assert fp["train_loss"] != integer["train_loss"]
+    assert "e5m2" in str(fp["cost"]) and "e5m2" not in str(integer["cost"])

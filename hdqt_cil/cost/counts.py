@@ -4,8 +4,9 @@ hardware would do, forward and backward apart (docs/cost.md).
 Counts are keyed by kind; each is a number of operations (or of bits, for `random_bit` and `saved_bit`):
 
     int_mac <a>x<b> acc<c>   multiply-accumulates of integer operands of a and b bits into a c-bit accumulator
-                             (`accnone`: exact, never saturating); log2-grid operands (LUQ's FP4) are `log<bits>`
-    saturate                 clamps of a tile's (or the whole K's) sum to the accumulator's range
+                             (`accnone`: exact, never saturating; `acce5m2`: each tile's sum rounded to that float
+                             format); log2-grid operands (LUQ's FP4) are `log<bits>`
+    saturate                 clamps (or a float accumulator's roundings) of a tile's (or the whole K's) sum
     float_mac                float32 multiply-accumulates (FP32 training, HOT's forward, float operands)
     float_mac <a>x<b> acc<c> multiply-accumulates of float operands of formats a and b (e4m3, e2m1, ...) into a
                              c accumulator (fp32, or the format each K tile's sum is rounded to)
@@ -67,13 +68,16 @@ class Tally:
                 phase["random_bit"] += RANDOM_BITS * elements
 
     def product(self, phase: Counter, left: QuantSpec | None, right: QuantSpec | None, entries: int, m: int, n: int,
-                k: int, tile: int | None = None, acc_bits: int | None = None, summed: bool = False) -> None:
+                k: int, tile: int | None = None, acc_bits: int | None = None, summed: bool = False,
+                acc_format=None) -> None:
         """`entries` products of (m, k) by (k, n): integer when both operands are quantized (then scaled back, one
-        float multiply an output), float otherwise; `summed`: the entries' results added in float."""
+        float multiply an output), float otherwise; `summed`: the entries' results added in float. The
+        accumulator: acc_bits (integer), acc_format (float) or neither (exact)."""
         macs = entries * m * n * k
         if left is not None and right is not None:
-            phase[f"int_mac {level_name(left)}x{level_name(right)} acc{acc_bits or 'none'}"] += macs
-            if acc_bits is not None:
+            acc = acc_format.name if acc_format is not None else acc_bits or "none"
+            phase[f"int_mac {level_name(left)}x{level_name(right)} acc{acc}"] += macs
+            if acc_bits is not None or acc_format is not None:
                 tiles = 1 if tile is None or tile >= k else math.ceil(k / tile)
                 phase["saturate"] += entries * m * n * tiles
             phase["float_op"] += entries * m * n
@@ -130,7 +134,8 @@ def quant_layer_tally(layer: QuantLayer, x_shape: tuple, input_grad: bool, train
     product = scheme.forward
     t.quantize(fwd, product.left, g.x_elements)
     t.quantize(fwd, product.right, g.out * g.k)
-    t.product(fwd, product.left, product.right, 1, g.rows, g.out, g.k, product.tile, product.acc_bits)
+    t.product(fwd, product.left, product.right, 1, g.rows, g.out, g.k, product.tile, product.acc_bits,
+              acc_format=product.acc_format)
     if not training:
         return t
     _saved(fwd, product.left, g.x_elements)
@@ -146,7 +151,7 @@ def quant_layer_tally(layer: QuantLayer, x_shape: tuple, input_grad: bool, train
         _backward_operand(t, bwd, gi.right, product.right, g.k * g.out, block)
         entries, rows = (g.batch, g.positions) if g.conv else (1, g.rows)
         t.product(bwd, gi.left, gi.right if gi.right is not None else product.right, entries, rows, g.k, g.out,
-                  gi.tile, gi.acc_bits)
+                  gi.tile, gi.acc_bits, acc_format=gi.acc_format)
         bwd["float_op"] += (g.rows * g.k if g.conv else 0) + (g.x_elements if scheme.ste != "none" else 0)
     gw = scheme.grad_weight
     contraction = g.positions if g.conv else g.rows
@@ -155,7 +160,7 @@ def quant_layer_tally(layer: QuantLayer, x_shape: tuple, input_grad: bool, train
         t.quantize(bwd, gw.left, g.rows * g.out, block)
     _backward_operand(t, bwd, gw.right, product.left, g.rows * g.k, block)
     t.product(bwd, gw.left, gw.right if gw.right is not None else product.left, g.batch, g.out, g.k, contraction,
-              gw.tile, gw.acc_bits, summed=True)
+              gw.tile, gw.acc_bits, summed=True, acc_format=gw.acc_format)
     bwd["float_op"] += g.out * g.k if scheme.ste != "none" else 0
     return t
 

@@ -20,6 +20,7 @@ from ..settings import NON_NEGATIVE, setting
 
 WIDE_ACCUMULATOR = 32  # an accumulator that never saturates: int32 (the kernels' exact sums)
 _INT_MAC = re.compile(r"int_mac (int|log)(\d+)x(int|log)(\d+) acc(\w+)")
+_FLOAT_ACC = re.compile(r"e(\d+)m(\d+)")
 _FLOAT_MAC = re.compile(r"float_mac e(\d+)m(\d+)xe(\d+)m(\d+) acc(?:fp32|e(\d+)m(\d+))")
 FP32_SIGNIFICAND = 24
 
@@ -59,12 +60,14 @@ class EnergyTable:
         if mac:
             a_grid, a, b_grid, b, acc = mac.groups()
             a, b = int(a), int(b)
-            acc = WIDE_ACCUMULATOR if acc == "none" else int(acc)
             if a_grid == "log" or b_grid == "log":  # a power of two: the product is a shift
                 product = self.int_add(b if a_grid == "log" else a)
             else:
                 product = self.int_mult(a, b)
-            return product + self.int_add(acc)
+            float_acc = _FLOAT_ACC.fullmatch(acc)
+            if float_acc:  # the sum kept in a float of that format: a float add of its width
+                return product + self.float_add(1 + int(float_acc.group(1)) + int(float_acc.group(2)))
+            return product + self.int_add(WIDE_ACCUMULATOR if acc == "none" else int(acc))
         mac = _FLOAT_MAC.fullmatch(kind)
         if mac:
             _, a_man, _, b_man, acc_exp, acc_man = mac.groups()

@@ -79,32 +79,33 @@ def _check_keep(keep, sum_batch: bool) -> None:
 
 
 def scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None, count_saturated=False,
-                      sum_batch=False, tally=None, keep=None):
+                      sum_batch=False, tally=None, keep=None, acc_format=None):
     """float32(tiled_int_matmul(a, b)) * ((scale_a * scale_b) / block): the layers' product with its epilogue in
     one call (docs/numerics.md "Epilogue"), so that a backend can fuse the scaling into the GEMM; with sum_batch,
     summed over the batch by `sum_entries` (the weight gradient of per-sample products), times `keep` (a bool
     (M, N) mask: the straight-through estimator's) where given. tally: an int64 (2,) tensor to which (saturated
-    tile sums, tile sums) are added; only the product is returned then."""
+    tile sums, tile sums) are added; only the product is returned then. acc_format: a float accumulator instead
+    of acc_bits (tiled_int_matmul)."""
     block = epilogue_block(block)
     _check_keep(keep, sum_batch)
     counting = count_saturated or tally is not None
-    result = tiled_int_matmul(a, b, tile, acc_bits, bounds, counting)
+    result = tiled_int_matmul(a, b, tile, acc_bits, bounds, counting, acc_format)
     acc, saturated = result if counting else (result, None)
     out = acc.to(torch.float32) * ((scale_a * scale_b) / block)
     out = sum_entries(out) if sum_batch else out
     out = out if keep is None else out * keep.reshape(out.shape)
     if tally is not None:
         tally[0].add_(saturated)
-        tally[1].add_(tile_sums(a.shape, b.shape, tile, acc_bits))
+        tally[1].add_(tile_sums(a.shape, b.shape, tile, acc_bits, acc_format))
         return out
     return (out, saturated) if count_saturated else out
 
 
 def col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size, padding,
-                      dilation, stride, keep=None, tally=None):
+                      dilation, stride, keep=None, tally=None, acc_format=None):
     """masked_col2im(scaled_int_matmul(a, b, ...), x_shape, ...): a convolution's input gradient from its integer
     operands, in one call so that a backend can fold the product into col2im (no (B, L, K) float rows)."""
-    rows = scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, tally=tally)
+    rows = scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, tally=tally, acc_format=acc_format)
     return masked_col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep)
 
 
@@ -181,12 +182,15 @@ def _kernel_tiled_int_matmul(a, b, tile=32, acc_bits=8, bounds=None, count_satur
 
 
 def _kernel_scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
-                              count_saturated=False, sum_batch=False, tally=None, keep=None):
+                              count_saturated=False, sum_batch=False, tally=None, keep=None, acc_format=None):
     block = epilogue_block(block)
     _check_keep(keep, sum_batch)
     scale_a, scale_b = (s if torch.is_tensor(s) else torch.tensor(float(s), device=a.device)
                         for s in (scale_a, scale_b))
-    check_product(a, b, tile, acc_bits)
+    check_product(a, b, tile, acc_bits, acc_format)
+    if acc_format is not None:  # the GEMM kernels add integer tile sums only: the reference, on torch's matmuls
+        return scaled_int_matmul(_as_float(a), _as_float(b), scale_a, scale_b, block, tile, acc_bits, bounds,
+                                 count_saturated, sum_batch, tally, keep, acc_format)
     return _covered(lambda: kernels.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds,
                                                       count_saturated, sum_batch, tally=tally, keep=keep),
                     lambda: scaled_int_matmul(_as_float(a), _as_float(b), scale_a, scale_b, block, tile, acc_bits,
@@ -206,9 +210,13 @@ def _kernel_col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep=N
 
 
 def _kernel_col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size, padding,
-                              dilation, stride, keep=None, tally=None):
+                              dilation, stride, keep=None, tally=None, acc_format=None):
     block = epilogue_block(block)
-    check_product(a, b, tile, acc_bits)
+    check_product(a, b, tile, acc_bits, acc_format)
+    if acc_format is not None:
+        rows = _kernel_scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, tally=tally,
+                                         acc_format=acc_format)
+        return _kernel_col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep)
     out_size = conv_output_size(x_shape, kernel_size, padding, dilation, stride)
     return _covered(lambda: kernels.col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape,
                                                       kernel_size, padding, dilation, stride, out_size, keep, tally),

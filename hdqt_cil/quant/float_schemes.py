@@ -15,18 +15,14 @@ summed in float32 or, per K tile, rounded to a float accumulator format (the HDQ
 
 Meanings and defaults: docs/quant.md "Float formats"; the arithmetic: docs/numerics.md "Float training".
 """
-import math
 from dataclasses import dataclass, make_dataclass
 from typing import Optional
 
 import torch
 
 from ..settings import BOOL, Rule, setting, one_of
-from .floats import E2M1, E4M3, E5M2, EXP_BITS_RANGE, MAN_BITS_RANGE, FloatFormat, FloatSpec, bits_in
-from .schemes import POWER_OF_TWO, ROLES, SCHEMES, TILE, QuantConfig
-
-EXP_BITS, MAN_BITS = (Rule(lambda v, r=bounds: bits_in(v, r), f"an integer in {bounds[0]}..{bounds[1]}")
-                      for bounds in (EXP_BITS_RANGE, MAN_BITS_RANGE))
+from .floats import E2M1, E4M3, E5M2, FloatFormat, FloatSpec, authors_format
+from .schemes import EXP_BITS, MAN_BITS, POWER_OF_TWO, ROLES, SCHEMES, TILE, QuantConfig
 ACCUMULATORS = ("none", "fp")  # float32 sums | each tile's sum rounded to acc_exp_bits/acc_man_bits
 FLOAT_BACKENDS = ("auto", "torch")  # auto: fp8 on the FP8 tensor cores where the GPU has them
 
@@ -102,7 +98,7 @@ class FloatConfig(QuantConfig):
     def accumulator(self) -> FloatFormat | None:
         if self.acc == "none":
             return None
-        return _format(self.acc_exp_bits, self.acc_man_bits)
+        return authors_format(self.acc_exp_bits, self.acc_man_bits)
 
 
 @dataclass
@@ -150,10 +146,6 @@ class FpConfig(FloatConfig):
     fwd_clip: float = setting(0.975, Rule(lambda v: 0 < v <= 1, "a fraction of max|t| in (0, 1]"))
 
 
-def _format(exp_bits: int, man_bits: int) -> FloatFormat:
-    return FloatFormat(f"e{exp_bits}m{man_bits}", exp_bits, man_bits, math.inf)
-
-
 def _scheme(cfg, forward, grad_input, grad_weight, **extra) -> FloatScheme:
     return FloatScheme(cfg.name, forward, grad_input, grad_weight, seed=cfg.seed, backend=cfg.backend, **extra)
 
@@ -186,7 +178,7 @@ def _build_nvfp4(cfg) -> FloatScheme:
 @SCHEMES.register("fp", FpConfig)
 def _build_authors_float(cfg) -> FloatScheme:
     def spec(role: str) -> FloatSpec:
-        return FloatSpec(_format(getattr(cfg.exp_bits, role), getattr(cfg.man_bits, role)), "none")
+        return FloatSpec(authors_format(getattr(cfg.exp_bits, role), getattr(cfg.man_bits, role)), "none")
 
     acc = cfg.accumulator()
     backward = dict(hadamard=cfg.hadamard, hadamard_cap=cfg.hadamard_cap, acc=acc,

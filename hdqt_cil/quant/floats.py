@@ -93,9 +93,19 @@ def round_to_format(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest"
     return torch.copysign(rounded, x)
 
 
+def authors_format(exp_bits: int, man_bits: int) -> FloatFormat:
+    """The format of the authors' quantizer: `exp_bits` and `man_bits`, no subnormals, no infinities."""
+    return FloatFormat(f"e{exp_bits}m{man_bits}", exp_bits, man_bits, math.inf)
+
+
+def authors_largest(fmt: FloatFormat) -> float:
+    """The largest magnitude authors_float rounds to in `fmt`'s bits (its top exponent's largest mantissa)."""
+    return 2.0 ** (2**fmt.exp_bits - 1 - fmt.bias) * (2 - 2.0 ** -fmt.man_bits)
+
+
 def authors_float(x: torch.Tensor, exp_bits: int, man_bits: int) -> torch.Tensor:
     """The HDQT authors' float quantizer (module docstring): no scale, no subnormals, nearest (ties to even)."""
-    fmt = FloatFormat(f"e{exp_bits}m{man_bits}", exp_bits, man_bits, math.inf)
+    fmt = authors_format(exp_bits, man_bits)
     x = x.float()
     magnitude = x.abs()
     exponent = torch.floor(torch.log2(magnitude + 1e-32)).int()  # their exponent, float32 log2 as they take it
@@ -195,9 +205,7 @@ class FloatSpec:
     @property
     def largest(self) -> float:
         """The largest magnitude a value of the grid can take (the authors' format: its top exponent's)."""
-        if self.scaling != "none":
-            return self.fmt.max
-        return 2.0 ** (2**self.fmt.exp_bits - 1 - self.fmt.bias) * (2 - 2.0 ** -self.fmt.man_bits)
+        return self.fmt.max if self.scaling != "none" else authors_largest(self.fmt)
 
 
 def quantize_float(t: torch.Tensor, spec: FloatSpec, counter: Counter | None = None):

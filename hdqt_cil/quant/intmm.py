@@ -1,12 +1,16 @@
 """Integer matrix products with a narrow, saturating accumulator (docs/numerics.md "Tiled integer accumulation").
 
 The contraction dimension K is cut into tiles; each tile's exact integer sum is saturated to ±(2^(acc_bits-1) - 1)
-before the tiles are added exactly. Operands are float tensors holding integers; the float products are exact
-because the dtype is chosen from a bound on the sums (float32 below 2^24, float64 below 2^53).
+before the tiles are added exactly, or, with a float accumulator (`acc_format`), rounded to that float format by
+the HDQT authors' quantizer (`floats.authors_float`; the rounded sums are integers still, so their total is exact).
+Operands are float tensors holding integers; the float products are exact because the dtype is chosen from a bound
+on the sums (float32 below 2^24, float64 below 2^53).
 """
 import math
 
 import torch
+
+from .floats import FloatFormat, authors_float, authors_largest
 
 _FLOAT32_EXACT = 2**24
 _FLOAT64_EXACT = 2**53
@@ -30,18 +34,24 @@ def _exact_dtype(a_bound: float, b_bound: float, terms: int, device: torch.devic
     raise ValueError(f"integer product too wide to compute exactly: {terms} terms of up to {a_bound} x {b_bound}")
 
 
-def check_accumulation(tile: int | None, acc_bits: int | None) -> None:
-    """A positive tile and accumulator width, or None (the whole K is one tile; no saturation)."""
+def check_accumulation(tile: int | None, acc_bits: int | None, acc_format: FloatFormat | None = None) -> None:
+    """A positive tile and accumulator width, or None (the whole K is one tile; no saturation); an integer or a
+    float accumulator, not both."""
     if tile is not None and tile < 1:
         raise ValueError(f"tile={tile} must be a positive number of K elements (or None for the whole K)")
     if acc_bits is not None and acc_bits < 1:
         raise ValueError(f"acc_bits={acc_bits} must be >= 1 (or None for no saturation)")
+    if acc_bits is not None and acc_format is not None:
+        raise ValueError(f"an integer accumulator (acc_bits={acc_bits}) and a float one ({acc_format.name}) exclude "
+                         "each other")
 
 
-def check_product(a: torch.Tensor, b: torch.Tensor, tile: int | None, acc_bits: int | None) -> None:
+
+def check_product(a: torch.Tensor, b: torch.Tensor, tile: int | None, acc_bits: int | None,
+                  acc_format: FloatFormat | None = None) -> None:
     """What a tiled integer product takes: matrices (..., M, K) and (..., K, N), and check_accumulation's tile
-    and width."""
-    check_accumulation(tile, acc_bits)
+    and accumulator."""
+    check_accumulation(tile, acc_bits, acc_format)
     if a.dim() < 2 or b.dim() < 2:
         raise ValueError(f"matrix operands need two dimensions; got shapes {tuple(a.shape)} and {tuple(b.shape)}")
     if b.shape[-2] != a.shape[-1]:
@@ -49,20 +59,25 @@ def check_product(a: torch.Tensor, b: torch.Tensor, tile: int | None, acc_bits: 
 
 
 def tiled_int_matmul(a: torch.Tensor, b: torch.Tensor, tile: int | None = 32, acc_bits: int | None = 8,
-                     bounds: tuple[float, float] | None = None, count_saturated: bool = False):
+                     bounds: tuple[float, float] | None = None, count_saturated: bool = False,
+                     acc_format: FloatFormat | None = None):
     """Σ_tiles clamp(Σ_{k in tile} a[..., m, k] b[..., k, n], ±L), L = 2^(acc_bits-1) - 1.
 
     a (..., M, K) and b (..., K, N) hold integers (leading dims broadcast). Tiles are consecutive runs of `tile`
     elements of K from 0, the last possibly narrower; tile=None saturates the whole-K sum once; acc_bits=None
-    never saturates. `bounds` = (max|a|, max|b|) when the caller knows them (skips two reductions and a device
-    sync). Returns the exact result in float32, or in float64 where the bound K·max|a|·max|b| reaches 2^24; with
+    never saturates. With `acc_format` (acc_bits None) each tile's sum is rounded by floats.authors_float to that
+    format instead of clamped (saturated: beyond its largest value). `bounds` = (max|a|, max|b|) when the caller
+    knows them (skips two reductions and a device sync). Returns the exact result in float32, or in float64 where
+    the bound K·max|a|·max|b| (twice that with a float accumulator, which may round up) reaches 2^24; with
     count_saturated=True also the number of saturated tile sums (0-dim tensor; the number of tile sums is
     out.numel() * number of tiles).
     """
-    check_product(a, b, tile, acc_bits)
+    check_product(a, b, tile, acc_bits, acc_format)
     k = a.shape[-1]
     if bounds is None:
         bounds = tuple(torch.stack([a.abs().amax(), b.abs().amax()]).tolist()) if a.numel() and b.numel() else (0, 0)
+    if acc_format is not None:
+        return _float_accumulated(a, b, k if tile is None or tile >= k else tile, bounds, count_saturated, acc_format)
     tile = k if tile is None or tile >= k or acc_bits is None else tile
     tiles = -(-k // tile) if k else 1
     limit = None if acc_bits is None else accumulator_limit(acc_bits)
@@ -78,6 +93,17 @@ def tiled_int_matmul(a: torch.Tensor, b: torch.Tensor, tile: int | None = 32, ac
     for partial in _tile_chunks(a, b, tile, dtype):
         saturated = saturated + (partial.abs() > limit).sum()
         out = out + partial.clamp(-limit, limit).sum(dim=-3)
+    return _result(out, saturated, count_saturated)
+
+
+def _float_accumulated(a, b, tile: int, bounds, count_saturated: bool, fmt: FloatFormat):
+    """tiled_int_matmul's float accumulator: every tile's exact sum rounded to `fmt`, the rounded sums added."""
+    dtype = _exact_dtype(*bounds, terms=2 * max(a.shape[-1], 1), device=a.device)
+    largest = authors_largest(fmt)  # a tile sum beyond it is clamped: saturated
+    out, saturated = 0, 0
+    for partial in _tile_chunks(a, b, max(tile, 1), dtype):
+        saturated = saturated + (partial.abs() > largest).sum()
+        out = out + authors_float(partial, fmt.exp_bits, fmt.man_bits).to(dtype).sum(dim=-3)
     return _result(out, saturated, count_saturated)
 
 
@@ -118,12 +144,12 @@ def _result(out: torch.Tensor, saturated, count_saturated: bool):
     return out, saturated if saturated is not None else torch.zeros((), dtype=torch.int64, device=out.device)
 
 
-def tile_sums(a_shape, b_shape, tile: int | None, acc_bits: int | None) -> int:
+def tile_sums(a_shape, b_shape, tile: int | None, acc_bits: int | None, acc_format: FloatFormat | None = None) -> int:
     """How many tile sums a product a (..., M, K) · b (..., K, N) forms (its saturation statistics' total):
     one per output element and K tile, one per element where nothing saturates per tile."""
     lead = torch.broadcast_shapes(a_shape[:-2], b_shape[:-2])
     (m, k), n = a_shape[-2:], b_shape[-1]
-    tiles = 1 if tile is None or acc_bits is None else max(1, math.ceil(k / tile))
+    tiles = 1 if tile is None or (acc_bits is None and acc_format is None) else max(1, math.ceil(k / tile))
     return math.prod(lead) * m * n * tiles
 
 

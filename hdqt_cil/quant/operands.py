@@ -50,7 +50,7 @@ def product(ops, a: Operand, bt: Operand, block: int, product: Product, sum_batc
         out = out.sum(dim=0) if sum_batch else out
         return out if keep is None else out * keep
     return ops.scaled_int_matmul(*_integer_product(a, bt, block, product), sum_batch=sum_batch, tally=tally,
-                                 keep=keep)
+                                 keep=keep, acc_format=product.acc_format)
 
 
 def product_col2im(ops, a: Operand, bt: Operand, block: int, spec: Product, fold: tuple, keep, tally):
@@ -59,7 +59,8 @@ def product_col2im(ops, a: Operand, bt: Operand, block: int, spec: Product, fold
     operands go to ops.col2im_int_matmul, which a backend can run without the (B, L, K) float rows."""
     if not (a.is_integer and bt.is_integer):
         return ops.col2im(product(ops, a, bt, block, spec, tally=tally), *fold, keep)
-    return ops.col2im_int_matmul(*_integer_product(a, bt, block, spec), *fold, keep, tally)
+    return ops.col2im_int_matmul(*_integer_product(a, bt, block, spec), *fold, keep, tally,
+                                 acc_format=spec.acc_format)
 
 
 def forward_operand(layer, t, spec: QuantSpec | None, role: str, step, training: bool, ops, checks):

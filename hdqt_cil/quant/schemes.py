@@ -23,6 +23,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from ..registry import Registry
 from ..settings import BOOL, NON_NEGATIVE_INT, Rule, check_settings, one_of, setting
+from .floats import EXP_BITS_RANGE, MAN_BITS_RANGE, FloatFormat, authors_format, bits_in
 from .intmm import check_accumulation
 from .quantizers import BITS_RANGE, GRANULARITIES, ROUNDINGS, QuantSpec
 
@@ -35,15 +36,17 @@ ACC_BITS_MAX = 32
 
 @dataclass(frozen=True)
 class Product:
-    """One matrix product: its two operands' quantizers, the Hadamard transform and the accumulator."""
+    """One matrix product: its two operands' quantizers, the Hadamard transform and the accumulator: integer
+    (acc_bits: tile sums saturate) or float (acc_format: tile sums rounded to it), or neither (exact sums)."""
     left: QuantSpec | None = None
     right: QuantSpec | None = None
     hadamard: bool = False
     tile: int | None = None
     acc_bits: int | None = None
+    acc_format: FloatFormat | None = None
 
     def __post_init__(self):
-        check_accumulation(self.tile, self.acc_bits)
+        check_accumulation(self.tile, self.acc_bits, self.acc_format)
 
 
 @dataclass(frozen=True)
@@ -74,8 +77,8 @@ class Scheme:
         for label, product, integer in self._products():
             if product.hadamard and product.left is None and product.right is None:
                 raise ValueError(f"{label}: a Hadamard transform needs a quantizer after it")
-            if not integer and product.acc_bits is not None:
-                raise ValueError(f"{label}: acc_bits applies to integer products; quantize both operands first")
+            if not integer and (product.acc_bits is not None or product.acc_format is not None):
+                raise ValueError(f"{label}: an accumulator applies to integer products; quantize both operands first")
 
     def _products(self):
         """(label, product, whether both of its operands are integers)."""
@@ -183,6 +186,11 @@ POWER_OF_TWO = Rule(lambda v: v is None or (isinstance(v, int) and v >= 1 and no
 TILE = Rule(lambda v: v is None or (isinstance(v, int) and v >= 1),
             "a positive integer (or null: the whole K is one tile)")
 UNIT_FRACTION = Rule(lambda v: 0 < v <= 1, "a number in (0, 1]")
+EXP_BITS, MAN_BITS = (Rule(lambda v, r=bounds: bits_in(v, r), f"an integer in {bounds[0]}..{bounds[1]}")
+                      for bounds in (EXP_BITS_RANGE, MAN_BITS_RANGE))
+# An integer product's accumulator: int (tile sums saturate at acc_bits) | fp (each tile's sum rounded to an
+# acc_exp_bits/acc_man_bits float by the HDQT authors' quantizer, their --quantAccFWD/BWD fp) | none (exact sums)
+INTEGER_ACCUMULATORS = ("int", "fp", "none")
 
 
 @dataclass
@@ -218,13 +226,31 @@ class GranularityConfig:
 
 
 @dataclass
-class HdqtConfig(QuantConfig):
+class IntegerAccumulatorConfig(QuantConfig):
+    """The accumulator of a scheme's integer products (INTEGER_ACCUMULATORS)."""
+    acc: str = setting("int", one_of(*INTEGER_ACCUMULATORS))
+    # int: tile sums saturate at ±(2^(acc_bits-1)-1) (bits..32; null = never)
+    acc_bits: Optional[int] = 8
+    acc_exp_bits: int = setting(5, EXP_BITS)  # fp: the accumulator's format (default E5M2, the authors')
+    acc_man_bits: int = setting(2, MAN_BITS)
+
+    def check(self, path: str) -> None:
+        if self.acc == "int":
+            check_accumulator(self.acc_bits, self.bits, path)
+
+    def accumulator(self) -> dict:
+        """The products' accumulator settings (Product's acc_bits, acc_format)."""
+        if self.acc == "fp":
+            return {"acc_bits": None, "acc_format": authors_format(self.acc_exp_bits, self.acc_man_bits)}
+        return {"acc_bits": self.acc_bits if self.acc == "int" else None, "acc_format": None}
+
+
+@dataclass
+class HdqtConfig(IntegerAccumulatorConfig):
     """HDQT (Schiemer et al., CoLLAs 2025): 4-bit inputs, 8-bit tiled accumulators, Hadamard-domain backward.
     Meanings: docs/quant.md; the numeric rules: docs/numerics.md."""
     name: str = "hdqt"
     bits: int = setting(4, BITS)  # input levels: signed ±(2^(bits-1)-1), unsigned 0..2^bits-1
-    # Accumulator: tile sums saturate at ±(2^(acc_bits-1)-1) (bits..32; null = never).
-    acc_bits: Optional[int] = 8
     tile: Optional[int] = setting(32, TILE)  # forward K tile (null = the whole K saturates once)
     fwd_clip: float = setting(0.975, Rule(lambda v: 0 < v <= 1, "a fraction of max|t| in (0, 1]"))
     # The fraction of max|g| the output gradient's quantizer keeps in both backward products; the HDQT authors'
@@ -237,9 +263,6 @@ class HdqtConfig(QuantConfig):
     rounding: RoundingConfig = setting(RoundingConfig())
     granularity: GranularityConfig = setting(GranularityConfig())
 
-    def check(self, path: str) -> None:
-        check_accumulator(self.acc_bits, self.bits, path)
-
 
 @dataclass
 class Int4Config(HdqtConfig):
@@ -249,17 +272,14 @@ class Int4Config(HdqtConfig):
 
 
 @dataclass
-class LuqConfig(QuantConfig):
+class LuqConfig(IntegerAccumulatorConfig):
     """LUQ (Chmiel et al., ICLR 2023) as the HDQT authors ran it: SAWB INT4 forward; the output gradient in radix-2
-    FP4 with stochastic underflow and logarithmic unbiased rounding (docs/quant.md)."""
+    FP4 with stochastic underflow and logarithmic unbiased rounding (docs/quant.md). The accumulator settings
+    apply to the forward product (the backward's do not saturate)."""
     name: str = "luq"
     bits: int = setting(4, BITS)  # forward INT4 levels; the gradient: 1 sign + (bits-1) exponent bits
-    acc_bits: Optional[int] = 8  # forward accumulator (bits..32, null = never saturates)
     tile: Optional[int] = setting(None, TILE)  # the authors' LUQ saturates the whole-K sum
     ste: str = setting("none", one_of(*STES))  # LUQ's straight-through estimator passes every gradient
-
-    def check(self, path: str) -> None:
-        check_accumulator(self.acc_bits, self.bits, path)
 
 
 @dataclass
@@ -312,11 +332,11 @@ def _build_integer(cfg) -> Scheme:
         return QuantSpec(cfg.bits, signedness, "max", clip, getattr(cfg.granularity, role, "tensor"),
                          getattr(cfg.rounding, role))
 
-    backward = dict(hadamard=cfg.hadamard, tile=cfg.tile if cfg.backward_tiling else None, acc_bits=cfg.acc_bits)
+    backward = dict(hadamard=cfg.hadamard, tile=cfg.tile if cfg.backward_tiling else None, **cfg.accumulator())
     return Scheme(
         name=cfg.name,
         forward=Product(spec("input", "auto", cfg.fwd_clip), spec("weight", clip=cfg.fwd_clip),
-                        tile=cfg.tile, acc_bits=cfg.acc_bits),
+                        tile=cfg.tile, **cfg.accumulator()),
         grad_input=Product(spec("grad_output", clip=cfg.grad_clip), spec("bwd_weight"), **backward),
         grad_weight=Product(spec("grad_output", clip=cfg.grad_clip), spec("bwd_input"), **backward),
         hadamard_cap=cfg.hadamard_cap, ste=cfg.ste, seed=cfg.seed, backend=cfg.backend)
@@ -331,7 +351,7 @@ def _build_luq(cfg) -> Scheme:
     return Scheme(
         name=cfg.name,
         forward=Product(QuantSpec(cfg.bits, "auto", "sawb"), QuantSpec(cfg.bits, "signed", "sawb"),
-                        tile=cfg.tile, acc_bits=cfg.acc_bits),
+                        tile=cfg.tile, **cfg.accumulator()),
         grad_input=Product(gradient, None),
         grad_weight=Product(gradient, None),
         ste=cfg.ste, seed=cfg.seed, backend=cfg.backend)

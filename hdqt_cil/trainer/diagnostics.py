@@ -217,16 +217,16 @@ class QuantizerWatch:
         return levels, scale
 
     def scaled_int_matmul(self, a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
-                          count_saturated=False, sum_batch=False, tally=None, keep=None):
+                          count_saturated=False, sum_batch=False, tally=None, keep=None, acc_format=None):
         self._tile_sums(a, b, tile, acc_bits, bounds, tally)
         return self.ops.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated,
-                                          sum_batch, tally=tally, keep=keep)
+                                          sum_batch, tally=tally, keep=keep, acc_format=acc_format)
 
     def col2im_int_matmul(self, a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size,
-                          padding, dilation, stride, keep=None, tally=None):
+                          padding, dilation, stride, keep=None, tally=None, acc_format=None):
         self._tile_sums(a, b, tile, acc_bits, bounds, tally)
         return self.ops.col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape,
-                                          kernel_size, padding, dilation, stride, keep, tally)
+                                          kernel_size, padding, dilation, stride, keep, tally, acc_format=acc_format)
 
     def counts(self) -> dict:
         """What was recorded, on the device: {zeros: {role: [zero levels, nonzero values]}, tile_sums: {product:

@@ -44,7 +44,7 @@ def higher_precision_scheme(quant: dict, bits: int, acc_bits: int | None):
         raisable = [n for n in SCHEMES.names() if n == "fp32" or _raisable(n)]
         raise ValueError(f"strategy.hp_replay: quant={name} has no bits and acc_bits to raise; higher-precision "
                          f"replay runs under quant={', '.join(raisable)}")
-    return scheme_from_config({**quant, "bits": bits, "acc_bits": acc_bits})
+    return scheme_from_config({**quant, "bits": bits, "acc": "int", "acc_bits": acc_bits})
 
 
 def exemplar_memory(strategy):
