@@ -82,28 +82,17 @@ def _summary_statistics(t: torch.Tensor) -> dict:
 def on_host(tree):
     """A nested dict (or list) whose leaves are 0-dim tensors (on one device) as the same of Python numbers: one
     device transfer for all of them, not a sync a value."""
-    leaves = []
-
-    def collect(node):
+    def walk(node, leaf):
         if isinstance(node, dict):
-            return {key: collect(value) for key, value in node.items()}
+            return {key: walk(value, leaf) for key, value in node.items()}
         if isinstance(node, (list, tuple)):
-            return type(node)(collect(value) for value in node)
-        if torch.is_tensor(node):
-            leaves.append(node.double())
-            return len(leaves) - 1
-        return node
+            return type(node)(walk(value, leaf) for value in node)
+        return leaf(node) if torch.is_tensor(node) else node
 
-    def fill(node, template):
-        if isinstance(template, dict):
-            return {key: fill(node[key], value) for key, value in template.items()}
-        if isinstance(template, (list, tuple)):
-            return type(template)(fill(n, t) for n, t in zip(node, template))
-        return values[node] if torch.is_tensor(template) else node
-
-    indexed = collect(tree)
-    values = torch.stack(leaves).tolist() if leaves else []
-    return fill(indexed, tree)
+    leaves = []
+    walk(tree, leaves.append)
+    values = iter(torch.stack([t.double() for t in leaves]).tolist() if leaves else [])
+    return walk(tree, lambda _: next(values))
 
 
 def _layers(model: nn.Module) -> dict:
