@@ -240,3 +240,14 @@ def test_bad_diagnostics_settings_are_refused(make_cfg):
         validate(make_cfg("diagnostics=light", "diagnostics.every=0"))
     with pytest.raises(ValueError, match="diagnostics.landscape_points=4 must be an odd integer"):
         validate(make_cfg("diagnostics=full", "diagnostics.landscape_points=4"))
+
+
+def test_a_float_formats_quantizers_report_their_underflow():
+    """fp8's E4M3 inputs: a value far below the tensor's largest (its scale maps the largest to 448) rounds to 0."""
+    layer = quantize_model(nn.Linear(4, 3), preset("fp8")).train()
+    watch = watched(nn.Sequential(layer))["0"]
+    x = torch.tensor([[1.0, 1e-9, -2.0, 0.0], [0.5, 3.0, 1e-12, 1.0]], requires_grad=True)
+    layer(x).sum().backward()
+    shares = watch.record()["underflow"]
+    assert shares["input"] == pytest.approx(2 / 7)  # 1e-9 and 1e-12 of the 7 nonzero inputs
+    assert {"weight", "grad_input.grad_output", "grad_weight.input"} <= set(shares)

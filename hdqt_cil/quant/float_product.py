@@ -90,11 +90,14 @@ def random_signs(layer, step, k: int, device) -> torch.Tensor:
 
 def quantize_operand(layer, t: torch.Tensor, spec: FloatSpec, role: str, step, block: int = 1,
                      signs: torch.Tensor | None = None) -> FloatOperand:
-    """`t` (..., rows, K) signed by `signs`, transformed along K by `block`, rounded to spec (its scales along K)."""
+    """`t` (..., rows, K) signed by `signs`, transformed along K by `block`, rounded to spec (its scales along K);
+    the values it rounds to 0 reported to the layer's diagnostics watch where one is set (`ops_watch`)."""
     t = t.to(torch.float32)
     t = t * signs if signs is not None else t
     t = block_hadamard(t, -1, block) if block > 1 else t
     values, scale = quantize_float(t, spec, layer._counter(role, step) if spec.rounding == "stochastic" else None)
+    if layer.ops_watch is not None:
+        layer.ops_watch.underflow(role, t, values)
     return FloatOperand(values, scale, spec.block, spec.fmt)
 
 

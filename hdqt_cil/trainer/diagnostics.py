@@ -174,11 +174,17 @@ class QuantizerWatch:
         return getattr(self.ops, name)
 
     def _underflow(self, t, levels, counter) -> None:
-        if not self.recording or counter is None:
+        if counter is not None:
+            self.underflow(ROLE_OF_CODE[counter.role % ROLE_STRIDE], t, levels)
+
+    def underflow(self, role: str, t, values) -> None:
+        """While recording: the nonzero values of `t` that its quantizer's `values` (levels, or a float format's
+        rounded values) hold as 0, counted for `role` (a float product's quantizers report here themselves)."""
+        if not self.recording:
             return
         nonzero = t != 0
-        counts = self.zeros.setdefault(ROLE_OF_CODE[counter.role % ROLE_STRIDE], [0, 0])
-        counts[0] = counts[0] + (nonzero & (levels == 0)).sum()
+        counts = self.zeros.setdefault(role, [0, 0])
+        counts[0] = counts[0] + (nonzero & (values == 0)).sum()
         counts[1] = counts[1] + nonzero.sum()
 
     def _tile_sums(self, a, b, tile, acc_bits, bounds, tally) -> None:
