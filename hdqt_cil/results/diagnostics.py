@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from .style import SCHEME_ORDER, STRATEGY_ORDER, scheme_marker, strategy_color
+
 RUN_KEYS = ["benchmark", "strategy", "variant", "scheme", "quant_variant"]
 MEASURES = ("cosine", "rel_error", "sign")
 
@@ -82,38 +84,48 @@ def quantizer_table(quantizers: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_fidelity(fidelity: pd.DataFrame, path) -> None:
-    """Cosine to the float gradient by layer (g_W, g_x), and g_W's over the experiences for the old and the new
-    classes' logits: one line per strategy and scheme, means over seeds."""
+    """Cosine to the float gradient by layer (g_W, g_x), and g_W's over the experiences for the old (solid) and the
+    new (dashed) classes' logits: one line per strategy (colour) and scheme (marker), means over seeds; the
+    quantized schemes only in the last panel (FP32's is 1 by construction)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     keys = _keys(fidelity)
     benchmarks = sorted(fidelity.benchmark.unique())
-    fig, axes = plt.subplots(len(benchmarks), 3, figsize=(15, 4 * len(benchmarks)), squeeze=False)
+    strategies, schemes = list(STRATEGY_ORDER), list(SCHEME_ORDER)
+    fig, axes = plt.subplots(len(benchmarks), 3, figsize=(17, 4.5 * len(benchmarks)), squeeze=False)
+
+    def style(label) -> dict:
+        run = dict(zip(keys[1:], label))
+        return {"color": strategy_color(run["strategy"], strategies), "marker": scheme_marker(run["scheme"], schemes)}
+
     for row, bench in zip(axes, benchmarks):
         runs = fidelity[fidelity.benchmark == bench]
+        layers = runs.drop_duplicates("position").sort_values("position")
         for ax, kind in zip(row[:2], ("g_W", "g_x")):
             chosen = runs[(runs.gradient == kind) & (runs.part == "all")]
             for label, group in chosen.groupby(keys[1:]):
                 curve = group.groupby("position").cosine.mean()
-                ax.plot(curve.index, curve.values, marker="o", label=" / ".join(filter(None, label)))
-            ax.set(title=f"{bench}: {kind} against FP32, by layer", xlabel="layer (model order)",
-                   ylabel="cosine similarity")
+                ax.plot(curve.index, curve.values, label=" / ".join(filter(None, label)), **style(label))
+            ax.set_xticks(layers.position, layers.layer, rotation=20, fontsize=8)
+            ax.set(title=f"{bench}: {kind} against FP32, by layer", ylabel="cosine similarity")
         ax = row[2]
-        split = runs[(runs.gradient == "g_W") & runs.part.isin(["old", "new"])]
-        for (label, group), color in zip(split.groupby(keys[1:]), plt.get_cmap("tab10").colors * 3):
-            for part, style in (("old", "-"), ("new", "--")):
+        split = runs[(runs.gradient == "g_W") & runs.part.isin(["old", "new"]) & (runs.scheme != "fp32")]
+        for label, group in split.groupby(keys[1:]):
+            for part, line in (("old", "-"), ("new", "--")):
                 curve = group[group.part == part].groupby("experience").cosine.mean()
-                ax.plot(curve.index + 1, curve.values, style, color=color, marker=".",
-                        label=f"{' / '.join(filter(None, label))}, {part} classes")
-        ax.set(title=f"{bench}: g_W against FP32, old and new classes' logits", xlabel="experience",
+                ax.plot(curve.index + 1, curve.values, line, **style(label))
+        experiences = sorted(split.experience.unique() + 1)
+        ax.set_xticks(experiences)
+        ax.set(title=f"{bench}: g_W against FP32, old (solid) and new (dashed) classes' logits", xlabel="experience",
                ylabel="cosine similarity (mean over layers)")
         for ax in row:
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    handles, labels = axes[0][0].get_legend_handles_labels()  # one legend for every panel, beside them
+    fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

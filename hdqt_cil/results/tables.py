@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 from ..config import RUN_INDEPENDENT_QUANT, SWITCHED_SETTINGS, comparable_config
 from ..quant.schemes import SCHEMES, preset_settings
 from ..files import read_json, write_atomic
+from .style import LINESTYLES, SCHEME_ORDER, STRATEGY_ORDER, scheme_marker, strategy_color
 from .diagnostics import (diagnostics_frame, fidelity_table, landscapes, plot_fidelity, plot_landscapes,
                           quantizer_table, statistics_table)
 
@@ -38,7 +39,6 @@ METRICS = {"avg_acc": "avg acc", "last_acc": "last acc", "forgetting": "forgetti
            "peak_memory_mib": "peak GPU MiB", "int_gmacs": "int GMACs", "energy_j": "energy J"}
 # the cost columns span orders of magnitude; memory in whole MiB
 FORMATS = {"int_gmacs": ".4g", "energy_j": ".3g", "peak_memory_mib": ".0f"}
-SCHEME_ORDER = ["fp32", "hdqt", "hot", "int4", "luq", "fp8", "fp", "mxfp4", "nvfp4"]
 # Settings that make no ablation, left out when a run's settings are compared with its preset: where the products
 # run, and HOT's memory against speed (its last bits differ on a GPU, its method does not).
 _NEUTRAL_SETTINGS = ("name", "seed", *RUN_INDEPENDENT_QUANT, "sliced_unfold")
@@ -413,20 +413,6 @@ def _short(variant: str) -> str:
     return ", ".join(key.rsplit(".", 1)[-1] + "=" + value for key, value in (part.split("=", 1) for part in parts))
 
 
-# One colour per strategy and one marker per scheme, the same in every figure (strategies and schemes beyond these
-# lists take the next ones in order of appearance).
-STRATEGY_ORDER = ["naive", "lwf", "icarl", "bic", "joint", "replay", "der", "er_ace", "gdumb", "agem", "ewc", "si",
-                  "dyn_der"]
-MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "h"]
-LINESTYLES = ["-", "--", ":", "-."]
-
-
-def _index(order: list, name: str) -> int:
-    if name not in order:
-        order.append(name)
-    return order.index(name)
-
-
 def _seeds(counts) -> str:
     """'3 seeds a line', '1-3 seeds a line'."""
     low, high = min(counts), max(counts)
@@ -443,8 +429,6 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
 
     done = df[df.status == "complete"]
     benchmarks = sorted(done.benchmark.unique())
-    tab20 = plt.get_cmap("tab20").colors
-    colors = tab20[0::2] + tab20[1::2]  # ten distinct hues first, then their light shades
     strategies, schemes = list(STRATEGY_ORDER), list(SCHEME_ORDER)
     panels = max(len(benchmarks), 1)
     fig, axes = plt.subplots(1, panels, figsize=(10 * panels, 4.5), squeeze=False)  # each legend beside its panel
@@ -465,8 +449,8 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
                                              f"{epochs} epochs" if runs.epochs.nunique() > 1 else "",
                                              "n=1" if len(curves) == 1 else "")))
             ax.errorbar(classes, curves.mean(0), yerr=curves.std(0, ddof=1) if len(curves) > 1 else None,
-                        marker=MARKERS[_index(schemes, scheme) % len(MARKERS)], capsize=2,
-                        color=colors[_index(strategies, strategy) % len(colors)],
+                        marker=scheme_marker(scheme, schemes), capsize=2,
+                        color=strategy_color(strategy, strategies),
                         linestyle=LINESTYLES[variants.index((epochs, variant, quant_variant)) % len(LINESTYLES)],
                         label=f"{strategy} / {quant}" + (f" ({detail})" if detail else ""))
         domain = bench.endswith("(domain)")

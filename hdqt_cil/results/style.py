@@ -1,0 +1,24 @@
+"""The figures' shared look: one colour per strategy and one marker per scheme, the same in every figure
+(strategies and schemes beyond these lists take the next ones in order of appearance)."""
+SCHEME_ORDER = ["fp32", "hdqt", "hot", "int4", "luq", "fp8", "fp", "mxfp4", "nvfp4"]
+STRATEGY_ORDER = ["naive", "lwf", "icarl", "bic", "joint", "replay", "der", "er_ace", "gdumb", "agem", "ewc", "si",
+                  "dyn_der"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "h"]
+LINESTYLES = ["-", "--", ":", "-."]
+
+
+def _index(order: list, name: str) -> int:
+    if name not in order:
+        order.append(name)
+    return order.index(name)
+
+
+def strategy_color(strategy: str, order: list):
+    """The strategy's colour (tab20's ten hues first, then their light shades), by its place in `order`."""
+    import matplotlib.pyplot as plt
+    tab20 = plt.get_cmap("tab20").colors
+    return (tab20[0::2] + tab20[1::2])[_index(order, strategy) % 20]
+
+
+def scheme_marker(scheme: str, order: list) -> str:
+    return MARKERS[_index(order, scheme) % len(MARKERS)]
