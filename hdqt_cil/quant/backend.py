@@ -175,6 +175,12 @@ def _kernel_hadamard_quantize(x, spec, counter=None, block=None, dim=-1, worst=N
                     lambda: _kernel_quantize(_kernel_block_hadamard(x, dim, block), spec, counter, worst, times))
 
 
+def _integer_sums(acc_format) -> None:
+    """The GEMM kernels add integer tile sums only: a float accumulator is not covered (the reference runs it)."""
+    if acc_format is not None:
+        raise kernels.NotCovered(f"a {acc_format.name} accumulator")
+
+
 def _kernel_tiled_int_matmul(a, b, tile=32, acc_bits=8, bounds=None, count_saturated=False):
     check_product(a, b, tile, acc_bits)
     return _covered(lambda: kernels.tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated),
@@ -188,13 +194,14 @@ def _kernel_scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits
     scale_a, scale_b = (s if torch.is_tensor(s) else torch.tensor(float(s), device=a.device)
                         for s in (scale_a, scale_b))
     check_product(a, b, tile, acc_bits, acc_format)
-    if acc_format is not None:  # the GEMM kernels add integer tile sums only: the reference, on torch's matmuls
-        return scaled_int_matmul(_as_float(a), _as_float(b), scale_a, scale_b, block, tile, acc_bits, bounds,
-                                 count_saturated, sum_batch, tally, keep, acc_format)
-    return _covered(lambda: kernels.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds,
-                                                      count_saturated, sum_batch, tally=tally, keep=keep),
+
+    def launch():
+        _integer_sums(acc_format)
+        return kernels.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated,
+                                         sum_batch, tally=tally, keep=keep)
+    return _covered(launch,
                     lambda: scaled_int_matmul(_as_float(a), _as_float(b), scale_a, scale_b, block, tile, acc_bits,
-                                              bounds, count_saturated, sum_batch, tally, keep))
+                                              bounds, count_saturated, sum_batch, tally, keep, acc_format))
 
 
 def _kernel_im2col(x, kernel_size, padding, dilation, stride, columns=False):
@@ -213,15 +220,15 @@ def _kernel_col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bou
                               dilation, stride, keep=None, tally=None, acc_format=None):
     block = epilogue_block(block)
     check_product(a, b, tile, acc_bits, acc_format)
-    if acc_format is not None:
-        rows = _kernel_scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, tally=tally,
-                                         acc_format=acc_format)
-        return _kernel_col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep)
     out_size = conv_output_size(x_shape, kernel_size, padding, dilation, stride)
-    return _covered(lambda: kernels.col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape,
-                                                      kernel_size, padding, dilation, stride, out_size, keep, tally),
+
+    def launch():
+        _integer_sums(acc_format)
+        return kernels.col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size,
+                                         padding, dilation, stride, out_size, keep, tally)
+    return _covered(launch,
                     lambda: _kernel_col2im(_kernel_scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits,
-                                                                     bounds, tally=tally),
+                                                                     bounds, tally=tally, acc_format=acc_format),
                                            x_shape, kernel_size, padding, dilation, stride, keep))
 
 

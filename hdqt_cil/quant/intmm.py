@@ -76,34 +76,30 @@ def tiled_int_matmul(a: torch.Tensor, b: torch.Tensor, tile: int | None = 32, ac
     k = a.shape[-1]
     if bounds is None:
         bounds = tuple(torch.stack([a.abs().amax(), b.abs().amax()]).tolist()) if a.numel() and b.numel() else (0, 0)
-    if acc_format is not None:
-        return _float_accumulated(a, b, k if tile is None or tile >= k else tile, bounds, count_saturated, acc_format)
-    tile = k if tile is None or tile >= k or acc_bits is None else tile
+    if acc_format is not None:  # each tile's sum rounded, not clamped; a rounded sum may exceed the exact bound
+        limit, terms = authors_largest(acc_format), 2 * max(k, 1)  # beyond `limit` the rounding clamps: saturated
+
+        def settle(sums):
+            return authors_float(sums, acc_format.exp_bits, acc_format.man_bits).to(sums.dtype)
+    else:
+        limit, terms = (None if acc_bits is None else accumulator_limit(acc_bits)), max(k, 1)
+
+        def settle(sums):
+            return sums.clamp(-limit, limit)
+    tile = k if tile is None or tile >= k or limit is None else tile
     tiles = -(-k // tile) if k else 1
-    limit = None if acc_bits is None else accumulator_limit(acc_bits)
-    dtype = _exact_dtype(*bounds, terms=max(k, 1), device=a.device)
+    dtype = _exact_dtype(*bounds, terms=terms, device=a.device)
 
     if tiles == 1:
         out = torch.matmul(a.to(dtype), b.to(dtype))
         saturated = None if limit is None else (out.abs() > limit).sum()
-        out = out if limit is None else out.clamp(-limit, limit)
+        out = out if limit is None else settle(out)
         return _result(out, saturated, count_saturated)
 
     out, saturated = 0, 0
     for partial in _tile_chunks(a, b, tile, dtype):
         saturated = saturated + (partial.abs() > limit).sum()
-        out = out + partial.clamp(-limit, limit).sum(dim=-3)
-    return _result(out, saturated, count_saturated)
-
-
-def _float_accumulated(a, b, tile: int, bounds, count_saturated: bool, fmt: FloatFormat):
-    """tiled_int_matmul's float accumulator: every tile's exact sum rounded to `fmt`, the rounded sums added."""
-    dtype = _exact_dtype(*bounds, terms=2 * max(a.shape[-1], 1), device=a.device)
-    largest = authors_largest(fmt)  # a tile sum beyond it is clamped: saturated
-    out, saturated = 0, 0
-    for partial in _tile_chunks(a, b, max(tile, 1), dtype):
-        saturated = saturated + (partial.abs() > largest).sum()
-        out = out + authors_float(partial, fmt.exp_bits, fmt.man_bits).to(dtype).sum(dim=-3)
+        out = out + settle(partial).sum(dim=-3)
     return _result(out, saturated, count_saturated)
 
 
