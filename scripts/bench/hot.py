@@ -192,8 +192,10 @@ def vit_linear(args, device):
 
 def work_rows(case: str, label: str, what: str, call, profile: bool) -> None:
     """Rows of the kernels launched and the device time per call, and with `profile` their breakdown by kernel."""
-    kernels, seconds = device_work(call, profile_title=f"two calls of a {what}, {case} {label}" if profile else None)
+    kernels, copies, seconds = device_work(call, profile_title=f"two calls of a {what}, {case} {label}" if profile
+                                           else None)
     row(case, label, f"kernels launched a {what}", kernels, "kernels")
+    row(case, label, f"driver copies and fills a {what}", copies, "operations")
     row(case, label, f"device time of a {what}", seconds * 1e3, "ms")
 
 

@@ -51,7 +51,8 @@ def row(group, name, seconds, metric, value, unit, baseline=None, ratio=None, ta
                  ratio=ratio, target=target, **extra)
     ROWS.append(entry)
     ratio_text = "" if ratio is None else f"{ratio:.2f}x"
-    work = f"{extra['kernels']:.0f} kernels, {extra['device_ms']:.2f} ms on device" if "kernels" in extra else ""
+    work = (f"{extra['kernels']:.0f} kernels + {extra['copies']:.0f} copies, {extra['device_ms']:.2f} ms on device"
+            if "kernels" in extra else "")
     print(f"  {group:8s} {name:44s} {seconds * 1e3:10.4f} ms  {value:10.1f} {unit:8s} {ratio_text:>8s} "
           f"{baseline or ''} {target or ''} {work}", flush=True)
     return entry
@@ -349,11 +350,11 @@ def step_time(model_name: str, scheme_name: str, backend: str, steps: int, batch
 
 
 def step_work(model_name: str, scheme_name: str, backend: str) -> dict:
-    """Kernels launched and device time of one eager step (torch profiler, two steps): what a captured step
-    replays, without the host's gaps."""
+    """Kernels launched, driver copies and fills, and device time of one eager step (torch profiler, two steps):
+    what a captured step replays, without the host's gaps (an eager step's finite checks read the device: copies)."""
     one, _ = training_step(model_name, scheme_name, backend)
-    kernels_launched, device_seconds = device_work(one)
-    return dict(kernels=kernels_launched, device_ms=device_seconds * 1e3)
+    kernels_launched, copies, device_seconds = device_work(one)
+    return dict(kernels=kernels_launched, copies=copies, device_ms=device_seconds * 1e3)
 
 
 @contextlib.contextmanager

@@ -45,7 +45,8 @@ def lines(folder: Path) -> list[tuple[str, str, str]]:
 
     def work(model, scheme):
         r = kernel_row(steps, f"{model} {scheme} kernels")
-        return f"{r['kernels']:.0f} kernels, {r['device_ms']:.2f} ms of device time"
+        copies = f" + {r['copies']:.0f} copies" if "copies" in r else ""
+        return f"{r['kernels']:.0f} kernels{copies}, {r['device_ms']:.2f} ms of device time"
 
     def rate(name):
         r = kernel_row(k, name)

@@ -20,8 +20,8 @@ def save_rows(out_dir, prefix: str, device: str, header: str, started: float, ro
 
 
 def _kernel_events(fn):
-    """(profiler, the device kernels fn() launched) under torch.profiler; kernels launched through CuPy on torch's
-    stream are recorded too."""
+    """(profiler, the device operations fn() caused) under torch.profiler: kernels (those launched through CuPy on
+    torch's stream too) and the copies and fills the CUDA driver runs (memory_operation tells them apart)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -32,13 +32,19 @@ def _kernel_events(fn):
     return prof, [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
-def device_work(fn, calls: int = 2, profile_title: str | None = None) -> tuple[float, float]:
-    """(kernels launched, seconds of device time) per call of fn(), from `calls` calls under the profiler; with
-    `profile_title` those calls' kernels are also printed by device time (print_device_profile's table)."""
-    prof, kernels = _kernel_events(lambda: [fn() for _ in range(calls)])
+def memory_operation(event) -> bool:
+    """Whether a device event is a driver copy or fill (cudaMemcpyAsync, cudaMemsetAsync) rather than a kernel."""
+    return event.name.startswith(("Memcpy", "Memset"))
+
+
+def device_work(fn, calls: int = 2, profile_title: str | None = None) -> tuple[float, float, float]:
+    """(kernels launched, copies and fills, seconds of device time) per call of fn(), from `calls` calls under the
+    profiler; with `profile_title` those calls' device operations are also printed by device time."""
+    prof, events = _kernel_events(lambda: [fn() for _ in range(calls)])
     if profile_title is not None:
-        _print_profile(profile_title, prof, kernels)
-    return len(kernels) / calls, sum(e.device_time for e in kernels) / 1e6 / calls
+        _print_profile(profile_title, prof, events)
+    copies = sum(map(memory_operation, events))
+    return (len(events) - copies) / calls, copies / calls, sum(e.device_time for e in events) / 1e6 / calls
 
 
 def print_device_profile(title: str, fn, rows: int = 30) -> None:
