@@ -3,11 +3,13 @@ weights, statistics and counters; eager fallback where a graph does not apply; N
 import copy
 import dataclasses
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils.data import TensorDataset
 
 from hdqt_cil import kernels
 from hdqt_cil.experiment import run
@@ -15,6 +17,7 @@ from hdqt_cil.models import build_model
 from hdqt_cil.quant import NonFiniteError, layer_steps, preset, quant_stats, quantize_model
 from hdqt_cil.quant.float_schemes import FloatScheme
 from hdqt_cil.graph_replay import CapturedInference, CapturedTraining
+from hdqt_cil.strategies.icarl import DeviceHerding
 from hdqt_cil.trainer.cuda_graphs import CudaGraphPlugin
 
 pytestmark = [pytest.mark.gpu,
@@ -245,6 +248,23 @@ def test_evaluation_runs_from_graphs_and_hands_the_forward_back():
         if training_phase:
             plugin.after_training_exp(strategy)
         assert "forward" not in vars(strategy)
+
+
+def test_herding_reads_its_features_from_graphs_in_the_eager_order():
+    """The exemplar memory's herding through CudaGraphPlugin.graphed: the eager order on a quantized model, the
+    feature extractor's two batch shapes captured, the extractor handed back and its graphs freed afterwards."""
+    model = make_model("resnet32", "hdqt").eval()
+    herding = DeviceHerding(model, "features")
+    g = torch.Generator().manual_seed(3)
+    data = TensorDataset(torch.randn(40, 3, 32, 32, generator=g), torch.zeros(40))
+    strategy = SimpleNamespace(device=torch.device("cuda"), eval_mb_size=16)
+    eager, extractor = herding.make_sorted_indices(strategy, data), herding.feature_extractor
+    with CudaGraphPlugin().graphed(herding, "feature_extractor"):
+        wrapped = herding.feature_extractor
+        graphed = herding.make_sorted_indices(strategy, data)
+        assert isinstance(wrapped, CapturedInference) and len(wrapped.graphs) == 2 and wrapped.replays == 3
+    assert graphed == eager
+    assert herding.feature_extractor is extractor and not wrapped.graphs
 
 
 @pytest.mark.parametrize("strategy,quant,extra", [

@@ -6,6 +6,7 @@ softmax cross-entropy over every class seen so far plus the old model's old-clas
 on the new data joined with the exemplar memory (herding, the memory split evenly over the seen classes), and
 is scored by its trained head ("CNN accuracy").
 """
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,7 @@ from avalanche.training.templates import SupervisedTemplate
 from torchvision.transforms import v2
 
 from ..settings import BOOL, POSITIVE, one_of, setting
+from ..trainer.cuda_graphs import CudaGraphPlugin
 from .lwf import LwFPlugin
 from .base import STRATEGIES, StrategyConfig
 from .rehearsal import needs_exemplar_per_class
@@ -53,7 +55,9 @@ class DeviceHerding(HerdingSelectionStrategy):
 
 
 class HerdingMemory(SupervisedPlugin):
-    """A class-balanced exemplar memory chosen by herding on `layer` features, joined to each experience's data."""
+    """A class-balanced exemplar memory chosen by herding on `layer` features, joined to each experience's data.
+    Where the run replays CUDA graphs, the features come from them too (an eager quantized forward is host-bound:
+    the new classes' training data, batch after batch)."""
 
     def __init__(self, mem_size: int, model, layer: str = "features"):
         super().__init__()
@@ -67,7 +71,9 @@ class HerdingMemory(SupervisedPlugin):
     def after_training_exp(self, strategy, **kwargs):
         classes = self.storage.seen_groups | {int(t) for t in strategy.experience.dataset.targets}
         self.herding.limit = max(self.storage.get_group_lengths(len(classes)))  # the most any class keeps
-        self.storage.post_adapt(strategy, strategy.experience)
+        graphs = next((p for p in strategy.plugins if isinstance(p, CudaGraphPlugin)), None)
+        with graphs.graphed(self.herding, "feature_extractor") if graphs else nullcontext():
+            self.storage.post_adapt(strategy, strategy.experience)
 
 
 def pycil_icarl_plugins(model, memory_size: int, temperature: float) -> list:

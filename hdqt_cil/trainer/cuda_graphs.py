@@ -5,7 +5,8 @@ The strategy's `forward` is routed through `CapturedTraining` for the length of 
 `CapturedInference` for the length of each evaluation (an eager quantized forward is bound by the host: on a GPU,
 evaluating a quantized model took longer than training it); the old models the strategy distils from (the plugin
 attributes it names, e.g. LwFPlugin's `old_model`, BiC's `model_old`) go through `CapturedInference` too. All are
-handed back when the experience or the evaluation ends, so checkpoints pickle plain modules. BiC's bias stage runs
+handed back when the experience or the evaluation ends, so checkpoints pickle plain modules. The exemplar memory's
+herding features (strategies/icarl.py) go through `CapturedInference` while it chooses. BiC's bias stage runs
 eagerly as before. With trainer.compile (FP32 runs) the captured training step is torch.compile's. A NaN or Inf
 reaching a quantizer inside a replay cannot raise at once (that would need a sync per step): it is checked at each
 training epoch's end, before the divergence monitor and the epoch checkpoint see the epoch, and at each evaluation's
@@ -59,6 +60,20 @@ class CudaGraphPlugin(SupervisedPlugin):
     def after_training_epoch(self, strategy, **kwargs):
         self.captured.check()
         for _, _, wrapped in self.teachers:
+            wrapped.check()
+
+    @contextmanager
+    def graphed(self, owner, name: str):
+        """owner.<name>, a module run for inference (no gradients, eval mode), called through CUDA graphs for a
+        while, then handed back with its graphs released and checked for non-finite values."""
+        module = getattr(owner, name)
+        wrapped = CapturedInference(module)
+        setattr(owner, name, wrapped)
+        try:
+            yield
+        finally:
+            setattr(owner, name, module)
+            wrapped.release()
             wrapped.check()
 
     @contextmanager
