@@ -49,8 +49,11 @@ def capturing_into(graph: torch.cuda.CUDAGraph, pool=None):
 
 
 def warm_up(run, times: int) -> None:
-    """run() `times` times on a side stream, so that lazy initialisation (kernel loads, cuBLAS handles) stays out of
-    the graphs; anything run() made is released when it returns."""
+    """run() `times` times on a side stream, so that lazy initialisation (kernel loads, cuBLAS handles, torch.compile's
+    compilation for the shape) stays out of the graphs; anything run() made is released when it returns. Once is
+    enough: the capture runs the same code on the same shapes, and each warm-up of a quantized model is a whole eager
+    step (about ten times a replayed one), paid again at every capture: each experience's model and its last batch
+    shape."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -149,7 +152,7 @@ class _Captured:
             raise ValueError(f"CUDA-graph capture of an input on {x.device} while cuda:{torch.cuda.current_device()} "
                              f"is the current device; make it current first (torch.cuda.set_device)")
 
-    def __init__(self, module: nn.Module, max_shapes: int = 2, warmup: int = 3):
+    def __init__(self, module: nn.Module, max_shapes: int = 2, warmup: int = 1):
         if max_shapes < 1 or warmup < 1:
             raise ValueError(f"max_shapes={max_shapes} and warmup={warmup} must both be >= 1")
         self.module, self.max_shapes, self.warmup = module, max_shapes, warmup
@@ -199,7 +202,7 @@ class CapturedTraining(_Captured):
     """Call `module` through CUDA graphs where a training call allows it (module docstring); with `compiled`, the
     captured forward and backward are torch.compile's (trainer.compile: FP32 models)."""
 
-    def __init__(self, module: nn.Module, max_shapes: int = 2, warmup: int = 3, compiled: bool = False):
+    def __init__(self, module: nn.Module, max_shapes: int = 2, warmup: int = 1, compiled: bool = False):
         super().__init__(module, max_shapes, warmup)
         self.compiled = compiled
 
