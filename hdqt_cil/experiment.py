@@ -67,11 +67,12 @@ def epoch_log_every(cfg) -> int:
 
 
 def run_label(cfg, run_dir: Path) -> str:
-    """The run's folder below results_root (e.g. cifar10-resnet32/icarl/hdqt/seed0), else its name."""
+    """The run's folder below results_root (e.g. cifar10-resnet32/icarl/hdqt/seed0); a run elsewhere (a sweep's
+    folders) by its last four parts, which name the run the same way (config.run_path)."""
     try:
         return Path(run_dir).resolve().relative_to(Path(cfg.results_root).resolve()).as_posix()
     except ValueError:
-        return Path(run_dir).name
+        return "/".join(Path(run_dir).parts[-4:])
 
 
 def _evaluator(cfg, run_dir: Path) -> EvaluationPlugin:

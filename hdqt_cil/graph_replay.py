@@ -78,6 +78,11 @@ def _recompiles_allowed():
     return torch._dynamo.config.patch(recompile_limit=1 << 16)
 
 
+# torch.compile may compile a step again on its second call (its guards on the first call's state): a capture must
+# not compile, so a compiled step warms up this many times.
+COMPILED_WARMUP = 3
+
+
 class _Graphs:
     """The forward and backward graphs of one input shape, with their static input, output and gradients.
 
@@ -203,7 +208,7 @@ class CapturedTraining(_Captured):
     captured forward and backward are torch.compile's (trainer.compile: FP32 models)."""
 
     def __init__(self, module: nn.Module, max_shapes: int = 2, warmup: int = 1, compiled: bool = False):
-        super().__init__(module, max_shapes, warmup)
+        super().__init__(module, max_shapes, max(warmup, COMPILED_WARMUP) if compiled else warmup)
         self.compiled = compiled
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

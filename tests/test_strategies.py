@@ -129,10 +129,20 @@ def test_epoch_progress_lines(make_cfg, tmp_path, caplog, every, epochs, logged)
     with caplog.at_level(logging.INFO, logger="hdqt_cil.trainer.monitor"):
         summary = run(cfg, tmp_path / "run")
     lines = [r.getMessage() for r in caplog.records if r.name == "hdqt_cil.trainer.monitor"]
-    expected = [f"run: experience {k}, epoch {e}/{epochs}: mean training loss "
+    label = experiment.run_label(cfg, tmp_path / "run")
+    expected = [f"{label}: experience {k}, epoch {e}/{epochs}: mean training loss "
                 f"{summary['train_loss'][k - 1][e - 1]:.4f}" for k in (1, 2) for e in logged]
     assert [line.split(" (")[0] for line in lines] == expected
     assert all(re.search(r"\(\d+\.\d\d s an epoch\)$", line) for line in lines)
+
+
+def test_progress_lines_name_the_run_by_its_folder_in_the_results_tree(make_cfg, tmp_path):
+    """Below results_root the folder relative to it; elsewhere (a sweep writes its runs below its own folder) the
+    run_path layout's four parts, so that packed runs' lines tell scheme and seed apart."""
+    cfg = make_cfg(f"results_root={tmp_path / 'results'}")
+    layout = "hapt-mlp/icarl/hdqt-acc12/seed2"
+    assert experiment.run_label(cfg, tmp_path / "results" / layout) == layout
+    assert experiment.run_label(cfg, tmp_path / "sweep" / "multirun" / layout) == layout
 
 
 def test_deterministic_kernels_hold_for_the_run_only(make_cfg, tmp_path, monkeypatch):
