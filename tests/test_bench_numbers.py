@@ -20,3 +20,15 @@ def test_a_changed_record_changes_the_table(tmp_path):
     assert numbers.main(["--check", "--records", str(tmp_path)]) == 1
     doubled = f"{step['seconds'] * 1e3:.2f} ms: {step['seconds'] / fp32['seconds']:.2f}× FP32"
     assert doubled in numbers.table(tmp_path)
+
+
+def test_driver_copies_and_fills_are_not_counted_as_kernels():
+    """The profiler's names for cudaMemcpyAsync and cudaMemsetAsync work, against kernels of any name."""
+    from types import SimpleNamespace
+
+    from scripts.bench.record import memory_operation
+
+    names = {"Memcpy DtoH (Device -> Pinned)": True, "Memset (Device)": True, "Memcpy HtoD (Pageable -> Device)": True,
+             "intmm_kernel<2, 2, 2, 4, 3>": False, "void at::native::vectorized_elementwise_kernel<4>": False,
+             "MemcpyLike_kernel": False}
+    assert {n: memory_operation(SimpleNamespace(name=n)) for n in names} == names

@@ -34,7 +34,7 @@ def _kernel_events(fn):
 
 def memory_operation(event) -> bool:
     """Whether a device event is a driver copy or fill (cudaMemcpyAsync, cudaMemsetAsync) rather than a kernel."""
-    return event.name.startswith(("Memcpy", "Memset"))
+    return event.name.startswith(("Memcpy ", "Memset "))  # the profiler's names: "Memcpy DtoH (...)", "Memset (...)"
 
 
 def device_work(fn, calls: int = 2, profile_title: str | None = None) -> tuple[float, float, float]:
