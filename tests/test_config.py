@@ -94,6 +94,7 @@ def test_unknown_member_lists_choices(make_cfg):
     (["strategy=icarl", "strategy.eval_head=cnn"], "strategy.eval_head='cnn' must be one of nme, linear"),
     (["strategy=icarl", "strategy.eval_head=nme"], "strategy.eval_head='nme' needs strategy.loss=bce"),
     (["strategy=dyn_der", "strategy.aux_weight=-1"], "strategy.aux_weight=-1.0 must be a non-negative number"),
+    (["strategy=memo", "strategy.aux_weight=-1"], "strategy.aux_weight=-1.0 must be a non-negative number"),
     (["quant=hdqt", "quant.acc_bits=3"], "quant.acc_bits=3 must be null (no saturation) or an integer from"),
     (["quant=hot", "quant.hla_rank=2", "quant.hla_rank_ratio=0.5"], "quant.hla_rank=2 and quant.hla_rank_ratio"),
 ])
@@ -127,6 +128,16 @@ def test_icarl_memory_smaller_than_classes(make_cfg):
     cfg = make_cfg("trainer.memory_size=5")
     with pytest.raises(ValueError, match="memory_size=5 .* 10 classes"):
         check_fits(cfg.strategy, cfg.trainer, num_classes=10)
+
+
+def test_memo_needs_an_exemplar_per_class_new_classes_each_experience_and_a_boolean_train_base(make_cfg):
+    cfg = make_cfg("strategy=memo", "trainer.memory_size=5")
+    with pytest.raises(ValueError, match="memory_size=5 .* MEMO needs at least one exemplar per class"):
+        check_fits(cfg.strategy, cfg.trainer, num_classes=10)
+    with pytest.raises(ValueError, match=re.escape("strategy=memo is made for benchmark.scenario=class|task")):
+        check_fits(cfg.strategy, cfg.trainer, 5, "domain")
+    with pytest.raises(ConfigCompositionException, match="strategy.train_base"):
+        make_cfg("strategy=memo", "strategy.train_base=perhaps")
 
 
 def test_run_folder_names_the_run(make_cfg):

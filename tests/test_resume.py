@@ -95,13 +95,13 @@ def test_sigkill_mid_experience_then_resume_matches_uninterrupted(tmp_path, make
 # and SI's penalty (strategies/si.py) tips it past the divergence check.
 @pytest.mark.parametrize("strategy,quant,experience", [("icarl", "fp32", 2), ("lwf", "hot", 1), ("si", "fp32", 1),
                                                      ("der", "fp32", 2), ("er_ace", "fp32", 2), ("agem", "fp32", 2),
-                                                     ("dyn_der", "hdqt", 2)])
+                                                     ("dyn_der", "hdqt", 2), ("memo", "fp32", 1)])
 def test_sigkill_after_an_epoch_checkpoint_resumes_from_that_epoch(tmp_path, make_cfg, strategy, quant, experience):
     """trainer.checkpoint_every=2: the resumed run restarts at epoch 4 of the experience (the first one has no
     boundary checkpoint before it), before its learning rate drops at epoch 6, and still ends as the uninterrupted
     run (DER++, ER-ACE and A-GEM: with their memory batches drawn on from where they were,
-    strategies/resumable_replay.py; dyn_der: into a model expanded again before the epoch's weights are laid over
-    it)."""
+    strategies/resumable_replay.py; dyn_der and memo: into a model expanded again before the epoch's weights are
+    laid over it)."""
     def past_epoch_4(checkpoints):
         return any(int(p.name.rsplit("epoch", 1)[1]) >= 4 for p in checkpoints.glob(f"exp{experience:03d}_epoch*"))
 

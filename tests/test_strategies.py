@@ -16,6 +16,7 @@ from hdqt_cil import experiment
 from hdqt_cil.trainer.cuda_graphs import CudaGraphPlugin
 from hdqt_cil.experiment import run
 from hdqt_cil.graph_replay import CapturedInference
+from hdqt_cil.quant.schemes import SCHEMES, preset
 from hdqt_cil import run_folder
 from hdqt_cil.run_folder import RunFolder, RunInUse
 
@@ -323,19 +324,26 @@ def test_task_incremental_scoring_trains_alike_and_scores_within_each_task(make_
     assert np.isnan(a[~seen]).all()
 
 
-def test_dyn_der_expands_quantized_freezes_the_old_extractor_and_keeps_the_old_heads(make_cfg, tmp_path, monkeypatch):
-    """Experience 2 under HDQT: a second extractor, every Linear of the model (both extractors, classifier,
-    auxiliary head) a QuantLinear before the first forward, the optimizer over the trainable parameters alone; the
-    old classes' classifier weights copied in, an auxiliary head over the new classes + "old"; the first extractor
-    frozen (its state bit-identical, in eval mode while the new one trains)."""
+def copy_state(module: nn.Module) -> dict:
+    return {k: v.clone() for k, v in module.state_dict().items()}
+
+
+def _second_experience_of_two(make_cfg, tmp_path, monkeypatch, strategy: str) -> dict:
+    """What a probe sees of an expanding strategy (strategies/dyn_der.py) in a 2-experience HDQT run on digits:
+    the model at experience 2's start (after the run's plugins: expanded and quantized), the modes its extractors
+    (and a shared trunk) train in, the first extractor's (and the trunk's) state before and after experience 2,
+    the classifier after experience 1 and at experience 2's start."""
     from avalanche.core import SupervisedPlugin
 
     from hdqt_cil.quant.layers import QuantConv2d, QuantLinear
 
     seen = {}
 
+    def trunk_of(model):
+        return getattr(model.features, "trunk", None)
+
     class Probe(SupervisedPlugin):
-        def before_training_exp(self, strategy, **kwargs):  # after the run's plugins: expanded and quantized
+        def before_training_exp(self, strategy, **kwargs):
             model = strategy.model
             if len(model.features.extractors) == 1:
                 return
@@ -344,13 +352,17 @@ def test_dyn_der_expands_quantized_freezes_the_old_extractor_and_keeps_the_old_h
             seen["layers"] = len(layers)
             seen["optimized"] = {id(p) for p in strategy.optimizer.param_groups[0]["params"]}
             seen["trainable"] = {id(p) for p in model.parameters() if p.requires_grad}
-            seen["frozen_before"] = {k: v.clone() for k, v in model.features.extractors[0].state_dict().items()}
+            seen["frozen_before"] = copy_state(model.features.extractors[0])
+            if trunk_of(model) is not None:
+                seen["trunk_before"] = copy_state(trunk_of(model))
+                seen["trunk_parameters"] = {id(p) for p in trunk_of(model).parameters()}
             seen["new_head"] = model.classifier.weight.detach().clone(), model.classifier.bias.detach().clone()
             seen["aux_outputs"] = model.aux_classifier.out_features
 
         def after_training_iteration(self, strategy, **kwargs):
-            extractors = strategy.model.features.extractors
-            seen["modes"] = [e.training for e in extractors]
+            features = strategy.model.features
+            seen["modes"] = [e.training for e in features.extractors]
+            seen["trunk_mode"] = getattr(trunk_of(strategy.model), "training", None)
 
         def after_training_exp(self, strategy, **kwargs):
             model = strategy.model
@@ -359,6 +371,8 @@ def test_dyn_der_expands_quantized_freezes_the_old_extractor_and_keeps_the_old_h
             else:
                 seen["frozen_after"] = model.features.extractors[0].state_dict()
                 seen["extractors"] = len(model.features.extractors)
+                if trunk_of(model) is not None:
+                    seen["trunk_after"] = trunk_of(model).state_dict()
 
     build = experiment.build_strategy
 
@@ -368,26 +382,48 @@ def test_dyn_der_expands_quantized_freezes_the_old_extractor_and_keeps_the_old_h
         return strategy
 
     monkeypatch.setattr(experiment, "build_strategy", with_probe)
-    cfg = make_cfg("strategy=dyn_der", "quant=hdqt", "trainer.epochs=2", "trainer.device=cpu",
+    cfg = make_cfg(f"strategy={strategy}", "quant=hdqt", "trainer.epochs=2", "trainer.device=cpu",
                    "benchmark.n_experiences=2")
     assert run(cfg, tmp_path / "run")["status"] == "complete"
-    assert seen["extractors"] == 2 and seen["layers"] == 2 * 2 + 2 and seen["quantized"]
-    assert seen["optimized"] == seen["trainable"] and len(seen["trainable"]) == 2 + 4  # new extractor, two heads
-    assert seen["modes"] == [False, True]
     for name, before in seen["frozen_before"].items():
         assert torch.equal(before, seen["frozen_after"][name]), name
     (old_w, old_b), (new_w, new_b) = seen["old_head"], seen["new_head"]
     known, width = old_w.shape
     assert new_w.shape == (2 * known, 2 * width) and seen["aux_outputs"] == known + 1
     assert torch.equal(new_w[:known, :width], old_w) and torch.equal(new_b[:known], old_b)
+    return seen
+
+
+def test_dyn_der_expands_quantized_freezes_the_old_extractor_and_keeps_the_old_heads(make_cfg, tmp_path, monkeypatch):
+    """Experience 2 under HDQT: a second extractor, every Linear of the model (both extractors, classifier,
+    auxiliary head) a QuantLinear before the first forward, the optimizer over the trainable parameters alone; the
+    old classes' classifier weights copied in, an auxiliary head over the new classes + "old"; the first extractor
+    frozen (its state bit-identical, in eval mode while the new one trains)."""
+    seen = _second_experience_of_two(make_cfg, tmp_path, monkeypatch, "dyn_der")
+    assert seen["extractors"] == 2 and seen["layers"] == 2 * 2 + 2 and seen["quantized"]
+    assert seen["optimized"] == seen["trainable"] and len(seen["trainable"]) == 2 + 4  # new extractor, two heads
+    assert seen["modes"] == [False, True]
+
+
+def test_memo_shares_the_trunk_expands_a_quantized_branch_and_freezes_the_old_one(make_cfg, tmp_path, monkeypatch):
+    """MEMO, experience 2 under HDQT, on the MLP: one trunk (the first hidden layer, training on, in train mode),
+    two branches (the last hidden layer each), every Linear a QuantLinear before the first forward, the optimizer
+    over the trunk, the new branch and the heads; the old branch frozen and in eval mode, the old classes'
+    classifier weights copied in, an auxiliary head over the new classes + "old"."""
+    seen = _second_experience_of_two(make_cfg, tmp_path, monkeypatch, "memo")
+    assert seen["extractors"] == 2 and seen["layers"] == 1 + 2 + 2 and seen["quantized"]
+    assert seen["optimized"] == seen["trainable"] and len(seen["trainable"]) == 1 + 1 + 4
+    assert seen["trunk_parameters"] <= seen["trainable"]
+    assert seen["modes"] == [False, True] and seen["trunk_mode"] is True
+    assert not all(torch.equal(v, seen["trunk_after"][k]) for k, v in seen["trunk_before"].items())
 
 
 def test_dyn_der_freezes_batchnorm_of_the_old_resnet():
     """On a ResNet, the old extractor's BatchNorm statistics hold through training steps of the new one."""
     from hdqt_cil.models import build_model
-    from hdqt_cil.strategies.dyn_der import ExpandableNet
+    from hdqt_cil.strategies.dyn_der import ConcatenatedFeatures, ExpandableNet
 
-    net = ExpandableNet(build_model("resnet32", (3, 8, 8), 4).features)
+    net = ExpandableNet(ConcatenatedFeatures(build_model("resnet32", (3, 8, 8), 4).features))
     net.expand(2)
     net.expand(2)
     net.train()
@@ -398,3 +434,89 @@ def test_dyn_der_freezes_batchnorm_of_the_old_resnet():
     assert all(torch.equal(v, net.features.extractors[0].state_dict()[k]) for k, v in old.items())
     assert all(p.grad is None for p in net.features.extractors[0].parameters())
     assert net.features.extractors[1].bn1.num_batches_tracked == 1
+
+
+def _memo_net(features, train_base: bool = True):
+    from hdqt_cil.models import split_features
+    from hdqt_cil.strategies.dyn_der import ExpandableNet
+    from hdqt_cil.strategies.memo import SharedTrunkFeatures
+
+    return ExpandableNet(SharedTrunkFeatures(*split_features(features, "strategy=memo"), train_base))
+
+
+@pytest.mark.parametrize("model,shape,norm", [("resnet32", (3, 8, 8), ((0.5,) * 3, (0.25,) * 3)),
+                                              ("mlp", (6,), None)])
+def test_each_backbone_splits_into_a_trunk_and_a_branch_that_compose_to_its_features(model, shape, norm):
+    """ResNet-32: stem and stages 1-2, then stage 3 and the pooling; the MLP: its first hidden layer, then its last.
+    The two hold the backbone's own modules (its parameters once each) and give its features."""
+    from hdqt_cil.models import build_model, split_features
+
+    features = build_model(model, shape, 4, norm).features.eval()
+    x = torch.randint(0, 256, (3, *shape), dtype=torch.uint8) if norm else torch.randn(3, *shape)
+    trunk, branch = split_features(features, "strategy=memo")
+    assert torch.equal(branch(trunk(x)), features(x)) and branch.out_features == features.out_features
+    parts = [id(p) for p in (*trunk.parameters(), *branch.parameters())]
+    assert len(set(parts)) == len(parts) and set(parts) == {id(p) for p in features.parameters()}
+    upper = [m for m in branch.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    assert len(upper) == (10 if model == "resnet32" else 1)  # stage 3's five blocks of two convs; one Linear
+
+
+def test_memo_names_a_backbone_without_a_split():
+    from hdqt_cil.strategies.memo import build
+
+    class Unsplittable(nn.Module):
+        out_features = 2
+
+    with pytest.raises(ValueError, match=r"strategy=memo .* Unsplittable does not say where it splits"):
+        build(None, None, SimpleNamespace(features=Unsplittable()), {}, None)
+
+
+@pytest.mark.parametrize("train_base", [True, False])
+def test_memo_freezes_the_old_branch_of_the_resnet_and_the_trunk_unless_it_trains_on(train_base):
+    """After a second experience's expansion on ResNet-32: the old branch's parameters and BatchNorm statistics
+    hold through a training step, the new branch's move; the trunk, one copy, trains on (PyCIL's train_base=true)
+    or holds as the old branch."""
+    from hdqt_cil.models import build_model
+
+    net = _memo_net(build_model("resnet32", (3, 8, 8), 4).features, train_base)
+    net.expand(2)
+    net.expand(2)
+    net.train()
+    features = net.features
+    old, trunk = (copy_state(m) for m in (features.extractors[0], features.trunk))
+    out = net(torch.randn(4, 3, 8, 8))
+    assert out.shape == (4, 4 + 3)  # 4 classes seen, then the auxiliary head's 2 new + "old"
+    out.sum().backward()
+    assert all(torch.equal(v, features.extractors[0].state_dict()[k]) for k, v in old.items())
+    assert all(p.grad is None for p in features.extractors[0].parameters())
+    assert features.extractors[1][0][0].bn1.num_batches_tracked == 1
+    trunk_bn = features.trunk[1]
+    assert features.trunk.training is train_base and trunk_bn.num_batches_tracked == int(train_base)
+    assert all((p.grad is not None) is train_base for p in features.trunk.parameters())
+    if not train_base:
+        assert all(torch.equal(v, features.trunk.state_dict()[k]) for k, v in trunk.items())
+    # the stem's and stages 1-2's once, two stage 3s: two a block
+    assert sum(isinstance(m, nn.BatchNorm2d) for m in net.modules()) == 1 + 2 * 5 * 2 + 2 * 5 * 2
+
+
+@pytest.mark.parametrize("name", SCHEMES.names())
+def test_memo_new_branch_and_heads_run_the_scheme_before_their_first_forward(name):
+    """Every scheme, on ResNet-32: the new branch is a copy of a quantized one, so it runs the scheme from the
+    start; the run's quantization plugin, at the experience's start, converts the new heads; no layer is left in
+    torch's classes."""
+    from hdqt_cil.models import build_model
+    from hdqt_cil.quant import quantize_model
+    from hdqt_cil.quant.layers import QuantLayer
+
+    scheme = preset(name)
+    net = _memo_net(quantize_model(build_model("resnet32", (3, 8, 8), 4), scheme).features)
+    net.expand(2)
+    quantize_model(net, scheme)  # the plugin, at each training experience's start
+    net.expand(2)
+    new_branch = [m for m in net.features.extractors[1].modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    assert len(new_branch) == 10 and all(isinstance(m, QuantLayer) and m.scheme == scheme for m in new_branch)
+    assert type(net.aux_classifier) is nn.Linear
+    quantize_model(net, scheme)
+    layers = [m for m in net.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    assert len(layers) == 1 + 2 * 2 * 5 + 2 * 2 * 5 + 2  # stem, stages 1-2, two stage 3s, classifier and aux head
+    assert all(isinstance(m, QuantLayer) and m.scheme is scheme for m in layers)

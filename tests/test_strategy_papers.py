@@ -18,6 +18,7 @@ from torch.func import functional_call, grad, vmap
 
 from hdqt_cil.benchmarks.arrays import ArrayDataset
 from hdqt_cil.config import TrainerConfig
+from hdqt_cil.models import build_model
 from hdqt_cil.strategies import STRATEGIES, DataFacts, build_strategy
 from hdqt_cil.strategies.ewc import EWCPlugin
 from hdqt_cil.strategies.si import SIPlugin
@@ -84,7 +85,8 @@ def rows(x):
 def test_defaults_are_the_papers_settings():
     """Where the papers (or Mammoth's sequential CIFAR-10 runs, for the online forms) give them."""
     settings = {"ewc": {"ewc_lambda": 10.0, "decay": 1.0}, "si": {"c": 0.5, "xi": 1.0},
-                "der": {"alpha": 0.1, "beta": 0.5}, "agem": {"sample_size": 256}}
+                "der": {"alpha": 0.1, "beta": 0.5}, "agem": {"sample_size": 256},
+                "memo": {"aux_weight": 1.0, "weight_align": True, "train_base": True}}  # MEMO: PyCIL's exps/memo.json
     for name, expected in settings.items():
         cfg = STRATEGIES.settings(name)()
         assert {k: getattr(cfg, k) for k in expected} == expected, name
@@ -323,3 +325,45 @@ def test_gdumb_retrains_its_initial_model_on_a_class_balanced_memory_alone(strea
     for exp in stream:
         strategy.train(exp)
     assert seen == [{0: 5, 1: 4}, True, {0: 3, 1: 2, 2: 2, 3: 2}, True, {0: 2, 1: 2, 2: 2, 3: 1, 4: 1, 5: 1}, True]
+
+
+def test_memo_trains_a_shared_trunk_under_one_branch_per_experience_on_ce_plus_aux_ce(stream):
+    """MEMO: features [φ_1(φ_g(x)), φ_2(φ_g(x))] of one generalised block φ_g (the MLP's first hidden layer) and a
+    specialised block φ_k (its last) per experience; logits W·features + b; the loss CE(logits, y) + λ·CE(U·φ_2 + u,
+    y'), y' = y − |old| + 1 for a new class and 0 for an old one (PyCIL's auxiliary head), CE alone in the first
+    experience. By hand from the layers' weights: the logits, the loss, and the gradients, which reach φ_g through
+    the frozen φ_1 too (φ_1 itself gets none). After the experience the new classes' rows of W are scaled to the old
+    rows' mean norm."""
+    aux_weight, seen = 0.5, {"losses": 0, "aux targets": set()}
+
+    def check(s):
+        net, x, y = s.model, s.mb_x, s.mb_y
+        if s.experience.current_experience == 0:
+            assert net.aux_classifier is None and torch.allclose(s.loss, F.cross_entropy(s.mb_output, y))
+            return
+        trunk, (old, new) = net.features.trunk[1].weight, [e[0].weight for e in net.features.extractors]
+        shared = F.relu(x @ trunk.T)
+        branches = [F.relu(shared @ w.T) for w in (old, new)]
+        logits = torch.cat(branches, dim=1) @ net.classifier.weight.T + net.classifier.bias
+        aux = branches[1] @ net.aux_classifier.weight.T + net.aux_classifier.bias
+        aux_y = torch.where(y >= 2, y - 2 + 1, 0)
+        seen["aux targets"] |= set(aux_y.tolist())
+        loss = F.cross_entropy(logits, y) + aux_weight * F.cross_entropy(aux, aux_y)
+        assert torch.allclose(s.mb_output, logits) and torch.allclose(s.loss, loss), (s.loss, loss)
+        seen["grads"] = torch.autograd.grad(loss, [trunk, new])
+        seen["losses"] += 1
+
+    def after_backward(s):
+        if s.experience.current_experience == 1:
+            trunk, (old, new) = s.model.features.trunk[1].weight, [e[0].weight for e in s.model.features.extractors]
+            assert old.grad is None and all(torch.allclose(p.grad, g) for p, g in zip((trunk, new), seen["grads"]))
+            assert {id(trunk), id(new)} <= {id(p) for p in s.optimizer.param_groups[0]["params"]}
+
+    strategy = build("memo", build_model("mlp", (FEATURES,), CLASSES), aux_weight=aux_weight)
+    strategy.plugins.append(Probe(before_backward=check, after_backward=after_backward))
+    for exp in list(stream)[:2]:
+        strategy.train(exp)
+    assert seen["losses"] == -(-(2 * PER_CLASS + 9) // BATCH)  # the new classes' samples and the memory's 9
+    assert seen["aux targets"] == {0, 1, 2}  # "old", then the two new classes
+    norms = strategy.model.classifier.weight.norm(dim=1)
+    assert torch.allclose(norms[2:].mean(), norms[:2].mean())

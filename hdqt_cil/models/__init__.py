@@ -2,7 +2,9 @@
 
 A backbone module registers `build(cfg, input_shape) -> feature extractor` (a module with `out_features`) with
 `MODELS.register(name, SettingsClass)`; `build_model` puts the image normalisation in front and the classifier
-behind it.
+behind it. A feature extractor may also say where it splits into shared lower blocks and an upper block:
+`split() -> (trunk, branch)`, the two holding its own modules, `branch(trunk(x))` its features (MEMO shares the
+trunk and grows a branch per experience: strategies/memo.py).
 """
 from dataclasses import dataclass
 
@@ -30,6 +32,14 @@ class Classifier(nn.Module):
 
     def forward(self, x):
         return self.classifier(self.features(x))
+
+
+class Blocks(nn.Sequential):
+    """Modules applied in turn, with the width of the features they give (a split backbone's branch)."""
+
+    def __init__(self, *modules: nn.Module, out_features: int):
+        super().__init__(*modules)
+        self.out_features = out_features
 
 
 class ImageNormalize(nn.Module):
@@ -63,3 +73,17 @@ def build_model(model, input_shape: tuple[int, ...], num_classes: int, input_nor
     if input_norm is not None:
         features = _Normalized(ImageNormalize(*input_norm), features)
     return Classifier(features, num_classes)
+
+
+def split_features(features: nn.Module, needed_by: str) -> tuple[nn.Module, nn.Module]:
+    """(trunk, branch) of a feature extractor `build_model` made (the image normalisation joins the trunk);
+    ValueError naming the backbone where it has no `split()`."""
+    normalize = None
+    if isinstance(features, _Normalized):
+        normalize, features = features
+    if not callable(getattr(features, "split", None)):
+        raise ValueError(f"{needed_by} shares a backbone's lower blocks and grows its upper block; the model's "
+                         f"{type(features).__name__} does not say where it splits (a `split()` method: "
+                         "hdqt_cil/models/__init__.py)")
+    trunk, branch = features.split()
+    return (trunk if normalize is None else nn.Sequential(normalize, trunk)), branch

@@ -9,7 +9,7 @@ from typing import Optional
 from torch import nn
 
 from ..settings import POSITIVE_INT, optional, setting
-from . import MODELS, ModelConfig
+from . import MODELS, Blocks, ModelConfig
 
 
 class MLPFeatures(nn.Module):
@@ -27,6 +27,11 @@ class MLPFeatures(nn.Module):
 
     def forward(self, x):
         return self.net(x)
+
+    def split(self) -> tuple[nn.Module, Blocks]:
+        """Every hidden layer but the last shared, the last one (with its ReLU) the branch: as ResNet-32's last
+        stage, the layer that gives the features."""
+        return self.net[:-2], Blocks(*self.net[-2:], out_features=self.out_features)
 
 
 @dataclass

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import nn
 
-from . import MODELS, ModelConfig
+from . import MODELS, Blocks, ModelConfig
 
 
 class _PadShortcut(nn.Module):
@@ -80,6 +80,12 @@ class ResNetFeatures(_WithReLUModules):
         x = self.relu(self.bn1(self.conv1(x)))
         x = self.stages(x)
         return F.adaptive_avg_pool2d(x, 1).flatten(1)
+
+    def split(self) -> tuple[nn.Module, Blocks]:
+        """PyCIL's MEMO split of ResNet-32 (convs/memo_cifar_resnet.py): the stem and the first two stages
+        shared, the last stage and the pooling the branch."""
+        trunk = nn.Sequential(self.conv1, self.bn1, self.relu, self.stages[:-1])
+        return trunk, Blocks(self.stages[-1], nn.AdaptiveAvgPool2d(1), nn.Flatten(1), out_features=self.out_features)
 
 
 @dataclass

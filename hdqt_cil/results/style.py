@@ -2,7 +2,7 @@
 (strategies and schemes beyond these lists take the next ones in order of appearance)."""
 SCHEME_ORDER = ["fp32", "hdqt", "hot", "int4", "luq", "fp8", "fp", "mxfp4", "nvfp4"]
 STRATEGY_ORDER = ["naive", "lwf", "icarl", "bic", "joint", "replay", "der", "er_ace", "gdumb", "agem", "ewc", "si",
-                  "dyn_der"]
+                  "dyn_der", "memo"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "h"]
 LINESTYLES = ["-", "--", ":", "-."]
 

@@ -51,15 +51,20 @@ class ConcatenatedFeatures(nn.Module):
     def forward(self, x):
         return torch.cat([extractor(x) for extractor in self.extractors], dim=1)
 
+    def frozen(self) -> list[nn.Module]:
+        """The parts that train no more once a newer extractor is added: every extractor but the newest."""
+        return list(self.extractors[:-1])
+
 
 class ExpandableNet(nn.Module):
-    """PyCIL's DERNet over the project's backbones: `features` (ConcatenatedFeatures), `classifier` over the seen
-    classes, `aux_classifier` (new classes + "old") on the newest extractor's features. Built by `expand`."""
+    """PyCIL's DERNet over the project's backbones: `features` (ConcatenatedFeatures, or a subclass that puts
+    shared blocks in front: strategies/memo.py), `classifier` over the seen classes, `aux_classifier` (new classes
+    + "old") on the newest extractor's features. Built by `expand`."""
 
-    def __init__(self, features: nn.Module):
+    def __init__(self, features: ConcatenatedFeatures):
         super().__init__()
-        self.features = ConcatenatedFeatures(features)
-        self.width = features.out_features
+        self.features = features
+        self.width = features.extractors[0].out_features
         self.classifier = None
         self.aux_classifier = None
         self.new_classes = 0  # the current experience's
@@ -71,13 +76,14 @@ class ExpandableNet(nn.Module):
 
     def expand(self, new_classes: int) -> None:
         """Make room for `new_classes` more classes: after the first experience a new extractor, copied from the
-        newest, the older ones frozen; a wider classifier holding the old one's weights; a new auxiliary head."""
+        newest, the older ones frozen (`features.frozen()`); a wider classifier holding the old one's weights; a
+        new auxiliary head."""
         extractors, self.new_classes = self.features.extractors, new_classes
         if self.classifier is None:
             self.classifier = _head(self.width, new_classes)
             return
         extractors.append(copy.deepcopy(extractors[-1]))
-        for old in extractors[:-1]:
+        for old in self.features.frozen():
             for p in old.parameters():
                 p.requires_grad_(False)
                 p.grad = None
@@ -90,9 +96,9 @@ class ExpandableNet(nn.Module):
         self.aux_classifier = _head(self.width, new_classes + 1).to(device)
 
     def train(self, mode: bool = True):
-        """The frozen extractors stay in eval mode (PyCIL's `train`), so that their BatchNorm statistics hold."""
+        """The frozen parts stay in eval mode (PyCIL's `train`), so that their BatchNorm statistics hold."""
         super().train(mode)
-        for old in self.features.extractors[:-1]:
+        for old in self.features.frozen():
             old.eval()
         return self
 
@@ -163,9 +169,14 @@ class DynDERConfig(StrategyConfig):
     weight_align: bool = setting(True, BOOL)  # scale the new classes' weights after each experience (PyCIL does)
 
 
-@STRATEGIES.register("dyn_der", DynDERConfig, fits=needs_exemplar_per_class("DER"), scenarios=("class", "task"))
-def build(cfg, trainer, model, common, data):
-    net = ExpandableNet(model.features)
+def expanding_strategy(cfg, trainer, features: ConcatenatedFeatures, common) -> DynamicDER:
+    """The strategy around an ExpandableNet over `features`, with its herding memory (DER's and MEMO's)."""
+    net = ExpandableNet(features)
     memory = HerdingMemory(trainer.memory_size, net)
     return DynamicDER(model=net, aux_weight=cfg.aux_weight, weight_align=cfg.weight_align,
                       **{**common, "plugins": [*common["plugins"], memory]})
+
+
+@STRATEGIES.register("dyn_der", DynDERConfig, fits=needs_exemplar_per_class("DER"), scenarios=("class", "task"))
+def build(cfg, trainer, model, common, data):
+    return expanding_strategy(cfg, trainer, ConcatenatedFeatures(model.features), common)

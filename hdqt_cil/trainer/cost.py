@@ -4,11 +4,12 @@
 The first training forward of each Linear / Conv2d in an experience records the shape of a sample of its input (a
 hook, removed once every layer has been seen; recorded afresh each experience, as a strategy may change the model
 between them: dyn_der adds an extractor and widens its classifier). A frozen layer (its weight needs no gradient,
-as dyn_der's old extractors) counts as an inference forward. An iteration only counts its batch size; at an
-experience's end (and its evaluation's) the counts of a step at each batch size (the forward and the backward, and
-the old model's forward where the strategy distils from one: LwF, iCaRL, BiC; evaluation forwards apart) are
-multiplied by the steps taken at it. Not counted: BiC's bias-correction stage, iCaRL's herding forwards, the
-higher-precision replay's steps, the optimizer's update, data loading (docs/cost.md).
+as dyn_der's old extractors and memo's old upper blocks) counts as an inference forward. An iteration only counts
+its batch size; at an experience's end (and its evaluation's) the counts of a step at each batch size (the forward
+and the backward, and the old model's forward where the strategy distils from one: LwF, iCaRL, BiC; evaluation
+forwards apart) are multiplied by the steps taken at it. Not counted: BiC's bias-correction stage, iCaRL's herding
+forwards, the higher-precision replay's steps, the input gradient memo's frozen upper blocks pass back to its shared
+blocks, the optimizer's update, data loading (docs/cost.md).
 """
 import copy
 from collections import Counter

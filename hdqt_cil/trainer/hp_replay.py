@@ -83,7 +83,7 @@ class HigherPrecisionReplay(SupervisedPlugin):
         if exemplar_memory(strategy) is None:
             raise ValueError(f"strategy.hp_replay={self.size}: strategy={name} keeps no exemplar memory to replay; "
                              "use a strategy with one (icarl with loss=ce_kd, bic, replay, der, er_ace, gdumb, "
-                             "dyn_der) or strategy.hp_replay=null")
+                             "dyn_der, memo) or strategy.hp_replay=null")
 
     def _models(self, strategy) -> list[nn.Module]:
         teachers = [getattr(p, name, None) for p in strategy.plugins for name in self.teachers]
