@@ -83,7 +83,8 @@ def step_inputs(model_fn, batch):
 
 
 def analytic(model, x):
-    """The cost module's counts of one training step: each layer's input shape taken by a hook."""
+    """The cost module's counts of one training step: each layer's input shape taken by a hook; a frozen layer's
+    weight gets no gradient."""
     shapes = {}
 
     def record(module, args):
@@ -95,7 +96,7 @@ def analytic(model, x):
         h.remove()
     total = Counter()
     for layer, (shape, input_grad) in shapes.items():
-        tally = layer_tally(layer, shape, input_grad, training=True)
+        tally = layer_tally(layer, shape, input_grad, training=layer.weight.requires_grad)
         total.update(tally.forward)
         total.update(tally.backward)
     return total
@@ -124,6 +125,30 @@ def test_counts_equal_the_reference_calls(model_fn, scheme, batch, monkeypatch):
         assert counted[kind] == seen[kind], kind
     assert sum(v for k, v in counted.items() if k.startswith("int_mac")) == seen["int_mac"]
     assert seen["int_mac"] > 0 and (scheme == "hot" or seen["saturate"] > 0 or scheme == "luq")
+
+
+@pytest.mark.parametrize("model_fn", [mlp, convnet])
+@pytest.mark.parametrize("scheme", ["hdqt", "luq", "hot", "fp32"])
+def test_a_frozen_middle_layer_counts_its_input_gradient_alone(model_fn, scheme, monkeypatch):
+    """A frozen layer between trained ones (memo's old upper blocks) passes the gradient on: its input gradient's
+    quantizers and product are counted, its weight gradient's are not, as the reference calls them."""
+    torch.manual_seed(0)
+    model = quantize_model(model_fn(), preset(scheme))
+    x, y = step_inputs(model_fn, 6)
+    if scheme == "hot":
+        calibrate_lqs(model, x, y, F.cross_entropy)
+    trained = analytic(model, x)
+    model[2].weight.requires_grad_(False)
+    counted = analytic(model, x)
+    seen, macs = observed(model, x, y, monkeypatch)
+    assert model[0].weight.grad is not None and model[2].weight.grad is None
+    if scheme == "fp32":
+        assert counted["float_mac"] == macs
+        return
+    for kind in ("hadamard_add", "random_bit", "saturate") + tuple(k for k in counted if k.startswith("quantize")):
+        assert counted[kind] == seen[kind], kind
+    int_macs = [sum(v for k, v in c.items() if k.startswith("int_mac")) for c in (counted, trained)]
+    assert int_macs[0] == seen["int_mac"] and int_macs[0] < int_macs[1]  # the weight gradient's are what is missing
 
 
 @pytest.mark.parametrize("model_fn", [mlp, convnet])

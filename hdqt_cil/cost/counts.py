@@ -112,9 +112,9 @@ def _float_tally(g: Geometry, bias: bool, input_grad: bool, training: bool) -> T
     t = Tally()
     t.product(t.forward, None, None, 1, g.rows, g.out, g.k)
     t.forward["float_op"] += g.rows * g.out if bias else 0
+    if input_grad:
+        t.product(t.backward, None, None, 1, g.rows, g.k, g.out)
     if training:
-        if input_grad:
-            t.product(t.backward, None, None, 1, g.rows, g.k, g.out)
         t.product(t.backward, None, None, 1, g.out, g.k, g.rows)
         t.backward["float_op"] += g.rows * g.out if bias else 0
         t.forward["saved_bit float32"] += FLOAT_BITS * g.x_elements
@@ -136,9 +136,10 @@ def quant_layer_tally(layer: QuantLayer, x_shape: tuple, input_grad: bool, train
     t.quantize(fwd, product.right, g.out * g.k)
     t.product(fwd, product.left, product.right, 1, g.rows, g.out, g.k, product.tile, product.acc_bits,
               acc_format=product.acc_format)
-    if not training:
+    if not (training or input_grad):
         return t
-    _saved(fwd, product.left, g.x_elements)
+    if training:
+        _saved(fwd, product.left, g.x_elements)
     fwd["saved_bit mask"] += g.x_elements if scheme.ste != "none" else 0
     shared = scheme.shares_grad_output
     if shared:
@@ -153,6 +154,8 @@ def quant_layer_tally(layer: QuantLayer, x_shape: tuple, input_grad: bool, train
         t.product(bwd, gi.left, gi.right if gi.right is not None else product.right, entries, rows, g.k, g.out,
                   gi.tile, gi.acc_bits, acc_format=gi.acc_format)
         bwd["float_op"] += (g.rows * g.k if g.conv else 0) + (g.x_elements if scheme.ste != "none" else 0)
+    if not training:
+        return t
     gw = scheme.grad_weight
     contraction = g.positions if g.conv else g.rows
     block = hadamard_block(gw, scheme.hadamard_cap, contraction)
@@ -176,16 +179,19 @@ def float_layer_tally(layer: QuantLayer, x_shape: tuple, input_grad: bool, train
     blocked = product.left.block is not None
     _format_product(t, fwd, product, g.rows * g.k if blocked else g.x_elements, g.out * g.k, 1, g.rows, g.out, g.k)
     fwd["float_op"] += bias
-    if not training:
+    if not (training or input_grad):
         return t
     masks = g.x_elements if scheme.ste != "none" else 0
-    _saved(fwd, None if blocked else product.left, g.x_elements)
     fwd["saved_bit mask"] += masks
-    bwd["float_op"] += bias
+    if training:
+        _saved(fwd, None if blocked else product.left, g.x_elements)
+        bwd["float_op"] += bias
     if input_grad:
         entries, rows = (g.batch, g.positions) if g.conv else (1, g.rows)
         _format_product(t, bwd, scheme.grad_input, g.rows * g.out, g.k * g.out, entries, rows, g.k, g.out)
         bwd["float_op"] += (g.rows * g.k if g.conv else 0) + masks
+    if not training:
+        return t
     contraction = g.positions if g.conv else g.rows
     _format_product(t, bwd, scheme.grad_weight, g.rows * g.out, g.rows * g.k, g.batch, g.out, g.k, contraction,
                     summed=True)
@@ -230,6 +236,14 @@ def hot_layer_tally(layer, x_shape: tuple, input_grad: bool, training: bool) -> 
     fwd, bwd = t.forward, t.backward
     t.product(fwd, None, None, 1, g.rows, g.out, g.k)
     fwd["float_op"] += g.rows * g.out if layer.bias is not None else 0
+    if input_grad:
+        n = hadamard_block_size(g.out, scheme.hadamard_cap)
+        g_spec = scheme.grad_output_spec(layer.lqs_per_token)
+        t.quantize(bwd, g_spec, g.rows * g.out, n)
+        w_spec = scheme.weight_spec if g_spec is not None else None
+        t.quantize(bwd, w_spec, g.k * g.out, n)
+        t.product(bwd, g_spec, w_spec, 1, g.rows, g.k, g.out)
+        bwd["float_op"] += g.rows * g.k if g.conv else 0
     if not training:
         return t
     if isinstance(layer, HotLinear) and len(x_shape) > 2:
@@ -249,14 +263,6 @@ def hot_layer_tally(layer, x_shape: tuple, input_grad: bool, training: bool) -> 
         stored = store_spec(scheme.abc_bits) if keeps == "stored" else None
         t.quantize(fwd, stored, g.x_elements)
         _saved(fwd, stored, g.x_elements)
-    if input_grad:
-        n = hadamard_block_size(g.out, scheme.hadamard_cap)
-        g_spec = scheme.grad_output_spec(layer.lqs_per_token)
-        t.quantize(bwd, g_spec, g.rows * g.out, n)
-        w_spec = scheme.weight_spec if g_spec is not None else None
-        t.quantize(bwd, w_spec, g.k * g.out, n)
-        t.product(bwd, g_spec, w_spec, 1, g.rows, g.k, g.out)
-        bwd["float_op"] += g.rows * g.k if g.conv else 0
     gw_spec = scheme.grad_weight_spec
     t.quantize(bwd, gw_spec, entries * g.out * kept)
     bwd["hadamard_add"] += entries * g.out * tokens * _log2(block)
@@ -267,7 +273,9 @@ def hot_layer_tally(layer, x_shape: tuple, input_grad: bool, training: bool) -> 
 
 
 def layer_tally(layer: nn.Module, x_shape: tuple, input_grad: bool, training: bool) -> Tally:
-    """The counts of one call of any Linear / Conv2d layer (quantized or not) on an input of `x_shape`."""
+    """The counts of one call of any Linear / Conv2d layer (quantized or not) on an input of `x_shape`.
+    `training`: the weight trains (its gradient, and what the forward keeps for it); `input_grad`: the input's
+    gradient is computed, whether or not the weight trains (a frozen layer between trained ones passes it on)."""
     if isinstance(layer, (HotLinear, HotConv2d)):
         return hot_layer_tally(layer, x_shape, input_grad, training)
     if isinstance(layer, QuantLayer) and isinstance(layer.scheme, FloatScheme):

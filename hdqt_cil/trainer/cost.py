@@ -4,12 +4,12 @@
 The first training forward of each Linear / Conv2d in an experience records the shape of a sample of its input (a
 hook, removed once every layer has been seen; recorded afresh each experience, as a strategy may change the model
 between them: dyn_der adds an extractor and widens its classifier). A frozen layer (its weight needs no gradient,
-as dyn_der's old extractors and memo's old upper blocks) counts as an inference forward. An iteration only counts
-its batch size; at an experience's end (and its evaluation's) the counts of a step at each batch size (the forward
-and the backward, and the old model's forward where the strategy distils from one: LwF, iCaRL, BiC; evaluation
-forwards apart) are multiplied by the steps taken at it. Not counted: BiC's bias-correction stage, iCaRL's herding
-forwards, the higher-precision replay's steps, the input gradient memo's frozen upper blocks pass back to its shared
-blocks, the optimizer's update, data loading (docs/cost.md).
+as dyn_der's old extractors and memo's old upper blocks) counts as an inference forward, plus its input's gradient
+where the input needs one (memo's old upper blocks above shared blocks that train). An iteration only counts its
+batch size; at an experience's end (and its evaluation's) the counts of a step at each batch size (the forward and
+the backward, and the old model's forward where the strategy distils from one: LwF, iCaRL, BiC; evaluation forwards
+apart) are multiplied by the steps taken at it. Not counted: BiC's bias-correction stage, iCaRL's herding
+forwards, the higher-precision replay's steps, the optimizer's update, data loading (docs/cost.md).
 """
 import copy
 from collections import Counter
@@ -79,7 +79,7 @@ class CostCounter(SupervisedPlugin):
             phases = out[name] = {p: Counter() for p in (PHASES if training else ("forward",))}
             trains = training and layer.weight.requires_grad
             for batch, steps in batches.items():
-                tally = layer_tally(layer, (batch, *shape), input_grad and trains, trains)
+                tally = layer_tally(layer, (batch, *shape), input_grad and training, trains)
                 for phase, counts in (("forward", tally.forward), ("backward", tally.backward)):
                     if phase in phases:
                         phases[phase].update({k: v * steps for k, v in counts.items()})
