@@ -17,6 +17,7 @@ from avalanche.training.templates import SupervisedTemplate
 from torchvision.transforms import v2
 
 from ..settings import BOOL, POSITIVE, one_of, setting
+from ..trainer import plugin_of
 from ..trainer.cuda_graphs import CudaGraphPlugin
 from .lwf import LwFPlugin
 from .base import STRATEGIES, StrategyConfig
@@ -71,7 +72,7 @@ class HerdingMemory(SupervisedPlugin):
     def after_training_exp(self, strategy, **kwargs):
         classes = self.storage.seen_groups | {int(t) for t in strategy.experience.dataset.targets}
         self.herding.limit = max(self.storage.get_group_lengths(len(classes)))  # the most any class keeps
-        graphs = next((p for p in strategy.plugins if isinstance(p, CudaGraphPlugin)), None)
+        graphs = plugin_of(strategy, CudaGraphPlugin)
         with graphs.graphed(self.herding, "feature_extractor") if graphs else nullcontext():
             self.storage.post_adapt(strategy, strategy.experience)
 

@@ -342,8 +342,8 @@ class GradientDiagnostics(SupervisedPlugin):
         if self.landscape is None:
             return
         spec, k = self.landscape, self.experiences[-1]["experience"]
-        key = self.seed * 1000003 + k  # the directions' and the old test batches' random draws
-        generator = torch.Generator().manual_seed(key)
+        draws = self.seed * 1000003 + k  # the seed of the directions' and the old test batches' random draws
+        generator = torch.Generator().manual_seed(draws)
         directions = tuple(filter_normalised_direction(strategy.model, generator) for _ in range(2))
         models = (("quantized", strategy.model), ("float", float_shadow(strategy.model)))
         slices = {"landscape": _first_batches(strategy.experience.dataset.eval(), strategy.train_mb_size, spec.batches,
@@ -351,7 +351,7 @@ class GradientDiagnostics(SupervisedPlugin):
         if k > 0 and self.old_tests:
             old = torch.utils.data.ConcatDataset([t.eval() for t in self.old_tests[:k]])
             slices["old_test_landscape"] = _first_batches(old, strategy.eval_mb_size, spec.batches, strategy.device,
-                                                          torch.Generator().manual_seed(key))
+                                                          torch.Generator().manual_seed(draws))
         for key, batches in slices.items():
             self.experiences[-1][key] = {name: loss_landscape(model, batches, directions, spec.points, spec.span)
                                          for name, model in models}

@@ -23,6 +23,7 @@ from ..quant import quantize_model, scheme_from_config
 from ..quant.layers import QuantLayer
 from ..quant.schemes import SCHEMES
 from .cost import CostCounter
+from . import plugin_of
 from .cuda_graphs import CudaGraphPlugin
 
 log = logging.getLogger(__name__)
@@ -93,8 +94,7 @@ class HigherPrecisionReplay(SupervisedPlugin):
     def _phase(self, strategy, loader):
         """The strategy on `loader`, its quantized layers at the higher precision, eager, uncounted; all restored.
         The models are looked up once the graphs are set aside: until then an old model is its graphs' wrapper."""
-        graphs = next((p for p in strategy.plugins if isinstance(p, CudaGraphPlugin)), None)
-        cost = next((p for p in strategy.plugins if isinstance(p, CostCounter)), None)
+        graphs, cost = plugin_of(strategy, CudaGraphPlugin), plugin_of(strategy, CostCounter)
         with graphs.eager() if graphs else nullcontext(), cost.paused() if cost else nullcontext():
             models = self._models(strategy)
             schemes = [{m: m.scheme for m in model.modules() if isinstance(m, QuantLayer)} for model in models]
