@@ -19,6 +19,7 @@ GEMM_EXPRESSIONS = [rt.gemm_expression("128x128", sat, count, out) for sat, coun
                     for out in rt.GEMM_OUTS]
 GEMM_EXPRESSIONS += [rt.gemm_expression(config, sat, count, out) for config in rt.GEMM_CONFIGS if config != "128x128"
                      for sat, count, out in ((2, True, 1), (1, True, 1), (4, False, 1))]
+GEMM_EXPRESSIONS += list(rt.BLOCK_SCALED_EXPRESSIONS)
 
 
 @pytest.mark.parametrize("name", sorted(rt.SOURCES))
@@ -63,6 +64,20 @@ def test_the_wgmma_gemms_assemble_for_sm90a_without_spills():
     rows = resources.rows(lowered, log)
     assert {r["kernel"] for r in rows} == set(expressions)
     assert all(r["spill stores"] == 0 and r["registers"] <= 255 for r in rows), rows
+
+
+def test_the_block_scaled_gemms_assemble_without_spills():
+    """MXFP4's and NVFP4's products (intmm.cu modes 5, 6) in the large config gemm_config gives them and the batch
+    sum's: their float32 sums stay in registers."""
+    from scripts.bench import kernel_resources as resources  # noqa: PLC0415
+
+    expressions = tuple(e for e in rt.BLOCK_SCALED_EXPRESSIONS
+                        if e.startswith(("intmm_kernel<4, 4, 2, 4,", "intmm_kernel<2, 2, 2, 4,")))
+    assert len(expressions) == 6
+    _, lowered, log = rt.nvrtc_compile("intmm.cu", expressions, "sm_90", resources.PTXAS_VERBOSE)
+    rows = resources.rows(lowered, log)
+    assert {r["kernel"] for r in rows} == set(expressions)
+    assert all(r["spill stores"] == 0 for r in rows), rows
 
 
 def test_wgmma_modules_are_compiled_for_sm90a_and_shipped_for_sm90_alone():

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from hdqt_cil import kernels
 from hdqt_cil.kernels import flat
 from hdqt_cil.kernels import runtime as rt
-from hdqt_cil.kernels.compile import GEMM_CONFIGS, WGMMA_CONFIGS, runs_here
+from hdqt_cil.kernels.compile import BLOCK_SCALED_CONFIGS, GEMM_CONFIGS, WGMMA_CONFIGS, runs_here
 from hdqt_cil.quant.backend import KERNEL_OPS as CUPY
 from hdqt_cil.quant import (QuantSpec, block_hadamard, hla_compress, hla_rank, preset, quant_stats, quantize,
                              quantize_model)
@@ -930,3 +930,105 @@ def test_backend_cupy_resolves_to_the_kernels():
     assert resolve_ops("cupy", torch.device("cuda")).name == "cupy"
     assert resolve_ops("auto", torch.device("cuda")).name == "cupy"
     assert resolve_ops("torch", torch.device("cuda")).name == "torch"
+
+
+# ------------------------------------------------------------------------------------ block-scaled E2M1 products
+
+def _e2m1_operand(shape, scaling, seed):
+    """A random operand rounded along its last dim as mxfp4 ('mx') or nvfp4 ('nv') round one, magnitudes spread
+    over five decades along K (scales that differ from block to block)."""
+    from hdqt_cil.quant.float_product import FloatOperand
+    from hdqt_cil.quant.floats import E2M1, SCALINGS, microscaled, nvfp4
+
+    t = torch.randn(shape, generator=gen(seed), device="cuda")
+    spread = torch.logspace(-3, 2, shape[-1], device="cuda")
+    t = t * spread[torch.randperm(shape[-1], generator=gen(seed), device="cuda")]
+    values, scale = microscaled(t) if scaling == "mx" else nvfp4(t)
+    return FloatOperand(values, scale, SCALINGS[scaling], E2M1)
+
+
+def _block_scaled(a, b, hadamard=1, sum_batch=False, config=None):
+    """The kernel's product of two FloatOperands (never the reference: a call it does not cover fails)."""
+    width = a.block
+    return kernels.block_scaled_matmul(a.values * 2, (b.values * 2).mT, a.scale[..., ::width], b.scale[..., ::width],
+                                       width, hadamard, sum_batch, config)
+
+
+def _format_product(scaling):
+    from hdqt_cil.quant.float_schemes import FormatProduct
+    from hdqt_cil.quant.floats import E2M1, FloatSpec
+
+    return FormatProduct(FloatSpec(E2M1, scaling), FloatSpec(E2M1, scaling))
+
+
+BLOCK_SCALED_SHAPES = [((70, 45), (33, 45)), ((1, 5), (7, 5)), ((3, 70, 561), (100, 561)), ((300, 1024), (260, 1024)),
+                       ((2, 3, 129, 200), (2, 3, 64, 200)), ((4, 40, 48), (1, 24, 48)), ((2048, 576), (64, 576))]
+
+
+@pytest.mark.parametrize("scaling", ["mx", "nv"])
+@pytest.mark.parametrize("left, right", BLOCK_SCALED_SHAPES, ids=str)
+@pytest.mark.parametrize("hadamard", [1, 16])
+def test_block_scaled_product_bit_identical(left, right, scaling, hadamard):
+    """MXFP4's and NVFP4's product on the int8 tensor cores: format_matmul's float32 bits (tile sums scaled by their
+    pair and added in K order), with ragged K (a narrower last block), batches and a broadcast right factor."""
+    from hdqt_cil.quant.backend import on_int8_tensor_cores
+    from hdqt_cil.quant.float_product import format_matmul
+
+    a, b = _e2m1_operand(left, scaling, 11), _e2m1_operand(right, scaling, 12)
+    product = _format_product(scaling)
+    assert on_int8_tensor_cores(a, b, product, "auto") and not on_int8_tensor_cores(a, b, product, "torch")
+    assert_same(_block_scaled(a, b, hadamard), format_matmul(a, b, product, hadamard), f"{left} {right}")
+
+
+@pytest.mark.parametrize("scaling", ["mx", "nv"])
+@pytest.mark.parametrize("shape", [(70, 90, 300), (1024, 640, 64), (5, 3, 1000)], ids=str)  # summed after, inside
+def test_block_scaled_batch_sum_bit_identical(shape, scaling):
+    """A weight gradient's per-sample products summed over the batch in sum_entries' order, by the summing kernel
+    after the GEMM and inside it (mode 3, where the M x N tiles fill the GPU)."""
+    from hdqt_cil.quant.float_product import format_matmul
+    from hdqt_cil.quant.intmm import sum_entries
+
+    m, n, k = shape
+    a, b = _e2m1_operand((6, m, k), scaling, 13), _e2m1_operand((6, n, k), scaling, 14)
+    assert_same(_block_scaled(a, b, 4, sum_batch=True), sum_entries(format_matmul(a, b, _format_product(scaling), 4)))
+
+
+@pytest.mark.parametrize("config", BLOCK_SCALED_CONFIGS)
+@pytest.mark.parametrize("scaling", ["mx", "nv"])
+def test_every_block_scaled_config(config, scaling):
+    from hdqt_cil.quant.float_product import format_matmul
+
+    a, b = _e2m1_operand((3, 200, 333), scaling, 15), _e2m1_operand((3, 150, 333), scaling, 16)
+    assert_same(_block_scaled(a, b, config=config), format_matmul(a, b, _format_product(scaling)), config)
+
+
+def test_block_scaled_tiles_other_than_16_and_32_are_not_covered():
+    a, b = _e2m1_operand((8, 64), "mx", 17), _e2m1_operand((8, 64), "mx", 18)
+    with pytest.raises(kernels.NotCovered):
+        kernels.block_scaled_matmul(a.values * 2, (b.values * 2).mT, a.scale[..., ::64], b.scale[..., ::64], 64)
+
+
+@pytest.mark.parametrize("scheme", ["mxfp4", "nvfp4"])
+def test_block_scaled_layers_equal_the_reference(scheme, monkeypatch):
+    """quant=mxfp4 and nvfp4 with backend auto against torch on the same GPU: a conv's and a linear layer's outputs
+    and every gradient bit for bit, each of their products on the int8 tensor cores."""
+    from hdqt_cil.quant import scheme_from_config
+
+    launches = []
+    launch = kernels.block_scaled_matmul
+    monkeypatch.setattr(kernels, "block_scaled_matmul", lambda *a, **k: launches.append(1) or launch(*a, **k))
+    cases = ((lambda: torch.nn.Conv2d(16, 32, 3, padding=1), (8, 16, 16, 16)),
+             (lambda: torch.nn.Linear(561, 100), (64, 561)))
+    for make, shape in cases:
+        outputs = {}
+        for backend in ("auto", "torch"):
+            torch.manual_seed(3)
+            layer = torch.nn.Sequential(make()).cuda()
+            quantize_model(layer, scheme_from_config({"name": scheme, "backend": backend}))
+            x = torch.randn(shape, device="cuda", generator=gen(4), requires_grad=True)
+            y = layer(x)
+            (y * torch.randn(y.shape, device="cuda", generator=gen(5))).sum().backward()
+            outputs[backend] = [y.detach(), x.grad, *(p.grad for p in layer.parameters())]
+        for got, reference in zip(outputs["auto"], outputs["torch"]):
+            assert_same(got, reference, f"{scheme} {shape}")
+    assert len(launches) == 6  # three products a layer

@@ -13,6 +13,8 @@ One module a primitive, as in `hdqt_cil.quant`, over a small runtime:
     intmm.py      tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated, config, packed)
                   scaled_int_matmul(a, b, scale_a, scale_b, block, ..., sum_batch, config, packed, tally, keep)
                                                          -> the layers' product, its scaling in the GEMM's epilogue
+                  block_scaled_matmul(a, b, scale_a, scale_b, tile, block, sum_batch, config)
+                                                         -> MXFP4/NVFP4's product: float32 sums of scaled tiles
                   sum_entries(t, keep)                   -> the batch of (..., M, N) summed in order from +0
     im2col.py     im2col(x, ..., columns, out_size), col2im(rows, x_shape, ..., out_size, keep)
                   col2im_int_matmul(a, b, scales, ..., x_shape, ...) -> col2im of the scaled product, fused
@@ -26,12 +28,13 @@ and `hdqt_cil.quant.backend` applies them, calls these functions and runs the re
 elements or more). This package never imports `hdqt_cil.quant`.
 """
 from .hadamard import MAX_HADAMARD_BLOCK, block_hadamard, hla_compress
-from .compile import COL2IM_PRODUCT_WIDTHS
+from .compile import BLOCK_SCALED_SAT, COL2IM_PRODUCT_WIDTHS
 from .im2col import col2im, col2im_int_matmul, im2col
-from .intmm import scaled_int_matmul, sum_entries, tiled_int_matmul
+from .intmm import block_scaled_matmul, scaled_int_matmul, sum_entries, tiled_int_matmul
 from .quantize import Stats, advance_step, forward_quantize, hadamard_quantize, quantize
 from .runtime import NotCovered, available, unavailable_reason
 
 __all__ = ["available", "unavailable_reason", "NotCovered", "quantize", "forward_quantize", "Stats", "advance_step",
            "hadamard_quantize", "block_hadamard", "hla_compress", "tiled_int_matmul", "scaled_int_matmul",
-           "sum_entries", "im2col", "col2im", "col2im_int_matmul", "COL2IM_PRODUCT_WIDTHS", "MAX_HADAMARD_BLOCK"]
+           "sum_entries", "block_scaled_matmul", "BLOCK_SCALED_SAT", "im2col", "col2im", "col2im_int_matmul",
+           "COL2IM_PRODUCT_WIDTHS", "MAX_HADAMARD_BLOCK"]

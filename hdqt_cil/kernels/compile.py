@@ -81,8 +81,16 @@ def gemm_tile(config: str) -> tuple[int, int, int]:
 # Every expression the CPU compile test instantiates (the runtime compiles what it needs, one variant a module).
 GEMM_MODES = tuple((sat, count) for sat in range(5) for count in (False, True) if count <= (sat > 0))
 GEMM_OUTS = range(4)  # int32, float32, scaled, scaled and summed over the batch (intmm.cu OUT)
+# Block-scaled float tiles (intmm.cu SAT 5 and 6: MXFP4's tiles of 32, NVFP4's of 16): float32 out on the configs
+# gemm_config picks for them (the others spill their float sums), summed over the batch on SUM_BATCH_CONFIG.
+BLOCK_SCALED_SAT = {32: 5, 16: 6}
+BLOCK_SCALED_CONFIGS = ("256x16", "256x32", "16x128", "32x128", "64x64", "128x128w")
+SUM_BATCH_CONFIG = "64x64"  # the tile of a product summed over the batch (OUT 3): 32 sums and 32 totals a thread
+BLOCK_SCALED_EXPRESSIONS = tuple(gemm_expression(c, sat, False, 1) for c in BLOCK_SCALED_CONFIGS
+                                 for sat in BLOCK_SCALED_SAT.values())
+BLOCK_SCALED_EXPRESSIONS += tuple(gemm_expression(SUM_BATCH_CONFIG, sat, False, 3) for sat in BLOCK_SCALED_SAT.values())
 ALL_GEMM_EXPRESSIONS = tuple(gemm_expression(c, sat, count, out) for c in GEMM_CONFIGS for sat, count in GEMM_MODES
-                             for out in GEMM_OUTS)
+                             for out in GEMM_OUTS) + BLOCK_SCALED_EXPRESSIONS
 WGMMA_EXPRESSIONS = frozenset(gemm_expression(c, sat, count, out) for c in WGMMA_CONFIGS for sat, count in GEMM_MODES
                               for out in GEMM_OUTS)
 

@@ -29,6 +29,13 @@
 //      4 tile = 32, packed: two k32 sums per 32-bit register (PRMT), clamped plus L by one per-halfword DPX op
 //        as in mode 2, and accumulated two at a time with one 32-bit add (the halves never carry: the caller
 //        guarantees |t| + L < 2^15 and k32 steps * 2L < 2^16); the bias comes off at the end, as in mode 2.
+//      5 block-scaled float tiles of 32 (MXFP4, NVFP4: docs/numerics.md "Float training"): every k32 step's
+//        sum t is a tile of `tile_steps` along K; t / 4 (the operands hold E2M1 values doubled) times the
+//        tile's scale pair sa[row, tile] * sb[col, tile] is added to a float32 sum that starts at +0, tile by
+//        tile in K order, each operation rounded once; sa and sb are (batch, rows, tiles) with the tiles
+//        contiguous (sa_row, sb_col: their row strides). OUT 1 writes that sum times block_inv, OUT 3 adds it
+//        times block_inv to the batch total. mma.sync configs only.
+//      6 as 5 with tiles of 16: each k32 step is two m16n8k16 products, one a tile.
 // COUNT: count the clamped (tile) sums, |sum| > L, into *count (mode 4: a halfword the clamp changed). Where
 //        `seen` is given, the first CTA adds `sums` (the launch's number of tile sums) to it: a layer's statistics
 //        then take no launch of their own.
@@ -128,6 +135,15 @@ __device__ __forceinline__ void wgmma_s8(int* d, u64 a, u64 b, int accumulate) {
           "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
         : "l"(a), "l"(b), "r"(accumulate));
 #endif
+}
+
+// D = A * B + C over half the K of mma_s8 (common.cuh): m16n8k16, where a0, a1 and b0 are the registers of
+// mma_s8's fragments that hold one 16-wide half of K (a[0], a[1], b[0]: k 0-15; a[2], a[3], b[1]: k 16-31).
+__device__ __forceinline__ void mma_s8_k16(int d[4], u32 a0, u32 a1, u32 b0, const int c[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %8, %9, %10};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
 }
 
 template <bool COUNT>
@@ -332,6 +348,7 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     constexpr int STAGE_BYTES = (BM + BN) * BK;
     static_assert(NI % 2 == 0, "B fragments are loaded two n8 blocks at a time");
     static_assert(!WG || (WM == 8 && WN == 1 && MI == 1 && NI == 16 && STAGES >= 3), "WG: two m64n128 warpgroups");
+    static_assert(SAT < 5 || (!WG && !COUNT && (OUT == 1 || OUT == 3)), "block-scaled tiles: mma.sync, float out");
     constexpr int AHEAD = WG ? STAGES - 2 : STAGES - 1;  // K steps loaded ahead of the one computed
     extern __shared__ __align__(128) unsigned char smem_raw[];
     // wgmma's swizzle is a function of the address: stages start on 1024-byte boundaries (1 KB more is asked for)
@@ -362,12 +379,13 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = tacc[i][j][e] = 0;
     float facc[MI][NI][4];  // mode 3's float32 total
+    float fsum[MI][NI][4];  // modes 5 and 6: an entry's sum of scaled tile sums
 #pragma unroll
     for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int j = 0; j < NI; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) facc[i][j][e] = 0.0f;
+            for (int e = 0; e < 4; ++e) facc[i][j][e] = fsum[i][j][e] = 0.0f;
     const int zero[4] = {0, 0, 0, 0};
     u32 saturated = 0u;
     u32 clamped2 = 0u;  // mode 4's count, per halfword; moved into `saturated` every K step, before it can wrap
@@ -452,6 +470,47 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
                             for (int e = 0; e < 4; ++e) tacc[i][j][e] = 0;
                         }
                     }
+            } else if (SAT >= 5) {
+                constexpr int HALVES = SAT == 6 ? 2 : 1;  // tiles a k32 step holds
+                const float* sae = sa + (i64)entry * sa_batch;
+                const float* sbe = sb + (i64)entry * sb_batch;
+#pragma unroll
+                for (int h = 0; h < HALVES; ++h) {
+                    const int tile = (kt * (BK / 32) + ks) * HALVES + h;
+                    if (tile >= tile_steps) break;  // K's zero padding
+                    float row_scale[MI][2], col_scale[NI][2];
+#pragma unroll
+                    for (int i = 0; i < MI; ++i)
+#pragma unroll
+                        for (int half = 0; half < 2; ++half) {
+                            const int r = out_row(i, half);
+                            row_scale[i][half] = r < M ? sae[(i64)r * sa_row + tile] : 0.0f;
+                        }
+#pragma unroll
+                    for (int j = 0; j < NI; ++j)
+#pragma unroll
+                        for (int c = 0; c < 2; ++c) {
+                            const int col = out_col(j) + c;
+                            col_scale[j][c] = col < N ? sbe[(i64)col * sb_col + tile] : 0.0f;
+                        }
+#pragma unroll
+                    for (int i = 0; i < MI; ++i)
+#pragma unroll
+                        for (int j = 0; j < NI; ++j) {
+                            int t[4];
+                            if (SAT == 5) {
+                                mma_s8(t, af[i], bf[j], zero);
+                            } else {
+                                mma_s8_k16(t, af[i][2 * h], af[i][2 * h + 1], bf[j][h], zero);
+                            }
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) {
+                                const float values = __fmul_rn(__int2float_rn(t[e]), 0.25f);  // exact
+                                const float pair = __fmul_rn(row_scale[i][e >> 1], col_scale[j][e & 1]);
+                                fsum[i][j][e] = __fadd_rn(fsum[i][j][e], __fmul_rn(values, pair));
+                            }
+                        }
+                }
             } else {
 #pragma unroll
                 for (int i = 0; i < MI; ++i)
@@ -468,6 +527,20 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
             continue;
         }
         // mode 3, the entry's last K step: add its scaled product to the total, start the next entry from 0
+        if (SAT >= 5) {
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NI; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        facc[i][j][e] = __fadd_rn(facc[i][j][e], __fmul_rn(fsum[i][j][e], block_inv));
+                        fsum[i][j][e] = 0.0f;
+                    }
+            kt = 0;
+            ++entry;
+            continue;
+        }
         finish_entry<MI, NI, SAT, COUNT>(acc, tacc, packed, limit, ktiles * (BK / 32), saturated);
         const float* sae = sa + (i64)entry * sa_batch;
         const float* sbe = sb + (i64)entry * sb_batch;
@@ -537,6 +610,9 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
                 } else if (OUT == 3) {
                     f0 = facc[i][j][2 * half];
                     f1 = facc[i][j][2 * half + 1];
+                } else if (SAT >= 5) {
+                    f0 = __fmul_rn(fsum[i][j][2 * half], block_inv);
+                    f1 = __fmul_rn(fsum[i][j][2 * half + 1], block_inv);
                 }
                 store_pair(reinterpret_cast<float*>(out) + row_off + col, f0, f1, pairs, col + 1 < N);
             }

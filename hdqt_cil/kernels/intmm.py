@@ -5,7 +5,8 @@ import math
 import torch
 
 from . import runtime as rt
-from .compile import GEMM_BK, device_arch, gemm_expression, gemm_smem, gemm_tile, runs_here
+from .compile import (BLOCK_SCALED_CONFIGS, BLOCK_SCALED_SAT, GEMM_BK, SUM_BATCH_CONFIG, device_arch,
+                      gemm_expression, gemm_smem, gemm_tile, runs_here)
 
 _INT8_BOUND = 127
 _INT32_EXACT = 2**31
@@ -37,12 +38,16 @@ def gemm_config(m: int, n: int, k: int, sat: int, count: bool, batch: int = 1) -
         return "64x64"
     if sat in (0, 1) and runs_here(WGMMA_LARGE):
         return WGMMA_LARGE
+    if sat in BLOCK_SCALED_SAT.values():
+        return BLOCK_SCALED_LARGE
     return GEMM_LARGE[(sat in (2, 4), count)]
 
 
 # Large problems: (tile-32 saturation, counting) -> config; from the benchmark's config rows (docs/kernels.md).
 GEMM_LARGE = {(False, False): "128x128x2", (False, True): "128x128x2", (True, False): "256x128",
               (True, True): "128x128"}
+# Large block-scaled products: two float32 sums a thread fit its registers in 128 x 128 with 16 warps (no spills).
+BLOCK_SCALED_LARGE = "128x128w"
 # Large products that clamp no tile sum, on Hopper: wgmma outruns every mma.sync tile there; the tiled modes stay
 # on mma.sync, where the clamp after each k32 product bounds both (docs/kernels.md, "wgmma").
 WGMMA_LARGE = "wg128x128"
@@ -117,14 +122,28 @@ def _scale_operand(scale: torch.Tensor, batch_shape, batch: int, along_last: boo
     return scale, batch_stride, element
 
 
+def _tile_scale_operand(scale: torch.Tensor, batch_shape, rows: int, tiles: int):
+    """A float32 scale per row and K tile, broadcastable to (..., rows, tiles), as (tensor, batch stride, row
+    stride) with the tiles contiguous."""
+    scale = scale.float()
+    if scale.shape[-2:] != (rows, tiles) or (tiles > 1 and scale.stride(-1) != 1):
+        scale = scale.expand(*scale.shape[:-2], rows, tiles).contiguous()
+    batch_stride = _batch_stride(scale, batch_shape)
+    if batch_stride is None:
+        scale = scale.expand(*batch_shape, rows, tiles).contiguous()
+        batch_stride = _batch_stride(scale, batch_shape)
+    return scale, batch_stride, scale.stride(-2)
+
+
 def tile_sums(tile, acc_bits, k: int) -> int:
     """Tile sums per output element, as a layer's statistics count them (quant/operands.py product)."""
     return 1 if tile is None or acc_bits is None else max(1, -(-k // tile))
 
 
 def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=None, packed=None, sum_batch=False,
-                tally=None, keep=None):
-    """The product of every public entry: NotCovered (nothing launched) where the kernels do not cover it."""
+                tally=None, keep=None, tile_scaled=False):
+    """The product of every public entry: NotCovered (nothing launched) where the kernels do not cover it.
+    tile_scaled: scales are per row (column) and K tile, each tile's sum scaled and added in float (modes 5, 6)."""
     rt.require_cuda(a, b)
     k = a.shape[-1]
     m, n = a.shape[-2], b.shape[-1]
@@ -132,7 +151,9 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
                                                                                               b.shape[:-2])
     batch = math.prod(batch_shape)
     fallback = None
-    if tile is not None and tile % 32 and tile < k and acc_bits is not None:
+    if tile_scaled and tile not in BLOCK_SCALED_SAT:
+        fallback = f"block-scaled tiles of {tile}"
+    elif not tile_scaled and tile is not None and tile % 32 and tile < k and acc_bits is not None:
         fallback = f"tile={tile} is not a multiple of 32"
     elif min(m, n, k, batch) == 0:
         fallback = "empty operand"
@@ -140,18 +161,20 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
     wide = bound_a * bound_b * k
     if fallback is None and max(bound_a, bound_b) > _INT8_BOUND + 1:
         fallback = "operands beyond int8"
-    elif fallback is None and wide >= _INT32_EXACT and (acc_bits is None or acc_bits >= 32):
+    elif fallback is None and wide >= _INT32_EXACT and (acc_bits is None or acc_bits >= 32) and not tile_scaled:
         fallback = "sums beyond int32"
     if fallback is not None:
         raise rt.NotCovered(fallback, warn=fallback.startswith("tile"))
     if batch > 1 and not sum_batch and math.prod(b.shape[:-2]) == 1 and (scales is None or
                                                                          math.prod(scales[1].shape[:-2]) == 1):
         return _stacked_product(a, b, (bound_a, bound_b), tile, acc_bits, count_saturated, scales, config, packed,
-                                tally)
+                                tally, tile_scaled)
 
-    saturate = acc_bits is not None and acc_bits < 32  # a 32-bit limit never binds: the sums fit int32
+    saturate = acc_bits is not None and acc_bits < 32 and not tile_scaled  # a 32-bit limit never binds
     limit = 2 ** (acc_bits - 1) - 1 if saturate else 0
-    if not saturate:
+    if tile_scaled:
+        sat, steps = BLOCK_SCALED_SAT[tile], -(-k // tile)  # steps: the K tiles, one scale pair each
+    elif not saturate:
         sat, steps = 0, 1
     elif tile is None or tile >= k:
         sat, steps = 1, 1
@@ -164,9 +187,9 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
         steps32 = -(-k // GEMM_BK) * (GEMM_BK // 32)
         if 32 * bound_a * bound_b + limit <= _PACKED_LIMIT and steps32 * 2 * limit <= 2 * _PACKED_LIMIT + 1:
             sat = 4
-    out_mode = 2 if scales is not None else (0 if wide >= _FLOAT32_EXACT else 1)
+    out_mode = 1 if tile_scaled else 2 if scales is not None else (0 if wide >= _FLOAT32_EXACT else 1)
     if sum_batch and _tiles(m, n, SUM_BATCH_CONFIG) >= rt.sm_count():
-        out_mode, config = 3, config or SUM_BATCH_CONFIG
+        out_mode, config = 3, SUM_BATCH_CONFIG if tile_scaled else config or SUM_BATCH_CONFIG
     config = config or gemm_config(m, n, k, sat, count, batch)
     if not runs_here(config):
         raise ValueError(f"GEMM config {config!r} runs wgmma, which needs an sm_90 GPU (this one is {device_arch()})")
@@ -182,7 +205,11 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
         else:  # the counts go straight to the caller's (saturated, tile sums) pair
             counter, seen = tally[0], tally[1]
             sums_per_entry = m * n * tile_sums(tile, acc_bits, k)
-        if scales is not None:
+        if tile_scaled:
+            sa, sa_batch, sa_row = _tile_scale_operand(scales[0], batch_shape, m, steps)
+            sb, sb_batch, sb_col = _tile_scale_operand(scales[1], batch_shape, n, steps)
+            block_inv = 1.0 / scales[2]
+        elif scales is not None:
             sa, sa_batch, sa_row = _scale_operand(scales[0], batch_shape, batch, along_last=False)
             sb, sb_batch, sb_col = _scale_operand(scales[1], batch_shape, batch, along_last=True)
             block_inv = 1.0 / scales[2]  # exact: a power of two (scaled_int_matmul checked it)
@@ -210,32 +237,29 @@ def _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, scales, config=No
                       smem)
     if out_mode == 0:
         out = out.to(torch.float64)
-    if sum_batch and out_mode == 2:
+    if sum_batch and out_mode != 3:
         out = sum_entries(out, keep)
     elif keep is not None:  # summed inside the GEMM
         out = out * keep
     return (out, counter.view(())) if count_saturated and tally is None else out
 
 
-def _stacked_product(a, b, bounds, tile, acc_bits, count_saturated, scales, config, packed, tally):
+def _stacked_product(a, b, bounds, tile, acc_bits, count_saturated, scales, config, packed, tally, tile_scaled):
     """A batch (..., M, K) times one right factor (K, N) (and a scale_b without batch) as one (B·M, K) product:
     full CTA tiles instead of a ragged M per entry, the same values."""
     batch_shape, (m, k), n = a.shape[:-2], a.shape[-2:], b.shape[-1]
     if scales is not None:
         scale_a, scale_b, block = scales
-        if scale_a.numel() > 1:
-            scale_a = scale_a.expand(*batch_shape, m, 1).reshape(-1, 1)
+        if scale_a.numel() > 1 or tile_scaled:
+            width = scale_a.shape[-1]  # 1, or a scale per K tile
+            scale_a = scale_a.expand(*batch_shape, m, width).reshape(-1, width)
         scales = (scale_a, scale_b.reshape(scale_b.shape[-2:]) if scale_b.dim() > 2 else scale_b, block)
     result = _int_matmul(a.reshape(-1, k), b.reshape(k, n), tile, acc_bits, bounds, count_saturated, scales,
-                         config, packed, tally=tally)
+                         config, packed, tally=tally, tile_scaled=tile_scaled)
     counted = count_saturated and tally is None
     out, count = result if counted else (result, None)
     out = out.view(*batch_shape, m, n)
     return (out, count) if counted else out
-
-
-# The tile of a batch-summed product (mode 3): 32 accumulators and 32 float totals a thread, no spills.
-SUM_BATCH_CONFIG = "64x64"
 
 
 def _tiles(m: int, n: int, config: str) -> int:
@@ -286,3 +310,18 @@ def scaled_int_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, s
     there is one)."""
     return _int_matmul(a, b, tile, acc_bits, bounds, count_saturated, (scale_a, scale_b, block), config, packed,
                        sum_batch, tally, keep)
+
+
+def block_scaled_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, tile: int,
+                        block: int = 1, sum_batch: bool = False, config: str | None = None) -> torch.Tensor:
+    """The block-scaled product of `hdqt_cil.quant.float_product.format_matmul` (MXFP4 tiles of 32, NVFP4 of 16)
+    bit for bit, float32: over the K tiles in order, from +0, float32(Σ_{k in tile} a[..., m, k] b[..., k, n]) / 4
+    · (scale_a[..., m, t] · scale_b[..., n, t]), each operation rounded once; the total / block (a power of two).
+    a (..., M, K) and b (..., K, N) hold E2M1 values doubled (integers within int8); scale_a (..., M, T) and
+    scale_b (..., N, T), T = ⌈K / tile⌉. sum_batch: the (M, N) sum over the batch of `sum_entries`. `config`: a
+    key of BLOCK_SCALED_CONFIGS (default: gemm_config's choice; a batch summed inside the GEMM takes
+    SUM_BATCH_CONFIG). NotCovered for a tile other than 16 or 32."""
+    if config is not None and config not in BLOCK_SCALED_CONFIGS:
+        raise ValueError(f"block-scaled config {config!r}: choose one of {', '.join(BLOCK_SCALED_CONFIGS)}")
+    return _int_matmul(a, b, tile, None, (_INT8_BOUND, _INT8_BOUND), False, (scale_a, scale_b, block), config,
+                       sum_batch=sum_batch, tile_scaled=True)

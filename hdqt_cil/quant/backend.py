@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import torch
 
 from .. import kernels
-from .floats import E4M3, E5M2
+from .floats import E2M1, E4M3, E5M2
 from .hadamard import block_hadamard, checked_block
 from .hla import hla_compress, hla_slots
 from .im2col import col2im, conv_output_size, im2col
@@ -264,7 +264,24 @@ def resolve_ops(backend: str, device: torch.device) -> SimpleNamespace:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# float formats: fp8's products on the FP8 tensor cores (quant/float_product.py's FloatOperands)
+# float formats (quant/float_product.py's FloatOperands): fp8's products on the FP8 tensor cores, MXFP4's and
+# NVFP4's on the int8 tensor cores
+
+def on_int8_tensor_cores(a, b, product, backend: str) -> bool:
+    """Whether a block-scaled E2M1 product (mxfp4, nvfp4) runs on the int8 tensor cores (quant.backend=auto where
+    the kernels run): E2M1 values doubled are integers within ±12, so each block's sum is exact there and its
+    scale pair is applied in float as the reference does (bit for bit); no accumulator format."""
+    return (backend == "auto" and a.values.is_cuda and product.acc is None and a.fmt == E2M1 and b.fmt == E2M1
+            and a.block in kernels.BLOCK_SCALED_SAT and b.block == a.block and kernels.available())
+
+
+def block_scaled_matmul(a, b, hadamard: int, sum_batch: bool, reference):
+    """The block-scaled product of a (..., M, K) and b (..., N, K) / `hadamard` (summed over the batch with
+    sum_batch) by kernels.block_scaled_matmul; `reference()` where the kernels do not cover it."""
+    width, hadamard = a.block, epilogue_block(hadamard)
+    return _covered(lambda: kernels.block_scaled_matmul(a.values * 2, (b.values * 2).mT, a.scale[..., ::width],
+                                                        b.scale[..., ::width], width, hadamard, sum_batch),
+                    reference)
 
 # The formats the FP8 tensor cores multiply (torch._scaled_mm; one operand at least must be E4M3).
 FP8_DTYPES = {E4M3: torch.float8_e4m3fn, E5M2: torch.float8_e5m2}

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .backend import TORCH_OPS, fp8_matmul, on_fp8_tensor_cores
+from .backend import TORCH_OPS, block_scaled_matmul, fp8_matmul, on_fp8_tensor_cores, on_int8_tensor_cores
 from .floats import FloatFormat, FloatSpec, authors_float, quantize_float
 from .hadamard import block_hadamard, hadamard_block_size
 from .intmm import sum_entries
@@ -68,12 +68,18 @@ def format_matmul(a: FloatOperand, b: FloatOperand, product, hadamard: int = 1, 
 def float_matmul(a: FloatOperand, b: FloatOperand, product, backend: str, hadamard: int = 1, tally=None,
                  sum_batch: bool = False) -> torch.Tensor:
     """format_matmul (with sum_batch: summed over the batch by sum_entries), on the FP8 tensor cores where the
-    backend's `on_fp8_tensor_cores` says they compute it."""
+    backend's `on_fp8_tensor_cores` says they compute it, on the int8 tensor cores where `on_int8_tensor_cores`
+    does (bit for bit)."""
     if on_fp8_tensor_cores(a, b, product, backend, sum_batch):
         out = fp8_matmul(a, b, sum_batch)
         return out / hadamard if hadamard != 1 else out
-    out = format_matmul(a, b, product, hadamard, tally)
-    return sum_entries(out) if sum_batch else out
+
+    def reference():
+        out = format_matmul(a, b, product, hadamard, tally)
+        return sum_entries(out) if sum_batch else out
+    if on_int8_tensor_cores(a, b, product, backend):
+        return block_scaled_matmul(a, b, hadamard, sum_batch, reference)
+    return reference()
 
 
 def transform_block(product, k: int) -> int:

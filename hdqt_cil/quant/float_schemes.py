@@ -24,7 +24,7 @@ from ..settings import BOOL, Rule, setting, one_of
 from .floats import E2M1, E4M3, E5M2, FloatFormat, FloatSpec, authors_format
 from .schemes import EXP_BITS, MAN_BITS, POWER_OF_TWO, ROLES, SCHEMES, TILE, QuantConfig
 ACCUMULATORS = ("none", "fp")  # float32 sums | each tile's sum rounded to acc_exp_bits/acc_man_bits
-FLOAT_BACKENDS = ("auto", "torch")  # auto: fp8 on the FP8 tensor cores where the GPU has them
+FLOAT_BACKENDS = ("auto", "torch")  # auto: the tensor cores where the GPU has them (quant/backend.py)
 
 
 @dataclass(frozen=True)

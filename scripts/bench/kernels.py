@@ -1,7 +1,7 @@
 """Benchmark of the CuPy kernels (hdqt_cil.kernels) on the GPU, against baselines measured in the same run.
 
-    python -m scripts.bench.kernels [--out results/bench] [--quick] [--skip-steps | --steps-only | --quantize-only]
-                                    [--profile-steps]
+    python -m scripts.bench.kernels [--out results/bench] [--quick] [--skip-steps | --steps-only | --quantize-only
+                                    | --formats-only] [--profile-steps]
     python -m scripts.bench.kernels --repeat-case gemm:256x128:4      # one case, untimed, under a profiler
 
 Rows (one table at the end, JSON with every number to OUT/bench_kernels_<device>.json):
@@ -9,7 +9,8 @@ Rows (one table at the end, JSON with every number to OUT/bench_kernels_<device>
             mma.sync.m16n8k32 register-loop peak (plain, and with a clamp + add after every k32 MMA)
   gemm      the tiled-accumulation GEMM at M=N=K=4096 (tile 32, 8-bit accumulator): plain, counting saturated
             tiles (what the layers ask for), and with the fused scaled epilogue; torch._int_mm (cuBLAS int8, no
-            saturation) for comparison
+            saturation) for comparison; the float formats' products as their layers call them: fp8 on the FP8
+            tensor cores, mxfp4 and nvfp4 on the int8 tensor cores (and on their torch reference)
   layers    the products of ResNet-32 and the HAR MLP at batch 128 (forward, grad_input, grad_weight), against the
             torch reference backend on the same GPU
   quantize  quantize / Hadamard+quantize / Hadamard on 64 and 128 MiB float32 tensors, as a fraction of the copy
@@ -17,7 +18,8 @@ Rows (one table at the end, JSON with every number to OUT/bench_kernels_<device>
             replayed from a CUDA graph (device time)
   step      one training step (forward + backward + SGD) of ResNet-32 and of the MLP at batch 128: FP32 (TF32 off),
             eagerly and from CUDA graphs; the scheme on the torch reference backend, on the kernels, and on the
-            kernels from CUDA graphs (trainer.cuda_graph=true)
+            kernels from CUDA graphs (trainer.cuda_graph=true); the float formats from CUDA graphs on their torch
+            reference and on the tensor cores
 Times are medians of CUDA-event timings after warm-up; GEMM inputs rotate among several buffer sets (beyond L2).
 """
 import argparse
@@ -34,9 +36,10 @@ import torch.nn.functional as F
 from hdqt_cil import kernels
 from hdqt_cil.kernels import runtime as rt
 from hdqt_cil.kernels.compile import GEMM_CONFIGS, WGMMA_CONFIGS, gemm_tile, runs_here
-from hdqt_cil.quant.backend import fp8_matmul, has_fp8_tensor_cores
-from hdqt_cil.quant.float_product import FloatOperand
-from hdqt_cil.quant.floats import E4M3, per_tensor
+from hdqt_cil.quant.backend import block_scaled_matmul, fp8_matmul, has_fp8_tensor_cores
+from hdqt_cil.quant.float_product import FloatOperand, format_matmul
+from hdqt_cil.quant.float_schemes import FormatProduct
+from hdqt_cil.quant.floats import E2M1, E4M3, SCALINGS, FloatSpec, microscaled, nvfp4, per_tensor
 from scripts.bench.record import device_work, print_device_profile, save_rows
 from scripts.bench.timing import cuda_time, graphed, host_time, median_seconds
 
@@ -71,10 +74,8 @@ def copy_bandwidth(quick: bool) -> float:
     return copy_bw
 
 
-def ceilings(quick: bool):
-    copy_bw = copy_bandwidth(quick)
-
-    size = 4096
+def bf16_matmul_rate(size: int = 4096) -> float:
+    """FLOP/s of torch's bf16 matmul at size³ (three operand pairs in turn: no cache reuse between calls)."""
     a = [torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     b = [torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     i = [0]
@@ -84,8 +85,13 @@ def ceilings(quick: bool):
         torch.matmul(a[i[0]], b[i[0]])
 
     t = cuda_time(bf16, reps=30)
-    bf16_rate = 2 * size**3 / t
-    row("ceiling", "torch bf16 matmul 4096^3", t, "TFLOP/s", bf16_rate / 1e12, "TFLOP/s")
+    row("ceiling", f"torch bf16 matmul {size}^3", t, "TFLOP/s", 2 * size**3 / t / 1e12, "TFLOP/s")
+    return 2 * size**3 / t
+
+
+def ceilings(quick: bool):
+    copy_bw = copy_bandwidth(quick)
+    bf16_rate = bf16_matmul_rate()
 
     seed = torch.randint(0, 2**31 - 1, (32,), device="cuda", dtype=torch.int32)
     blocks, threads, iters = rt.sm_count() * 4, 256, 4096
@@ -167,17 +173,38 @@ def gemm_4096(bf16_rate, peak, clamped_peak):
             baseline="vs bf16", ratio=ops / t / bf16_rate)
     except Exception as err:  # noqa: BLE001
         print(f"  torch._int_mm unavailable: {err}")
-    if has_fp8_tensor_cores():
-        operands = fp8_operands(size)
-        t = cuda_time(lambda: fp8_matmul(*operands), reps=30)
-        row("gemm", "fp8 4096^3 as quant=fp8 runs it (E4M3 values cast, torch._scaled_mm, float32 sums)", t,
-            "TFLOP/s", ops / t / 1e12, "TFLOP/s", baseline="vs bf16", ratio=ops / t / bf16_rate)
+    float_format_gemms(bf16_rate)
     return results
 
 
-def fp8_operands(size: int):
-    """Two (size, size) FloatOperands on the E4M3 grid with per-tensor scales, as the fp8 scheme rounds them."""
-    return [FloatOperand(*per_tensor(torch.randn(size, size, device="cuda"), E4M3), None, E4M3) for _ in range(2)]
+def float_format_gemms(bf16_rate, size: int = 4096):
+    """The float formats' products at size³ as their layers call them, from rounded operands: fp8 on the FP8
+    tensor cores; mxfp4 and nvfp4 on the int8 tensor cores (values doubled and packed to int8, the scales of each
+    block, the GEMM) beside their torch reference on the same GPU (float32 matmuls a K block)."""
+    ops = 2 * size**3
+    if has_fp8_tensor_cores():
+        operands = [FloatOperand(*per_tensor(torch.randn(size, size, device="cuda"), E4M3), None, E4M3)
+                    for _ in range(2)]
+        t = cuda_time(lambda: fp8_matmul(*operands), reps=30)
+        row("gemm", "fp8 4096^3 as quant=fp8 runs it (E4M3 values cast, torch._scaled_mm, float32 sums)", t,
+            "TFLOP/s", ops / t / 1e12, "TFLOP/s", baseline="vs bf16", ratio=ops / t / bf16_rate)
+    for scheme, scaling in (("mxfp4", "mx"), ("nvfp4", "nv")):
+        rounding = microscaled if scaling == "mx" else nvfp4
+        a, b = (FloatOperand(*rounding(torch.randn(size, size, device="cuda")), SCALINGS[scaling], E2M1)
+                for _ in range(2))
+        product = FormatProduct(FloatSpec(E2M1, scaling), FloatSpec(E2M1, scaling))
+
+        def not_covered():
+            raise RuntimeError(f"the kernels do not cover the {scheme} product")
+        got = block_scaled_matmul(a, b, 1, False, not_covered)
+        reference = format_matmul(a, b, product)
+        assert torch.equal(got, reference), f"{scheme}: the kernel's product differs from the reference"
+        t = cuda_time(lambda: block_scaled_matmul(a, b, 1, False, not_covered), reps=20)
+        row("gemm", f"{scheme} 4096^3 as quant={scheme} runs it (int8 tensor cores, a scale pair a block)", t,
+            "TFLOP/s", ops / t / 1e12, "TFLOP/s", baseline="vs bf16", ratio=ops / t / bf16_rate)
+        t_ref = cuda_time(lambda: format_matmul(a, b, product), reps=3)
+        row("gemm", f"{scheme} 4096^3, torch reference (float32 matmul a block)", t_ref, "TFLOP/s",
+            ops / t_ref / 1e12, "TFLOP/s", baseline="kernel speedup", ratio=t_ref / t)
 
 
 def gemm_batch_summed(bf16_rate):
@@ -379,6 +406,18 @@ def profile_steps(schemes: list[str], model_name: str = "resnet32") -> None:
         print_device_profile(f"two eager {model_name} {scheme} steps", lambda: (one(), one()), rows=60)
 
 
+def float_format_training_steps(steps: int) -> None:
+    """FP32's steps (eager, from CUDA graphs) and the float formats' (float_format_steps), TF32 off."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    for model_name in ("resnet32", "mlp"):
+        fp32 = step_time(model_name, "fp32", "torch", steps)
+        row("step", f"{model_name} fp32 (TF32 off)", fp32, "ms", fp32 * 1e3, "ms")
+        fp32_graph = step_time(model_name, "fp32", "torch", steps, path="graph")
+        row("step", f"{model_name} fp32 (TF32 off), CUDA graph", fp32_graph, "x fp32", fp32_graph / fp32, "x fp32")
+        float_format_steps(model_name, steps, fp32, fp32_graph)
+
+
 def training_steps(quick: bool):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -395,11 +434,7 @@ def training_steps(quick: bool):
         fp32_compiled = step_time(model_name, "fp32", "torch", steps, path="torch.compile")
         row("step", f"{model_name} fp32 (TF32 off), torch.compile", fp32_compiled, "x fp32", fp32_compiled / fp32,
             "x fp32")
-        if has_fp8_tensor_cores():  # fp8's products: the reference's matmuls, FP8 cores
-            for backend, label in (("torch", "float32 matmuls"), ("auto", "FP8 tensor cores")):
-                graphed = step_time(model_name, "fp8", backend, steps, path="graph")
-                row("step", f"{model_name} fp8 on {label}, CUDA graph", graphed, "x fp32", graphed / fp32, "x fp32",
-                    baseline="vs fp32 CUDA graph", ratio=graphed / fp32_graph)
+        float_format_steps(model_name, steps, fp32, fp32_graph)
         for scheme in ("hdqt", "int4", "luq"):
             if quick and scheme != "hdqt":
                 continue
@@ -420,6 +455,17 @@ def training_steps(quick: bool):
                     unfused = step_time(model_name, scheme, "cupy", steps, path="graph")
                 row("step", f"{model_name} {scheme} kernels, CUDA graph, g_x as GEMM rows + col2im", unfused, "x fp32",
                     unfused / fp32, "x fp32", baseline="vs fp32 CUDA graph", ratio=unfused / fp32_graph, **work)
+
+
+def float_format_steps(model_name: str, steps: int, fp32: float, fp32_graph: float) -> None:
+    """The float formats' steps from CUDA graphs on their torch reference and on the tensor cores (fp8: the FP8
+    ones, mxfp4 and nvfp4: the int8 ones), against FP32's step."""
+    cases = [("fp8", "FP8 tensor cores")] if has_fp8_tensor_cores() else []
+    for scheme, label in cases + [("mxfp4", "int8 tensor cores"), ("nvfp4", "int8 tensor cores")]:
+        for backend, on in (("torch", "torch reference"), ("auto", label)):
+            graphed = step_time(model_name, scheme, backend, steps, path="graph")
+            row("step", f"{model_name} {scheme} on the {on}, CUDA graph", graphed, "x fp32", graphed / fp32,
+                "x fp32", baseline="vs fp32 CUDA graph", ratio=graphed / fp32_graph)
 
 
 def repeat_case(spec: str, times: int = 3) -> None:
@@ -451,6 +497,8 @@ def main():
     parser.add_argument("--skip-steps", action="store_true", help="no training-step timings")
     parser.add_argument("--steps-only", action="store_true", help="only the training-step timings")
     parser.add_argument("--quantize-only", action="store_true", help="only the copy bandwidth and the quantizers")
+    parser.add_argument("--formats-only", action="store_true", help="only the float formats' products at 4096^3 "
+                        "against bf16 and their training steps against FP32's")
     parser.add_argument("--profile-steps", nargs="*", metavar="SCHEME", help="print the device time of a "
                         "ResNet-32 step by kernel (FP32 and these schemes, eager; none named: hdqt)")
     parser.add_argument("--repeat-case", metavar="CASE", help="only run CASE three times, for a profiler "
@@ -470,13 +518,16 @@ def main():
     started = time.time()
     if args.quantize_only:
         quantizers(copy_bandwidth(args.quick), args.quick)
+    elif args.formats_only:
+        float_format_gemms(bf16_matmul_rate())
+        float_format_training_steps(10 if args.quick else 30)
     elif not args.steps_only:
         copy_bw, bf16_rate, peak, clamped_peak = ceilings(args.quick)
         gemm_4096(bf16_rate, peak, clamped_peak)
         gemm_batch_summed(bf16_rate)
         layers(args.quick)
         quantizers(copy_bw, args.quick)
-    if not (args.skip_steps or args.quantize_only):
+    if not (args.skip_steps or args.quantize_only or args.formats_only):
         training_steps(args.quick)
     if args.profile_steps is not None:
         profile_steps(args.profile_steps or ["hdqt"])
