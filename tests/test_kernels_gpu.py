@@ -976,7 +976,8 @@ def test_block_scaled_product_bit_identical(left, right, scaling, hadamard):
 
     a, b = _e2m1_operand(left, scaling, 11), _e2m1_operand(right, scaling, 12)
     product = _format_product(scaling)
-    assert on_int8_tensor_cores(a, b, product, "auto") and not on_int8_tensor_cores(a, b, product, "torch")
+    assert on_int8_tensor_cores(product, "auto", a.values.device)
+    assert not on_int8_tensor_cores(product, "torch", a.values.device)
     assert_same(_block_scaled(a, b, hadamard), format_matmul(a, b, product, hadamard), f"{left} {right}")
 
 
@@ -1008,10 +1009,57 @@ def test_block_scaled_tiles_other_than_16_and_32_are_not_covered():
         kernels.block_scaled_matmul(a.values * 2, (b.values * 2).mT, a.scale[..., ::64], b.scale[..., ::64], 64)
 
 
+E2M1_SHAPES = [(1, 5), (7, 45), (3, 70, 561), (256, 1024), (2, 3, 129, 200), (1000, 27)]
+
+
+@pytest.mark.parametrize("scaling", ["mx", "nv"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("shape", E2M1_SHAPES, ids=str)
+def test_e2m1_quantizer_bit_identical(shape, scaling, rounding):
+    """floats.cu against microscaled / nvfp4 on fresh random tensors whose magnitudes span 2^-140 .. 2^20 (subnormal
+    and clamped E8M0 scales, E4M3 block scales that round to 0), all-zero and one-value blocks, ragged K: the
+    levels are the values doubled, the scales each block's, the stochastic bits the reference's."""
+    from hdqt_cil.quant.backend import e2m1_blocks
+    from hdqt_cil.quant.floats import E2M1, FloatSpec, quantize_float
+
+    spec = FloatSpec(E2M1, scaling, rounding)
+    t = torch.randn(shape, generator=gen(21), device="cuda")
+    t = t * torch.exp2(torch.randint(-140, 20, shape, generator=gen(22), device="cuda").float())
+    if shape[-1] >= 3 * spec.block:
+        t[..., :spec.block] = 0.0  # an all-zero block a row
+        t[..., spec.block + 1:2 * spec.block] = 0.0  # a block of one value
+    counter = Counter(9, torch.tensor(123456789, device="cuda"), 5) if rounding == "stochastic" else None
+    levels, scales = e2m1_blocks(t, spec, counter)
+    values, scale = quantize_float(t, spec, counter)
+    assert_same(levels, values * 2, f"levels {shape}")
+    assert_same(scales, scale[..., ::spec.block].contiguous(), f"scales {shape}")
+
+
+@pytest.mark.parametrize("scaling", ["mx", "nv"])
+def test_e2m1_quantizer_marks_a_non_finite_block(scaling):
+    """A block holding NaN or inf gets a NaN scale (the product's sums over it NaN, as the reference's); MX's other
+    blocks are rounded as usual (NVFP4's tensor scale spans them all)."""
+    from hdqt_cil.quant.backend import e2m1_blocks
+    from hdqt_cil.quant.floats import E2M1, FloatSpec
+
+    spec = FloatSpec(E2M1, scaling)
+    t = torch.randn(4, 3 * spec.block, generator=gen(23), device="cuda")
+    t[0, 1], t[2, spec.block] = float("nan"), float("inf")
+    finite = t.clone()
+    finite[0, 1] = finite[2, spec.block] = 0.0
+    _, scales = e2m1_blocks(t, spec)
+    assert torch.isnan(scales[0, 0]) and torch.isnan(scales[2, 1])
+    if scaling == "mx":
+        keep = ~torch.isnan(scales)
+        assert keep.sum() == scales.numel() - 2
+        assert torch.equal(scales[keep], e2m1_blocks(finite, spec)[1][keep])
+
+
 @pytest.mark.parametrize("scheme", ["mxfp4", "nvfp4"])
 def test_block_scaled_layers_equal_the_reference(scheme, monkeypatch):
     """quant=mxfp4 and nvfp4 with backend auto against torch on the same GPU: a conv's and a linear layer's outputs
-    and every gradient bit for bit, each of their products on the int8 tensor cores."""
+    and every gradient bit for bit, each of their products rounded by floats.cu and multiplied on the int8 tensor
+    cores (stochastic rounding from the layers' step counters)."""
     from hdqt_cil.quant import scheme_from_config
 
     launches = []

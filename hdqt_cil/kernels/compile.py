@@ -104,12 +104,17 @@ def module_arch(expressions: tuple[str, ...], arch: str) -> str:
     """The architecture a module is compiled for on a GPU of `arch`: sm_90a (wgmma) for the WG GEMMs."""
     return f"{arch}a" if arch == "sm_90" and WGMMA_EXPRESSIONS.intersection(expressions) else arch
 
+# floats.cu: the E2M1 quantizers with a scale per block along K (MXFP4: 32, E8M0 scales; NVFP4: 16, E4M3 ones),
+# nearest (0) or stochastic (1).
+E2M1_KERNELS = tuple(f"e2m1_blocks<{block}, {nv}, {rounding}>" for block, nv in ((32, "false"), (16, "true"))
+                     for rounding in (0, 1))
 COL2IM_PRODUCT_WIDTHS = (16, 32, 64)  # im2col.cu col2im_int_matmul_<O>: the contraction widths O it is built for
 SOURCES = {"quant.cu": QUANT_KERNELS, "intmm.cu": ALL_GEMM_EXPRESSIONS,
            "im2col.cu": tuple(f"im2col_{layout}_{t}" for layout in ("rows", "columns") for t in ("i8", "f32"))
            + ("col2im_f32", "col2im_f32_unit")
            + tuple(f"col2im_int_matmul_{o}_c{cpt}{unit}" for o in COL2IM_PRODUCT_WIDTHS for cpt in (1, 4)
-                   for unit in ("", "_unit"))}
+                   for unit in ("", "_unit")),
+           "floats.cu": E2M1_KERNELS}
 # IEEE single precision throughout: no contraction into FMA, no flush of subnormals, correctly rounded division.
 # (CuPy's own RawModule appends -ftz=true to every compile, which flushes subnormal inputs and maxima: these
 # sources are therefore compiled here with NVRTC directly and only loaded through CuPy.)
@@ -176,9 +181,11 @@ PREBUILT_DIR = HERE / "prebuilt"
 
 
 def shipped_modules(arch: str) -> list[tuple[str, tuple[str, ...]]]:
-    """(source, expressions) of every module shipped for `arch` (the WG GEMMs for sm_90 alone)."""
+    """(source, expressions) of every module shipped for `arch` (the WG GEMMs for sm_90 alone): a template
+    instantiation is a module of its own (runtime.function), the extern "C" kernels of a source one together."""
     gemms = [e for e in ALL_GEMM_EXPRESSIONS if arch == "sm_90" or e not in WGMMA_EXPRESSIONS]
-    return [("intmm.cu", (e,)) for e in gemms] + [(n, SOURCES[n]) for n in ("quant.cu", "im2col.cu")]
+    return ([("intmm.cu", (e,)) for e in gemms] + [("floats.cu", (e,)) for e in E2M1_KERNELS]
+            + [(n, SOURCES[n]) for n in ("quant.cu", "im2col.cu")])
 
 
 def prebuilt_path(arch: str) -> Path:

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import torch
 
 from .. import kernels
-from .floats import E2M1, E4M3, E5M2
+from .floats import E2M1, E4M3, E5M2, nvfp4_tensor_scale
 from .hadamard import block_hadamard, checked_block
 from .hla import hla_compress, hla_slots
 from .im2col import col2im, conv_output_size, im2col
@@ -116,7 +116,7 @@ TORCH_OPS = SimpleNamespace(name="torch", block_hadamard=block_hadamard, hla_com
                             col2im=masked_col2im, col2im_int_matmul=col2im_int_matmul)
 
 
-def _covered(launch, reference):
+def covered(launch, reference):
     """launch(), or reference() where the kernels do not cover the call."""
     try:
         return launch()
@@ -142,20 +142,20 @@ def _given_moments(t, spec):
 
 def _kernel_quantize(t, spec, counter=None, worst=None, times=None):
     require_counter(spec, counter)
-    return _covered(lambda: kernels.quantize(t, spec, counter, _given_moments(t, spec), worst, times),
+    return covered(lambda: kernels.quantize(t, spec, counter, _given_moments(t, spec), worst, times),
                     lambda: reported_quantize(t, spec, counter, worst, times))
 
 
 def _kernel_forward_quantize(t, spec, counter, ste, tally, worst=None):
     require_counter(spec, counter)
     stats = kernels.Stats(tally, ste, ste_threshold(spec))
-    return _covered(lambda: kernels.forward_quantize(t, spec, counter, _given_moments(t, spec), stats, worst),
+    return covered(lambda: kernels.forward_quantize(t, spec, counter, _given_moments(t, spec), stats, worst),
                     lambda: forward_quantize(t, spec, counter, ste, tally, worst))
 
 
 def _kernel_block_hadamard(x, dim=-1, block=None):
     block = checked_block(x.shape[dim], block)
-    return _covered(lambda: kernels.block_hadamard(x, dim, block), lambda: block_hadamard(x, dim, block))
+    return covered(lambda: kernels.block_hadamard(x, dim, block), lambda: block_hadamard(x, dim, block))
 
 
 def _kernel_hla_compress(t, block, rank, dim=-1):
@@ -163,7 +163,7 @@ def _kernel_hla_compress(t, block, rank, dim=-1):
     rows the reference's gather makes, in its layout), else the kernels' transform and the reference's gather
     (which also refuses a block that does not divide the dimension)."""
     if dim % t.dim() == t.dim() - 1 and 1 < block and rank < block and t.shape[-1] % block == 0:
-        return _covered(lambda: kernels.hla_compress(t, block, rank, hla_slots(block, rank, t.device)),
+        return covered(lambda: kernels.hla_compress(t, block, rank, hla_slots(block, rank, t.device)),
                         lambda: hla_compress(t, block, rank, dim, _kernel_block_hadamard))
     return hla_compress(t, block, rank, dim, _kernel_block_hadamard)
 
@@ -171,7 +171,7 @@ def _kernel_hla_compress(t, block, rank, dim=-1):
 def _kernel_hadamard_quantize(x, spec, counter=None, block=None, dim=-1, worst=None, times=None):
     block = checked_block(x.shape[dim], block)
     require_counter(spec, counter)
-    return _covered(lambda: kernels.hadamard_quantize(x, spec, counter, block, dim, worst, times),
+    return covered(lambda: kernels.hadamard_quantize(x, spec, counter, block, dim, worst, times),
                     lambda: _kernel_quantize(_kernel_block_hadamard(x, dim, block), spec, counter, worst, times))
 
 
@@ -183,7 +183,7 @@ def _integer_sums(acc_format) -> None:
 
 def _kernel_tiled_int_matmul(a, b, tile=32, acc_bits=8, bounds=None, count_saturated=False):
     check_product(a, b, tile, acc_bits)
-    return _covered(lambda: kernels.tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated),
+    return covered(lambda: kernels.tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated),
                     lambda: tiled_int_matmul(_as_float(a), _as_float(b), tile, acc_bits, bounds, count_saturated))
 
 
@@ -199,20 +199,20 @@ def _kernel_scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits
         _integer_sums(acc_format)
         return kernels.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated,
                                          sum_batch, tally=tally, keep=keep)
-    return _covered(launch,
+    return covered(launch,
                     lambda: scaled_int_matmul(_as_float(a), _as_float(b), scale_a, scale_b, block, tile, acc_bits,
                                               bounds, count_saturated, sum_batch, tally, keep, acc_format))
 
 
 def _kernel_im2col(x, kernel_size, padding, dilation, stride, columns=False):
     out_size = conv_output_size(x.shape, kernel_size, padding, dilation, stride)
-    return _covered(lambda: kernels.im2col(x, kernel_size, padding, dilation, stride, columns, out_size),
+    return covered(lambda: kernels.im2col(x, kernel_size, padding, dilation, stride, columns, out_size),
                     lambda: im2col(x, kernel_size, padding, dilation, stride, columns))
 
 
 def _kernel_col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep=None):
     out_size = conv_output_size(x_shape, kernel_size, padding, dilation, stride)
-    return _covered(lambda: kernels.col2im(rows, x_shape, kernel_size, padding, dilation, stride, out_size, keep),
+    return covered(lambda: kernels.col2im(rows, x_shape, kernel_size, padding, dilation, stride, out_size, keep),
                     lambda: masked_col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep))
 
 
@@ -226,7 +226,7 @@ def _kernel_col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bou
         _integer_sums(acc_format)
         return kernels.col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size,
                                          padding, dilation, stride, out_size, keep, tally)
-    return _covered(launch,
+    return covered(launch,
                     lambda: _kernel_col2im(_kernel_scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits,
                                                                      bounds, tally=tally, acc_format=acc_format),
                                            x_shape, kernel_size, padding, dilation, stride, keep))
@@ -267,21 +267,26 @@ def resolve_ops(backend: str, device: torch.device) -> SimpleNamespace:
 # float formats (quant/float_product.py's FloatOperands): fp8's products on the FP8 tensor cores, MXFP4's and
 # NVFP4's on the int8 tensor cores
 
-def on_int8_tensor_cores(a, b, product, backend: str) -> bool:
+def on_int8_tensor_cores(product, backend: str, device: torch.device) -> bool:
     """Whether a block-scaled E2M1 product (mxfp4, nvfp4) runs on the int8 tensor cores (quant.backend=auto where
-    the kernels run): E2M1 values doubled are integers within ±12, so each block's sum is exact there and its
-    scale pair is applied in float as the reference does (bit for bit); no accumulator format."""
-    return (backend == "auto" and a.values.is_cuda and product.acc is None and a.fmt == E2M1 and b.fmt == E2M1
-            and a.block in kernels.BLOCK_SCALED_SAT and b.block == a.block and kernels.available())
+    the kernels run, no accumulator format): E2M1 values doubled are integers within ±12, so each block's sum is
+    exact there and its scale pair is applied in float as the reference does, bit for bit."""
+    return (backend == "auto" and device.type == "cuda" and product.acc is None and product.left.fmt == E2M1
+            and product.right.fmt == E2M1 and product.left.block in kernels.BLOCK_SCALED_SAT
+            and kernels.available())
 
 
-def block_scaled_matmul(a, b, hadamard: int, sum_batch: bool, reference):
-    """The block-scaled product of a (..., M, K) and b (..., N, K) / `hadamard` (summed over the batch with
-    sum_batch) by kernels.block_scaled_matmul; `reference()` where the kernels do not cover it."""
-    width, hadamard = a.block, epilogue_block(hadamard)
-    return _covered(lambda: kernels.block_scaled_matmul(a.values * 2, (b.values * 2).mT, a.scale[..., ::width],
-                                                        b.scale[..., ::width], width, hadamard, sum_batch),
-                    reference)
+def e2m1_blocks(t, spec, counter=None):
+    """(int8 levels, the values doubled; float32 scales, one a block) of `t` (..., K) rounded as
+    floats.quantize_float(t, spec, counter) rounds it (spec: E2M1 with mx or nv scaling), by the kernels."""
+    tensor_scale = nvfp4_tensor_scale(t) if spec.scaling == "nv" else None
+    return kernels.e2m1_quantize(t, spec.block, tensor_scale, counter if spec.rounding == "stochastic" else None)
+
+
+def block_scaled_product(a, b, block: int, hadamard: int, sum_batch: bool) -> torch.Tensor:
+    """a (..., M, K) times b (..., N, K)ᵀ / `hadamard` from their e2m1_blocks (levels, scales) pairs: the reference's
+    format_matmul (summed over the batch by sum_entries with sum_batch) by the block-scaled GEMM."""
+    return kernels.block_scaled_matmul(a[0], b[0].mT, a[1], b[1], block, epilogue_block(hadamard), sum_batch)
 
 # The formats the FP8 tensor cores multiply (torch._scaled_mm; one operand at least must be E4M3).
 FP8_DTYPES = {E4M3: torch.float8_e4m3fn, E5M2: torch.float8_e5m2}

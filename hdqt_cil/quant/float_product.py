@@ -12,7 +12,8 @@ import math
 
 import torch
 
-from .backend import TORCH_OPS, block_scaled_matmul, fp8_matmul, on_fp8_tensor_cores, on_int8_tensor_cores
+from .backend import (KERNEL_OPS, TORCH_OPS, block_scaled_product, covered, e2m1_blocks, fp8_matmul,
+                      on_fp8_tensor_cores, on_int8_tensor_cores)
 from .floats import FloatFormat, FloatSpec, authors_float, quantize_float
 from .hadamard import block_hadamard, hadamard_block_size
 from .intmm import sum_entries
@@ -68,18 +69,12 @@ def format_matmul(a: FloatOperand, b: FloatOperand, product, hadamard: int = 1, 
 def float_matmul(a: FloatOperand, b: FloatOperand, product, backend: str, hadamard: int = 1, tally=None,
                  sum_batch: bool = False) -> torch.Tensor:
     """format_matmul (with sum_batch: summed over the batch by sum_entries), on the FP8 tensor cores where the
-    backend's `on_fp8_tensor_cores` says they compute it, on the int8 tensor cores where `on_int8_tensor_cores`
-    does (bit for bit)."""
+    backend's `on_fp8_tensor_cores` says they compute it."""
     if on_fp8_tensor_cores(a, b, product, backend, sum_batch):
         out = fp8_matmul(a, b, sum_batch)
         return out / hadamard if hadamard != 1 else out
-
-    def reference():
-        out = format_matmul(a, b, product, hadamard, tally)
-        return sum_entries(out) if sum_batch else out
-    if on_int8_tensor_cores(a, b, product, backend):
-        return block_scaled_matmul(a, b, hadamard, sum_batch, reference)
-    return reference()
+    out = format_matmul(a, b, product, hadamard, tally)
+    return sum_entries(out) if sum_batch else out
 
 
 def transform_block(product, k: int) -> int:
@@ -94,27 +89,48 @@ def random_signs(layer, step, k: int, device) -> torch.Tensor:
     return torch.where(layer._counter("hadamard.signs", step).uniform((k,), device) < 0.5, -1.0, 1.0)
 
 
+def _transformed(t: torch.Tensor, block: int, signs: torch.Tensor | None, transform=block_hadamard) -> torch.Tensor:
+    """float32 `t` (..., rows, K) times `signs`, transformed along K over blocks of `block` (1: not)."""
+    t = t.to(torch.float32)
+    t = t * signs if signs is not None else t
+    return transform(t, -1, block) if block > 1 else t
+
+
+def _rounding_counter(layer, spec: FloatSpec, role: str, step):
+    return layer._counter(role, step) if spec.rounding == "stochastic" else None
+
+
 def quantize_operand(layer, t: torch.Tensor, spec: FloatSpec, role: str, step, block: int = 1,
                      signs: torch.Tensor | None = None) -> FloatOperand:
     """`t` (..., rows, K) signed by `signs`, transformed along K by `block`, rounded to spec (its scales along K);
     the values it rounds to 0 reported to the layer's diagnostics watch where one is set (`ops_watch`)."""
-    t = t.to(torch.float32)
-    t = t * signs if signs is not None else t
-    t = block_hadamard(t, -1, block) if block > 1 else t
-    values, scale = quantize_float(t, spec, layer._counter(role, step) if spec.rounding == "stochastic" else None)
+    t = _transformed(t, block, signs)
+    values, scale = quantize_float(t, spec, _rounding_counter(layer, spec, role, step))
     if layer.ops_watch is not None:
         layer.ops_watch.underflow(role, t, values)
     return FloatOperand(values, scale, spec.block, spec.fmt)
 
 
 def _product(layer, left, right, product, roles, step, tally=None, sum_batch=False):
-    """The product of float tensors left (..., M, K) and right (..., N, K) as `product` computes it."""
+    """The product of float tensors left (..., M, K) and right (..., N, K) as `product` computes it: a block-scaled
+    E2M1 product on the int8 tensor cores where `on_int8_tensor_cores` says so and no diagnostics watch wants the
+    values (the kernels' transform, rounding and GEMM, the reference's bits)."""
     k = left.shape[-1]
     block = transform_block(product, k)
     signs = random_signs(layer, step, k, left.device) if product.random_signs and block > 1 else None
-    a = quantize_operand(layer, left, product.left, roles[0], step, block, signs)
-    b = quantize_operand(layer, right, product.right, roles[1], step, block, signs)
-    return float_matmul(a, b, product, layer.scheme.backend, block, tally, sum_batch)
+    operands = ((left, product.left, roles[0]), (right, product.right, roles[1]))
+
+    def reference():
+        a, b = (quantize_operand(layer, t, spec, role, step, block, signs) for t, spec, role in operands)
+        return float_matmul(a, b, product, layer.scheme.backend, block, tally, sum_batch)
+
+    def on_int8():
+        a, b = (e2m1_blocks(_transformed(t, block, signs, KERNEL_OPS.block_hadamard), spec,
+                            _rounding_counter(layer, spec, role, step)) for t, spec, role in operands)
+        return block_scaled_product(a, b, product.left.block, block, sum_batch)
+    if layer.ops_watch is None and on_int8_tensor_cores(product, layer.scheme.backend, left.device):
+        return covered(on_int8, reference)
+    return reference()
 
 
 class FloatProduct(torch.autograd.Function):

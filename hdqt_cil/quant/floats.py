@@ -154,13 +154,18 @@ def microscaled(x: torch.Tensor, fmt: FloatFormat = E2M1, block: int = 32, dim: 
     return _unblock(values, x.shape, dim), _unblock(scale.expand_as(values), x.shape, dim)
 
 
+def nvfp4_tensor_scale(x: torch.Tensor) -> torch.Tensor:
+    """NVFP4's float32 tensor scale t = amax / (E4M3.max · E2M1.max) (1 where x is all zero), 0-dim."""
+    amax = _amax(x.float(), tuple(range(x.dim())))
+    return torch.where(amax > 0, amax / (E4M3.max * E2M1.max), 1.0).reshape([])
+
+
 def nvfp4(x: torch.Tensor, block: int = 16, dim: int = -1, rounding: str = "nearest", counter: Counter | None = None):
-    """NVFP4: a float32 tensor scale t = amax / (E4M3.max · E2M1.max) and, per block of `block` values along `dim`,
-    an E4M3 scale b = round_e4m3(amax_block / E2M1.max / t); values round_e2m1(x / (b · t)), saturating. Returns
-    (values, b · t broadcast to them)."""
+    """NVFP4: the tensor scale t (nvfp4_tensor_scale) and, per block of `block` values along `dim`, an E4M3 scale
+    b = round_e4m3(amax_block / E2M1.max / t); values round_e2m1(x / (b · t)), saturating. Returns (values, b · t
+    broadcast to them)."""
     x = x.float()
-    amax = _amax(x, tuple(range(x.dim())))
-    tensor_scale = torch.where(amax > 0, amax / (E4M3.max * E2M1.max), 1.0).reshape([])
+    tensor_scale = nvfp4_tensor_scale(x)
     blocked = _blocks(x, block, dim)
     block_amax = blocked.abs().amax(dim=-1, keepdim=True)
     block_scale = round_to_format(block_amax / E2M1.max / tensor_scale, E4M3)

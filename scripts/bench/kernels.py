@@ -36,10 +36,10 @@ import torch.nn.functional as F
 from hdqt_cil import kernels
 from hdqt_cil.kernels import runtime as rt
 from hdqt_cil.kernels.compile import GEMM_CONFIGS, WGMMA_CONFIGS, gemm_tile, runs_here
-from hdqt_cil.quant.backend import block_scaled_matmul, fp8_matmul, has_fp8_tensor_cores
+from hdqt_cil.quant.backend import block_scaled_product, e2m1_blocks, fp8_matmul, has_fp8_tensor_cores
 from hdqt_cil.quant.float_product import FloatOperand, format_matmul
 from hdqt_cil.quant.float_schemes import FormatProduct
-from hdqt_cil.quant.floats import E2M1, E4M3, SCALINGS, FloatSpec, microscaled, nvfp4, per_tensor
+from hdqt_cil.quant.floats import E2M1, E4M3, SCALINGS, FloatSpec, per_tensor, quantize_float
 from scripts.bench.record import device_work, print_device_profile, save_rows
 from scripts.bench.timing import cuda_time, graphed, host_time, median_seconds
 
@@ -178,9 +178,10 @@ def gemm_4096(bf16_rate, peak, clamped_peak):
 
 
 def float_format_gemms(bf16_rate, size: int = 4096):
-    """The float formats' products at size³ as their layers call them, from rounded operands: fp8 on the FP8
-    tensor cores; mxfp4 and nvfp4 on the int8 tensor cores (values doubled and packed to int8, the scales of each
-    block, the GEMM) beside their torch reference on the same GPU (float32 matmuls a K block)."""
+    """The float formats' products at size³ as their layers call them: fp8's from rounded operands on the FP8
+    tensor cores; mxfp4's and nvfp4's on the int8 tensor cores, the GEMM alone and with the rounding of both
+    float32 operands (floats.cu), beside their torch reference on the same GPU (rounding, a float32 matmul a
+    K block), each checked equal to the reference first."""
     ops = 2 * size**3
     if has_fp8_tensor_cores():
         operands = [FloatOperand(*per_tensor(torch.randn(size, size, device="cuda"), E4M3), None, E4M3)
@@ -189,22 +190,25 @@ def float_format_gemms(bf16_rate, size: int = 4096):
         row("gemm", "fp8 4096^3 as quant=fp8 runs it (E4M3 values cast, torch._scaled_mm, float32 sums)", t,
             "TFLOP/s", ops / t / 1e12, "TFLOP/s", baseline="vs bf16", ratio=ops / t / bf16_rate)
     for scheme, scaling in (("mxfp4", "mx"), ("nvfp4", "nv")):
-        rounding = microscaled if scaling == "mx" else nvfp4
-        a, b = (FloatOperand(*rounding(torch.randn(size, size, device="cuda")), SCALINGS[scaling], E2M1)
-                for _ in range(2))
-        product = FormatProduct(FloatSpec(E2M1, scaling), FloatSpec(E2M1, scaling))
+        spec = FloatSpec(E2M1, scaling)
+        product, block = FormatProduct(spec, spec), SCALINGS[scaling]
+        x, w = (torch.randn(size, size, device="cuda") for _ in range(2))
+        a, b = e2m1_blocks(x, spec), e2m1_blocks(w, spec)
 
-        def not_covered():
-            raise RuntimeError(f"the kernels do not cover the {scheme} product")
-        got = block_scaled_matmul(a, b, 1, False, not_covered)
-        reference = format_matmul(a, b, product)
-        assert torch.equal(got, reference), f"{scheme}: the kernel's product differs from the reference"
-        t = cuda_time(lambda: block_scaled_matmul(a, b, 1, False, not_covered), reps=20)
-        row("gemm", f"{scheme} 4096^3 as quant={scheme} runs it (int8 tensor cores, a scale pair a block)", t,
-            "TFLOP/s", ops / t / 1e12, "TFLOP/s", baseline="vs bf16", ratio=ops / t / bf16_rate)
-        t_ref = cuda_time(lambda: format_matmul(a, b, product), reps=3)
-        row("gemm", f"{scheme} 4096^3, torch reference (float32 matmul a block)", t_ref, "TFLOP/s",
-            ops / t_ref / 1e12, "TFLOP/s", baseline="kernel speedup", ratio=t_ref / t)
+        def reference():
+            return format_matmul(*(FloatOperand(*quantize_float(t, spec), block, E2M1) for t in (x, w)), product)
+        got = block_scaled_product(a, b, block, 1, False)
+        assert torch.equal(got, reference()), f"{scheme}: the kernels' product differs from the reference"
+        t = cuda_time(lambda: block_scaled_product(a, b, block, 1, False), reps=20)
+        row("gemm", f"{scheme} 4096^3 GEMM (int8 tensor cores, a scale pair a block)", t, "TFLOP/s",
+            ops / t / 1e12, "TFLOP/s", baseline="vs bf16", ratio=ops / t / bf16_rate)
+        t_all = cuda_time(lambda: block_scaled_product(e2m1_blocks(x, spec), e2m1_blocks(w, spec), block, 1, False),
+                          reps=20)
+        row("gemm", f"{scheme} 4096^3 as quant={scheme} runs it (both operands rounded, GEMM)", t_all, "TFLOP/s",
+            ops / t_all / 1e12, "TFLOP/s", baseline="vs bf16", ratio=ops / t_all / bf16_rate)
+        t_ref = cuda_time(reference, reps=3)
+        row("gemm", f"{scheme} 4096^3 on the torch reference (rounding, float32 matmul a block)", t_ref, "TFLOP/s",
+            ops / t_ref / 1e12, "TFLOP/s", baseline="speedup of the kernels", ratio=t_ref / t_all)
 
 
 def gemm_batch_summed(bf16_rate):
