@@ -29,7 +29,7 @@ SHAPES = {"mlp": ((561,), 11), "resnet32": ((3, 32, 32), 10)}
 
 
 def make_model(model_name, scheme_name, backend="cupy"):
-    """The model under a scheme on the GPU path: `backend` for the integer schemes, auto (fp8's tensor cores) for
+    """The model under a scheme on the GPU path: `backend` for the integer schemes, auto (the tensor cores) for
     the float formats, whose backends are auto and torch."""
     torch.manual_seed(0)
     shape, classes = SHAPES[model_name]

@@ -38,7 +38,8 @@ from hdqt_cil.kernels import runtime as rt
 from hdqt_cil.kernels.compile import GEMM_CONFIGS, WGMMA_CONFIGS, gemm_tile, runs_here
 from hdqt_cil.quant.backend import block_scaled_product, e2m1_blocks, fp8_matmul, has_fp8_tensor_cores
 from hdqt_cil.quant.float_product import FloatOperand, format_matmul
-from hdqt_cil.quant.float_schemes import FormatProduct
+from hdqt_cil.quant import preset
+from hdqt_cil.quant.float_schemes import FloatScheme, FormatProduct
 from hdqt_cil.quant.floats import E2M1, E4M3, SCALINGS, FloatSpec, per_tensor, quantize_float
 from scripts.bench.record import device_work, print_device_profile, save_rows
 from scripts.bench.timing import cuda_time, graphed, host_time, median_seconds
@@ -343,7 +344,7 @@ def training_step(model_name: str, scheme_name: str, backend: str, batch=128, pa
     trainer.compile=true adds); torch.compile, the model under torch.compile(mode="reduce-overhead") (its own CUDA
     graphs), the best float path torch offers. Returns (step, the captured module or None)."""
     from hdqt_cil.models import build_model
-    from hdqt_cil.quant import preset, quantize_model
+    from hdqt_cil.quant import quantize_model
     from hdqt_cil.graph_replay import CapturedTraining
 
     torch.manual_seed(0)
@@ -404,9 +405,11 @@ def grad_input_unfused():
 
 
 def profile_steps(schemes: list[str], model_name: str = "resnet32") -> None:
-    """Where a step's device time goes: two eager steps by kernel, FP32 on torch and `schemes` on the kernels."""
+    """Where a step's device time goes: two eager steps by kernel, FP32 on torch and `schemes` on the kernels (the
+    float formats: on the tensor cores, quant.backend=auto)."""
     for scheme in ["fp32", *schemes]:
-        one, _ = training_step(model_name, scheme, "torch" if scheme == "fp32" else "cupy")
+        backend = "torch" if scheme == "fp32" else "auto" if isinstance(preset(scheme), FloatScheme) else "cupy"
+        one, _ = training_step(model_name, scheme, backend)
         print_device_profile(f"two eager {model_name} {scheme} steps", lambda: (one(), one()), rows=60)
 
 
