@@ -3,8 +3,8 @@
 // float32 tensor scale the caller computed), along the contiguous last dimension of a float32 (rows, K) tensor.
 //
 // Out: each block's values doubled, as the int8 levels the block-scaled GEMM reads (intmm.cu modes 5, 6; rows ld
-// bytes apart, the bytes past K not written), and its scale, (rows, blocks) float32. One thread a block; the last
-// block of a row is narrower where BLOCK does not divide K (the reference's zero padding: zeros raise no maximum).
+// bytes apart, the bytes past K not written), and its scale, (rows, blocks) float32. The last block of a row is
+// narrower where BLOCK does not divide K (the reference's zero padding: zeros raise no maximum).
 // Stochastic rounding draws element (row, block, j)'s bits at index (row * blocks + block) * BLOCK + j, the
 // reference's padded layout. A block holding a non-finite value gets a NaN scale (and levels 0), so the product's
 // sums over it are NaN as the reference's are (a NaN value there; finite inputs are the contract's).
@@ -43,27 +43,24 @@ __device__ __forceinline__ float e4m3_of(float b) {
 }
 
 // BLOCK: 32 (MX) or 16 (NV); NV: nvfp4's scales (tensor_scale read from device memory), else MX's; ROUNDING as
-// e2m1_of. seed, role, step_at, step: the counter of stochastic rounding (quant.cu's arguments).
+// e2m1_of. seed, role, step_at, step: the counter of stochastic rounding (quant.cu's arguments). One thread an
+// element of the padded layout (rows, blocks * BLOCK): a block's BLOCK threads are an aligned group of a warp's
+// lanes (BLOCK divides 32), which find its largest magnitude by shuffles; loads and stores are coalesced.
 template <int BLOCK, bool NV, int ROUNDING>
 __global__ void e2m1_blocks(const float* __restrict__ x, u32 rows, u32 K, const float* __restrict__ tensor_scale,
                             u32 seed, u32 role, const long long* step_at, u32 step, signed char* __restrict__ levels,
                             u64 ld, float* __restrict__ scales) {
-    const u32 blocks = (K + BLOCK - 1) / BLOCK;
-    const u64 id = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= (u64)rows * blocks) return;
-    const u64 row = id / blocks;
-    const u32 first = (u32)(id - row * blocks) * BLOCK;
-    const u32 width = min((u32)BLOCK, K - first);
-    const float* src = x + row * K + first;
-    float v[BLOCK];
-    float amax = 0.0f;
-    bool finite = true;
+    const u32 padded = (K + BLOCK - 1) / BLOCK * BLOCK;
+    const u32 i = blockIdx.x * blockDim.x + threadIdx.x;  // rows * padded < 2^31 (the caller checks)
+    const u32 row = i / padded, k = i - row * padded;
+    const bool inside = row < rows && k < K;
+    const float v = inside ? x[(u64)row * K + k] : 0.0f;
+    float amax = fabsf(v);
+    u32 bad = amax <= 3.402823466e38f ? 0u : 1u;  // inf or NaN
 #pragma unroll
-    for (int j = 0; j < BLOCK; ++j) {
-        v[j] = j < (int)width ? src[j] : 0.0f;
-        const float m = fabsf(v[j]);
-        finite = finite && m <= 3.402823466e38f;
-        amax = fmaxf(amax, m);
+    for (int o = BLOCK / 2; o > 0; o >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        bad |= __shfl_xor_sync(0xffffffffu, bad, o);
     }
     float scale;
     if (NV) {
@@ -75,15 +72,10 @@ __global__ void e2m1_blocks(const float* __restrict__ x, u32 rows, u32 K, const 
         frexpf(amax, &e);
         scale = amax > 0.0f ? ldexpf(1.0f, min(max(e - 1 - 2, -127), 127)) : 1.0f;  // 2^(floor(log2 amax) - emax)
     }
-    scales[id] = finite ? scale : __int_as_float(0x7fffffff);
-    const u32 key = ROUNDING ? counter_key(seed, role, step_at, step) : 0u;
-    signed char* out = levels + row * ld + first;
-#pragma unroll
-    for (int j = 0; j < BLOCK; ++j) {
-        if (j < (int)width) {
-            const u32 h = first_round((u32)(id * BLOCK + j) ^ key);
-            const float value = finite ? e2m1_of<ROUNDING>(__fdiv_rn(v[j], scale), h) : 0.0f;
-            out[j] = (signed char)__float2int_rn(__fmul_rn(value, 2.0f));
-        }
-    }
+    if (row >= rows) return;
+    if (k % BLOCK == 0) scales[i / BLOCK] = bad ? __int_as_float(0x7fffffff) : scale;
+    if (k >= K) return;
+    const u32 h = ROUNDING ? first_round(i ^ counter_key(seed, role, step_at, step)) : 0u;
+    const float value = bad ? 0.0f : e2m1_of<ROUNDING>(__fdiv_rn(v, scale), h);
+    levels[(u64)row * ld + k] = (signed char)__float2int_rn(__fmul_rn(value, 2.0f));
 }

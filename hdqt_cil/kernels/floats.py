@@ -23,15 +23,16 @@ def e2m1_quantize(t: torch.Tensor, block: int, tensor_scale: torch.Tensor | None
         raise rt.NotCovered(f"E2M1 blocks of {block} with {'NVFP4' if nv else 'MX'} scales")
     k = t.shape[-1]
     rows = t.numel() // k if k else 0
-    if rows == 0 or t.numel() >= 2**31:
+    width, blocks = -(-k // _ROW_ALIGN) * _ROW_ALIGN, -(-k // block)
+    if rows == 0 or rows * blocks * block >= 2**31:
         raise rt.NotCovered("an empty operand" if rows == 0 else "2^31 elements or more")
     x = t.to(torch.float32).contiguous()
-    width, blocks = -(-k // _ROW_ALIGN) * _ROW_ALIGN, -(-k // block)
     levels = rt.empty((*t.shape[:-1], width), torch.int8, t.device)
     scales = rt.empty((*t.shape[:-1], blocks), torch.float32, t.device)
     kernel = f"e2m1_blocks<{block}, {str(nv).lower()}, {int(counter is not None)}>"
     with rt.on_device(t):
-        rt.launch(rt.function("floats.cu", kernel, template=True), (-(-rows * blocks // _THREADS),), (_THREADS,),
+        rt.launch(rt.function("floats.cu", kernel, template=True), (-(-rows * blocks * block // _THREADS),),
+                  (_THREADS,),
                   (rt.ptr(x), rt.u32(rows), rt.u32(k), rt.ptr(tensor_scale), *_counter_args(counter, t.device),
                    rt.ptr(levels), rt.u64(width), rt.ptr(scales)))
     return levels[..., :k], scales

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .backend import (KERNEL_OPS, TORCH_OPS, block_scaled_product, covered, e2m1_blocks, fp8_matmul,
+from .backend import (KERNEL_OPS, block_scaled_product, covered, e2m1_blocks, fp8_matmul,
                       on_fp8_tensor_cores, on_int8_tensor_cores)
 from .floats import FloatFormat, FloatSpec, authors_float, quantize_float
 from .hadamard import block_hadamard, hadamard_block_size
@@ -138,16 +138,16 @@ class FloatProduct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, layer, step, training):
-        scheme, product = layer.scheme, layer.scheme.forward
+        scheme, product, ops = layer.scheme, layer.scheme.forward, layer._ops(x.device)
         w = weight.reshape(weight.shape[0], -1)
         tally = layer._tally("forward_saturated") if training else None
         if product.left.block:  # scales per block along K: the input is cut into blocks after im2col
-            y = _product(layer, layer._forward_rows(x, TORCH_OPS), w, product, ("input", "weight"), step, tally)
+            y = _product(layer, layer._forward_rows(x, ops), w, product, ("input", "weight"), step, tally)
             seen_x, seen_w = x, weight
         else:  # one scale an operand: x is rounded once, before im2col, as the integer schemes do
             xq = quantize_operand(layer, x, product.left, "input", step)
             wq = quantize_operand(layer, w, product.right, "weight", step)
-            rows = FloatOperand(layer._forward_rows(xq.values, TORCH_OPS), xq.scale, None, xq.fmt)
+            rows = FloatOperand(layer._forward_rows(xq.values, ops), xq.scale, None, xq.fmt)
             y = float_matmul(rows, wq, product, scheme.backend, tally=tally)
             seen_x, seen_w = xq.dequantized(), wq.dequantized().reshape(weight.shape)
         x_keep, w_keep = (scheme.keep(x), scheme.keep(weight)) if training else (None, None)
@@ -160,14 +160,15 @@ class FloatProduct(torch.autograd.Function):
         layer, step, scheme = ctx.layer, ctx.step, ctx.layer.scheme
         x, weight, x_keep, w_keep = ctx.saved_tensors
         g_rows, g_cols = layer._grad_output_layouts(grad_y.to(torch.float32))
+        ops = layer._ops(grad_y.device)  # im2col and col2im: gathers and ordered sums, the same bits everywhere
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
             w_cols = weight.reshape(weight.shape[0], -1).t()  # (K, O): contraction over the outputs
             rows = _product(layer, g_rows, w_cols, scheme.grad_input, ("grad_input.grad_output", "grad_input.weight"),
                             step, layer._tally("grad_input_saturated"))
-            grad_x = layer._grad_input(rows, ctx.x_shape, TORCH_OPS, x_keep)
+            grad_x = layer._grad_input(rows, ctx.x_shape, ops, x_keep)
         if ctx.needs_input_grad[1]:
-            grad_w = _product(layer, g_cols, layer._input_columns(x, TORCH_OPS), scheme.grad_weight,
+            grad_w = _product(layer, g_cols, layer._input_columns(x, ops), scheme.grad_weight,
                               ("grad_weight.grad_output", "grad_weight.input"), step,
                               layer._tally("grad_weight_saturated"), sum_batch=True).reshape(ctx.w_shape)
             grad_w = grad_w if w_keep is None else grad_w * w_keep
