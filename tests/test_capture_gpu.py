@@ -290,6 +290,7 @@ def test_experiment_with_cuda_graphs_gives_the_same_results(make_cfg, tmp_path, 
                                   np.array(eager["acc_matrix"], dtype=float))
     assert graphed["train_loss"] == eager["train_loss"]
     assert graphed["class_acc"] == eager["class_acc"]
+    np.testing.assert_equal(graphed.get("diagnostics"), eager.get("diagnostics"))  # NaN where both have one
 
 
 def test_a_compiled_fp32_experiment_runs_and_trains_like_the_eager_one(make_cfg, tmp_path):

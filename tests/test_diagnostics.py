@@ -98,6 +98,34 @@ def test_the_watch_counts_underflow_by_role_and_keeps_the_largest_tile_sum():
                               "tile_sums": {"forward": {"largest": 1568.0, "limit": 127}}}
 
 
+def test_the_diagnosed_gradient_is_the_steps_own_when_graphs_are_captured_first(monkeypatch):
+    """A CUDA-graph capture runs the model's forward and a zero-gradient backward (its warm-up) before the step is
+    replayed, which runs no module forward: the G a diagnosed batch records is the replayed step's, not the
+    warm-up's zeros (with those, every fidelity measure of the batch was NaN)."""
+    from types import SimpleNamespace
+
+    from hdqt_cil import graph_replay
+
+    model = _mlp()
+    plugin = GradientDiagnostics(every=1)
+    recorded = []
+    monkeypatch.setattr(plugin, "_record", lambda strategy, steps, parts: recorded.append(parts["all"]))
+    strategy = SimpleNamespace(is_training=True, model=model, mb_output=None, experience=SimpleNamespace(),
+                               clock=SimpleNamespace(train_exp_iterations=0))
+    x = torch.randn(8, 12)
+    plugin.before_forward(strategy)
+    with graph_replay.setting_up():  # the warm-up: the module's own forward, a backward of zeros
+        y = model(x)
+        torch.autograd.grad(y, list(model.parameters()), torch.zeros_like(y), allow_unused=True)
+    first, last = model[0], model[3]  # the replay: the same function of the weights, no module forward
+    strategy.mb_output = F.linear(F.relu(F.linear(x, first.weight, first.bias)), last.weight, last.bias)
+    plugin.after_forward(strategy)
+    g = torch.randn_like(strategy.mb_output)
+    strategy.mb_output.backward(g)
+    plugin.after_backward(strategy)
+    assert len(recorded) == 1 and torch.equal(recorded[0], g)
+
+
 def test_kept_copies_record_what_fresh_copies_record():
     """ModelCopies refreshes its copies from the model's state between diagnosed batches (weights, BatchNorm
     statistics, modes, frozen layers) and makes them anew when the model grows: the records of fresh deep copies."""

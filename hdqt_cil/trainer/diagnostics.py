@@ -23,6 +23,7 @@ import torch
 from avalanche.core import SupervisedPlugin
 from torch import nn
 
+from ..graph_replay import is_setting_up
 from ..quant import preset, quantize_model
 from ..quant.intmm import accumulator_limit, largest_tile_sum
 from ..quant.layers import ROLE_CODES, ROLE_STRIDE, QuantLayer
@@ -369,6 +370,8 @@ class GradientDiagnostics(SupervisedPlugin):
             self._output_hook = strategy.model.register_forward_hook(self._hook_output)
 
     def _hook_output(self, module, inputs, output):
+        if is_setting_up():  # a CUDA-graph capture's warm-up or capture: the step itself is replayed after it
+            return
         self._output_hook.remove()
         self._output_hook = None
         if output.requires_grad:
