@@ -143,14 +143,14 @@ def _given_moments(t, spec):
 def _kernel_quantize(t, spec, counter=None, worst=None, times=None):
     require_counter(spec, counter)
     return covered(lambda: kernels.quantize(t, spec, counter, _given_moments(t, spec), worst, times),
-                    lambda: reported_quantize(t, spec, counter, worst, times))
+                   lambda: reported_quantize(t, spec, counter, worst, times))
 
 
 def _kernel_forward_quantize(t, spec, counter, ste, tally, worst=None):
     require_counter(spec, counter)
     stats = kernels.Stats(tally, ste, ste_threshold(spec))
     return covered(lambda: kernels.forward_quantize(t, spec, counter, _given_moments(t, spec), stats, worst),
-                    lambda: forward_quantize(t, spec, counter, ste, tally, worst))
+                   lambda: forward_quantize(t, spec, counter, ste, tally, worst))
 
 
 def _kernel_block_hadamard(x, dim=-1, block=None):
@@ -164,7 +164,7 @@ def _kernel_hla_compress(t, block, rank, dim=-1):
     (which also refuses a block that does not divide the dimension)."""
     if dim % t.dim() == t.dim() - 1 and 1 < block and rank < block and t.shape[-1] % block == 0:
         return covered(lambda: kernels.hla_compress(t, block, rank, hla_slots(block, rank, t.device)),
-                        lambda: hla_compress(t, block, rank, dim, _kernel_block_hadamard))
+                       lambda: hla_compress(t, block, rank, dim, _kernel_block_hadamard))
     return hla_compress(t, block, rank, dim, _kernel_block_hadamard)
 
 
@@ -172,7 +172,7 @@ def _kernel_hadamard_quantize(x, spec, counter=None, block=None, dim=-1, worst=N
     block = checked_block(x.shape[dim], block)
     require_counter(spec, counter)
     return covered(lambda: kernels.hadamard_quantize(x, spec, counter, block, dim, worst, times),
-                    lambda: _kernel_quantize(_kernel_block_hadamard(x, dim, block), spec, counter, worst, times))
+                   lambda: _kernel_quantize(_kernel_block_hadamard(x, dim, block), spec, counter, worst, times))
 
 
 def _integer_sums(acc_format) -> None:
@@ -184,7 +184,7 @@ def _integer_sums(acc_format) -> None:
 def _kernel_tiled_int_matmul(a, b, tile=32, acc_bits=8, bounds=None, count_saturated=False):
     check_product(a, b, tile, acc_bits)
     return covered(lambda: kernels.tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated),
-                    lambda: tiled_int_matmul(_as_float(a), _as_float(b), tile, acc_bits, bounds, count_saturated))
+                   lambda: tiled_int_matmul(_as_float(a), _as_float(b), tile, acc_bits, bounds, count_saturated))
 
 
 def _kernel_scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits=8, bounds=None,
@@ -200,20 +200,20 @@ def _kernel_scaled_int_matmul(a, b, scale_a, scale_b, block=1, tile=32, acc_bits
         return kernels.scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, count_saturated,
                                          sum_batch, tally=tally, keep=keep)
     return covered(launch,
-                    lambda: scaled_int_matmul(_as_float(a), _as_float(b), scale_a, scale_b, block, tile, acc_bits,
-                                              bounds, count_saturated, sum_batch, tally, keep, acc_format))
+                   lambda: scaled_int_matmul(_as_float(a), _as_float(b), scale_a, scale_b, block, tile, acc_bits,
+                                             bounds, count_saturated, sum_batch, tally, keep, acc_format))
 
 
 def _kernel_im2col(x, kernel_size, padding, dilation, stride, columns=False):
     out_size = conv_output_size(x.shape, kernel_size, padding, dilation, stride)
     return covered(lambda: kernels.im2col(x, kernel_size, padding, dilation, stride, columns, out_size),
-                    lambda: im2col(x, kernel_size, padding, dilation, stride, columns))
+                   lambda: im2col(x, kernel_size, padding, dilation, stride, columns))
 
 
 def _kernel_col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep=None):
     out_size = conv_output_size(x_shape, kernel_size, padding, dilation, stride)
     return covered(lambda: kernels.col2im(rows, x_shape, kernel_size, padding, dilation, stride, out_size, keep),
-                    lambda: masked_col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep))
+                   lambda: masked_col2im(rows, x_shape, kernel_size, padding, dilation, stride, keep))
 
 
 def _kernel_col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size, padding,
@@ -227,9 +227,9 @@ def _kernel_col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bou
         return kernels.col2im_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits, bounds, x_shape, kernel_size,
                                          padding, dilation, stride, out_size, keep, tally)
     return covered(launch,
-                    lambda: _kernel_col2im(_kernel_scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits,
-                                                                     bounds, tally=tally, acc_format=acc_format),
-                                           x_shape, kernel_size, padding, dilation, stride, keep))
+                   lambda: _kernel_col2im(_kernel_scaled_int_matmul(a, b, scale_a, scale_b, block, tile, acc_bits,
+                                                                    bounds, tally=tally, acc_format=acc_format),
+                                          x_shape, kernel_size, padding, dilation, stride, keep))
 
 
 KERNEL_OPS = SimpleNamespace(name="cupy", block_hadamard=_kernel_block_hadamard, hla_compress=_kernel_hla_compress,
@@ -287,6 +287,7 @@ def block_scaled_product(a, b, block: int, hadamard: int, sum_batch: bool) -> to
     """a (..., M, K) times b (..., N, K)ᵀ / `hadamard` from their e2m1_blocks (levels, scales) pairs: the reference's
     format_matmul (summed over the batch by sum_entries with sum_batch) by the block-scaled GEMM."""
     return kernels.block_scaled_matmul(a[0], b[0].mT, a[1], b[1], block, epilogue_block(hadamard), sum_batch)
+
 
 # The formats the FP8 tensor cores multiply (torch._scaled_mm; one operand at least must be E4M3).
 FP8_DTYPES = {E4M3: torch.float8_e4m3fn, E5M2: torch.float8_e5m2}
