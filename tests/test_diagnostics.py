@@ -279,3 +279,27 @@ def test_a_float_formats_quantizers_report_their_underflow():
     shares = watch.record()["underflow"]
     assert shares["input"] == pytest.approx(2 / 7)  # 1e-9 and 1e-12 of the 7 nonzero inputs
     assert {"weight", "grad_input.grad_output", "grad_weight.input"} <= set(shares)
+
+
+def test_a_float_accumulators_largest_tile_sum_is_kept_against_the_formats_largest_value():
+    """quant=fp (E5M2 operands, E5M2 tile sums of 32): the forward's largest tile sum is the largest |sum| of a K
+    tile of the rounded operands' products, by hand, kept with the E5M2 quantizer's largest value; a scheme with
+    no accumulator format keeps none."""
+    from hdqt_cil.quant.floats import authors_float
+
+    torch.manual_seed(4)
+    layer = quantize_model(nn.Linear(70, 3), preset("fp")).train()
+    watch = watched(nn.Sequential(layer))["0"]
+    x = (torch.randn(5, 70) * torch.linspace(0.1, 30, 70)).requires_grad_()
+    layer(x).sum().backward()
+    kept = watch.record()["tile_sums"]
+    xq, wq = authors_float(x.detach(), 5, 2), authors_float(layer.weight.detach(), 5, 2)
+    by_hand = max((xq[:, s:s + 32] @ wq[:, s:s + 32].T).abs().max().item() for s in range(0, 70, 32))
+    assert kept["forward"]["largest"] == pytest.approx(by_hand, rel=1e-6)
+    assert kept["forward"]["limit"] == 2.0**16 * 1.75  # E5M2 in the authors' quantizer: 2^(31 - 15) · (2 - 2^-2)
+    assert {"grad_input", "grad_weight"} <= set(kept)
+
+    plain = quantize_model(nn.Linear(70, 3), preset("fp8")).train()
+    plain_watch = watched(nn.Sequential(plain))["0"]
+    plain(x).sum().backward()
+    assert plain_watch.record()["tile_sums"] == {}

@@ -42,16 +42,14 @@ def format_matmul(a: FloatOperand, b: FloatOperand, product, hadamard: int = 1, 
     K); each tile's sum of value products is rounded to `product.acc` (the authors' quantizer) where there is one,
     scaled by the tile's scale pair where scales are per block, and the tiles are added in order. `tally`: an int64
     (2,) view to which (tile sums past the accumulator's largest value, tile sums) are added."""
-    width = a.block or (product.tile if product.acc is not None else None)
-    if width is None and product.acc is None:
+    k = a.values.shape[-1]
+    width = _tile_width(a, product, k)
+    if width is None:
         out = torch.matmul(a.values, b.values.mT)
         return out * ((a.scale.reshape(()) * b.scale.reshape(())) / hadamard)
-    k = a.values.shape[-1]
-    width = min(width or k, max(k, 1))
     out, saturated = 0, 0
     limit = product.acc_spec.largest if product.acc is not None else None
-    for start in range(0, k, width):
-        partial = torch.matmul(a.values[..., start:start + width], b.values[..., start:start + width].mT)
+    for start, partial in _tile_partials(a, b, width):
         if limit is not None:
             saturated = saturated + (partial.abs() > limit).sum()
             partial = authors_float(partial, product.acc.exp_bits, product.acc.man_bits)
@@ -66,6 +64,29 @@ def format_matmul(a: FloatOperand, b: FloatOperand, product, hadamard: int = 1, 
     return out / hadamard
 
 
+def _tile_width(a: FloatOperand, product, k: int) -> int | None:
+    """The K tile whose sums format_matmul scales or rounds one at a time (None: K is summed whole)."""
+    width = a.block or (product.tile if product.acc is not None else None)
+    if width is None and product.acc is None:
+        return None
+    return min(width or k, max(k, 1))
+
+
+def _tile_partials(a: FloatOperand, b: FloatOperand, width: int):
+    """(start, the float32 sum of the value products of the K tile from `start`), for each tile in K order."""
+    for start in range(0, a.values.shape[-1], width):
+        yield start, torch.matmul(a.values[..., start:start + width], b.values[..., start:start + width].mT)
+
+
+def largest_format_tile_sum(a: FloatOperand, b: FloatOperand, product) -> torch.Tensor:
+    """max |tile sum| of format_matmul's K tiles before its accumulator rounds them (what it compares with the
+    format's largest value), a float64 0-dim tensor on the values' device; 0 for an empty product."""
+    width = _tile_width(a, product, a.values.shape[-1])
+    if width is None or not (a.values.numel() and b.values.numel()):
+        return torch.zeros((), dtype=torch.float64, device=a.values.device)
+    return torch.stack([partial.abs().amax() for _, partial in _tile_partials(a, b, width)]).amax().double()
+
+
 def float_matmul(a: FloatOperand, b: FloatOperand, product, backend: str, hadamard: int = 1, tally=None,
                  sum_batch: bool = False) -> torch.Tensor:
     """format_matmul (with sum_batch: summed over the batch by sum_entries), on the FP8 tensor cores where the
@@ -75,6 +96,15 @@ def float_matmul(a: FloatOperand, b: FloatOperand, product, backend: str, hadama
         return out / hadamard if hadamard != 1 else out
     out = format_matmul(a, b, product, hadamard, tally)
     return sum_entries(out) if sum_batch else out
+
+
+def _layer_matmul(layer, a: FloatOperand, b: FloatOperand, product, hadamard: int = 1, tally=None,
+                  sum_batch: bool = False) -> torch.Tensor:
+    """float_matmul of one of a layer's products; its largest tile sum goes to the layer's diagnostics watch where
+    one is set and the product has an accumulator format."""
+    if layer.ops_watch is not None and product.acc is not None and tally is not None:
+        layer.ops_watch.tile_sum(tally, largest_format_tile_sum(a, b, product), product.acc_spec.largest)
+    return float_matmul(a, b, product, layer.scheme.backend, hadamard, tally, sum_batch)
 
 
 def transform_block(product, k: int) -> int:
@@ -122,7 +152,7 @@ def _product(layer, left, right, product, roles, step, tally=None, sum_batch=Fal
 
     def reference():
         a, b = (quantize_operand(layer, t, spec, role, step, block, signs) for t, spec, role in operands)
-        return float_matmul(a, b, product, layer.scheme.backend, block, tally, sum_batch)
+        return _layer_matmul(layer, a, b, product, block, tally, sum_batch)
 
     def on_int8():
         a, b = (e2m1_blocks(_transformed(t, block, signs, KERNEL_OPS.block_hadamard), spec,
@@ -148,7 +178,7 @@ class FloatProduct(torch.autograd.Function):
             xq = quantize_operand(layer, x, product.left, "input", step)
             wq = quantize_operand(layer, w, product.right, "weight", step)
             rows = FloatOperand(layer._forward_rows(xq.values, ops), xq.scale, None, xq.fmt)
-            y = float_matmul(rows, wq, product, scheme.backend, tally=tally)
+            y = _layer_matmul(layer, rows, wq, product, tally=tally)
             seen_x, seen_w = xq.dequantized(), wq.dequantized().reshape(weight.shape)
         x_keep, w_keep = (scheme.keep(x), scheme.keep(weight)) if training else (None, None)
         ctx.save_for_backward(seen_x, seen_w, x_keep, w_keep)

@@ -73,7 +73,7 @@ def statistics_table(statistics: pd.DataFrame) -> pd.DataFrame:
 
 def quantizer_table(quantizers: pd.DataFrame) -> pd.DataFrame:
     """Per run kind and layer: each quantizer role's underflow share (the mean over experiences and seeds) and each
-    integer product's largest tile sum as a fraction of its accumulator's limit (the largest over them; above 1:
+    product's largest tile sum as a fraction of its accumulator's limit (the largest over them; above 1:
     sums the accumulator saturated)."""
     keys = _keys(quantizers) + ["position", "layer"]
     reach = quantizers.measure.str.endswith("tile sum / limit")

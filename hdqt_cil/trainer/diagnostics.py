@@ -37,7 +37,7 @@ GRADIENTS = ("g_W", "g_x")
 ROLES = ("input", "weight", "grad_output", "g_x", "g_W")
 ROLE_OF_CODE = {code: role for role, code in ROLE_CODES.items()}  # a quantizer's role, from its counter
 PRODUCT_STATS = {"forward": "forward_saturated", "grad_input": "grad_input_saturated",
-                 "grad_weight": "grad_weight_saturated"}  # an integer product, from the tally it adds to
+                 "grad_weight": "grad_weight_saturated"}  # a product, from the tally it adds to
 
 
 @dataclass
@@ -188,13 +188,18 @@ class QuantizerWatch:
         counts[0] = counts[0] + (nonzero & (values == 0)).sum()
         counts[1] = counts[1] + nonzero.sum()
 
-    def _tile_sums(self, a, b, tile, acc_bits, bounds, tally) -> None:
-        if not self.recording or acc_bits is None or tally is None:
+    def tile_sum(self, tally, largest: torch.Tensor, limit: float) -> None:
+        """While recording: the largest tile sum of a product (before its accumulator saturates or rounds it),
+        kept with the accumulator's limit; the product is the one whose statistics `tally` is."""
+        if not self.recording:
             return
         product = next(p for p, stat in PRODUCT_STATS.items() if self.layer._tally(stat).data_ptr() == tally.data_ptr())
-        largest = largest_tile_sum(a, b, tile, bounds)
-        kept = self.tile_sums.setdefault(product, {"largest": largest, "limit": accumulator_limit(acc_bits)})
+        kept = self.tile_sums.setdefault(product, {"largest": largest, "limit": limit})
         kept["largest"] = torch.maximum(kept["largest"], largest)
+
+    def _tile_sums(self, a, b, tile, acc_bits, bounds, tally) -> None:
+        if self.recording and acc_bits is not None and tally is not None:
+            self.tile_sum(tally, largest_tile_sum(a, b, tile, bounds), accumulator_limit(acc_bits))
 
     def quantize(self, t, spec, counter=None, worst=None, times=None):
         levels, scale = self.ops.quantize(t, spec, counter, worst=worst, times=times)
