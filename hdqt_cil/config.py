@@ -51,6 +51,14 @@ class TrainerConfig:
     # as an integer device stores the model (trainer/weight_storage.py); null: float32 weights.
     weight_bits: Optional[int] = setting(None, Rule(lambda v: v is None or (isinstance(v, int) and 2 <= v <= 16),
                                                     "null (float32 weights) or an integer from 2 to 16"))
+    # How stored weights are updated: sgd (this product's SGD, momentum, weight decay and schedule) or authors (the
+    # HDQT authors' QuantMomentumOptimizer: w - lr·g at the base lr, every trained parameter stored; docs/quant.md).
+    weight_update: str = setting("sgd", one_of("sgd", "authors"))
+
+    def check(self, path: str) -> None:
+        if self.weight_update == "authors" and self.weight_bits is None:
+            raise ValueError(f"{path}weight_update=authors is the update of the HDQT authors' weight storage; set "
+                             f"{path}weight_bits (8 as theirs) or leave {path}weight_update=sgd")
 
 
 @dataclass
@@ -118,7 +126,8 @@ RUN_INDEPENDENT_QUANT = ("backend",)
 SWITCHED_SETTINGS = (("strategy", "hp_replay", "hp_replay_"),)
 # A setting at the value that was the behaviour before it existed, with the settings that mean nothing then: left
 # out of a run's identity, so that a folder written before it matches.
-DEFAULTED_SETTINGS = (("quant", "acc", "int", ("acc_exp_bits", "acc_man_bits")),)
+DEFAULTED_SETTINGS = (("quant", "acc", "int", ("acc_exp_bits", "acc_man_bits")),
+                      ("trainer", "weight_update", "sgd", ()))
 
 
 def _without_nulls(value):

@@ -22,7 +22,7 @@ from .trainer.diagnostics import GradientDiagnostics, Landscape
 from .trainer.cuda_graphs import CudaGraphPlugin
 from .trainer.hp_replay import HigherPrecisionReplay, higher_precision_scheme
 from .trainer.monitor import Diverged, TrainingMonitor
-from .trainer.optim import PerExperienceSGD
+from .trainer.optim import PerExperienceSGD, sgd_settings
 from .trainer.quantization import QuantizationPlugin
 from .trainer.recorder import PredictionRecorder
 from .trainer.wandb_logger import ScalarWandBLogger
@@ -187,9 +187,10 @@ class RunPlugins:
         return cls(
             recorder=PredictionRecorder(bench.task_classes() if cfg.benchmark.scenario == "task" else None),
             monitor=TrainingMonitor(epoch_log_every(cfg), run_label(cfg, run_dir)),
-            optimizer=PerExperienceSGD(t.lr, list(t.milestones), t.gamma), quantization=QuantizationPlugin(cfg.quant),
+            optimizer=PerExperienceSGD(t.lr, sgd_settings(t)[2], t.gamma), quantization=QuantizationPlugin(cfg.quant),
             cost=CostCounter(energy_table(cfg.cost), teachers(cfg.strategy.name), t.weight_bits),
-            storage=None if t.weight_bits is None else WeightStorage(t.weight_bits),
+            storage=(None if t.weight_bits is None
+                     else WeightStorage(t.weight_bits, every_parameter=t.weight_update == "authors")),
             epochs=EpochCheckpoints(ExperienceCheckpoints(run_dir).root, t.checkpoint_every),
             graphs=(CudaGraphPlugin(teachers(cfg.strategy.name), t.compile) if t.cuda_graph and device.type == "cuda"
                     else None),
@@ -355,8 +356,8 @@ def peak_memory_mib(device, before: float | None) -> float | None:
 def _template_arguments(cfg, model, device, plugins: list, run_dir: Path) -> dict:
     """What every avalanche template takes: optimizer, loss, batch sizes, epochs, device, plugins, evaluator."""
     t = cfg.trainer
-    return dict(optimizer=torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum,
-                                          weight_decay=t.weight_decay),
+    momentum, weight_decay, _ = sgd_settings(t)
+    return dict(optimizer=torch.optim.SGD(model.parameters(), lr=t.lr, momentum=momentum, weight_decay=weight_decay),
                 criterion=torch.nn.CrossEntropyLoss(), train_mb_size=t.batch_size, train_epochs=t.epochs,
                 eval_mb_size=t.eval_batch_size, device=device, plugins=plugins, evaluator=_evaluator(cfg, run_dir))
 

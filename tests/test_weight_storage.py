@@ -54,3 +54,39 @@ def test_weight_bits_out_of_range_is_refused(make_cfg):
 
     with pytest.raises(ValueError, match=r"trainer.weight_bits=1 .*null \(float32 weights\) or an integer from 2 "):
         validate(make_cfg("trainer.weight_bits=1"))
+
+
+def test_the_authors_update_stores_every_trained_parameter_after_a_plain_step(make_cfg):
+    """trainer.weight_update=authors: SGD without momentum or weight decay at the base lr all experience long (no
+    milestone drop), and every trained parameter, biases and normalisation too, on its own 8-bit grid."""
+    from hdqt_cil.config import validate
+    from hdqt_cil.trainer.optim import PerExperienceSGD, sgd_settings
+
+    cfg = make_cfg("trainer.weight_bits=8", "trainer.weight_update=authors", "trainer.milestones=[1]")
+    validate(cfg)
+    momentum, weight_decay, milestones = sgd_settings(cfg.trainer)
+    assert (momentum, weight_decay, milestones) == (0.0, 0.0, [])
+    assert PerExperienceSGD(0.1, milestones).lr_after(5) == 0.1
+    assert sgd_settings(make_cfg("trainer.milestones=[1]").trainer)[2] == [1]
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Flatten(), nn.Linear(8 * 4 * 4, 5))
+    storage, strategy = WeightStorage(8, every_parameter=True), _Strategy(model)
+    storage.before_training_exp(strategy)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum, weight_decay=weight_decay)
+    for _ in range(2):
+        before = [p.detach().clone() for p in model.parameters()]
+        optimizer.zero_grad()
+        model(torch.randn(4, 3, 6, 6)).square().mean().backward()
+        stepped = [b.add(p.grad, alpha=-0.1) for b, p in zip(before, model.parameters())]
+        optimizer.step()
+        assert all(torch.equal(p, s) for p, s in zip(model.parameters(), stepped))  # plain w - lr·g
+        storage.after_update(strategy)
+        assert all(on_grid(p, 8) for p in model.parameters())
+
+
+def test_the_authors_update_needs_stored_weights(make_cfg):
+    from hdqt_cil.config import validate
+
+    with pytest.raises(ValueError, match=r"trainer.weight_update=authors .*set trainer.weight_bits"):
+        validate(make_cfg("trainer.weight_update=authors"))

@@ -11,6 +11,15 @@ from bisect import bisect_right
 from avalanche.core import SupervisedPlugin
 
 
+def sgd_settings(t) -> tuple[float, float, list]:
+    """(momentum, weight decay, lr milestones) of trainer config `t`: its own, or with trainer.weight_update=authors
+    the HDQT authors' update (QuantMomentumOptimizer): plain w ← w − lr·g at the base lr all experience long, their
+    optimizer keeping no momentum, no weight decay and the lr it first saw."""
+    if t.weight_update == "authors":
+        return 0.0, 0.0, []
+    return t.momentum, t.weight_decay, list(t.milestones)
+
+
 class PerExperienceSGD(SupervisedPlugin):
     def __init__(self, base_lr: float, milestones=(), gamma: float = 0.1):
         super().__init__()

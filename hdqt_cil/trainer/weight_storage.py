@@ -5,6 +5,8 @@ After every optimizer step each Conv2d and Linear weight (quantized by the schem
 is rounded to the nearest level of its own per-tensor scale, max|w| / (2^(bits-1) - 1), by the quantizer every
 scheme uses (`hdqt_cil.quant.quantize`); at each experience's start too, so that new layers start on the grid.
 SGD's momentum and weight decay act on these stored weights as on float ones. Biases and normalisation stay float.
+`every_parameter` (trainer.weight_update=authors): every trained parameter is stored so, biases and normalisation
+too, as the authors' optimizer does (its update itself: trainer/optim.py `sgd_settings`).
 """
 import torch
 from avalanche.core import SupervisedPlugin
@@ -19,13 +21,16 @@ def stored_weights(model: nn.Module) -> list[torch.Tensor]:
 
 
 class WeightStorage(SupervisedPlugin):
-    def __init__(self, bits: int):
+    def __init__(self, bits: int, every_parameter: bool = False):
         super().__init__()
         self.spec = QuantSpec(bits, "signed", "max", 1.0, "tensor", "nearest")
+        self.every_parameter = every_parameter
 
     @torch.no_grad()
     def store(self, model: nn.Module) -> None:
-        for weight in stored_weights(model):
+        stored = ([p for p in model.parameters() if p.requires_grad] if self.every_parameter
+                  else stored_weights(model))
+        for weight in stored:
             levels, scale = quantize(weight, self.spec)
             weight.copy_(levels * scale)
 
