@@ -46,7 +46,8 @@ def gemm_config(m: int, n: int, k: int, sat: int, count: bool, batch: int = 1) -
 # Large problems: (tile-32 saturation, counting) -> config; from the benchmark's config rows (docs/kernels.md).
 GEMM_LARGE = {(False, False): "128x128x2", (False, True): "128x128x2", (True, False): "256x128",
               (True, True): "128x128"}
-# Large block-scaled products: two float32 sums a thread fit its registers in 128 x 128 with 16 warps (no spills).
+# Large block-scaled products: a thread's float32 sums fit its registers in 128 x 128 with 16 warps; 128x128x2 and
+# 256x128 spill them under their 128-register cap.
 BLOCK_SCALED_LARGE = "128x128w"
 # Large products that clamp no tile sum, on Hopper: wgmma outruns every mma.sync tile there; the tiled modes stay
 # on mma.sync, where the clamp after each k32 product bounds both (docs/kernels.md, "wgmma").
