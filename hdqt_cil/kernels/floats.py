@@ -4,7 +4,7 @@ the values doubled, and a float32 scale per block."""
 import torch
 
 from . import runtime as rt
-from .quantize import _counter_args
+from .quantize import counter_args
 
 _THREADS = 256
 _ROW_ALIGN = 16  # the GEMM's operand rows: multiples of 16 bytes
@@ -33,6 +33,6 @@ def e2m1_quantize(t: torch.Tensor, block: int, tensor_scale: torch.Tensor | None
     with rt.on_device(t):
         rt.launch(rt.function("floats.cu", kernel, template=True), (-(-rows * blocks * block // _THREADS),),
                   (_THREADS,),
-                  (rt.ptr(x), rt.u32(rows), rt.u32(k), rt.ptr(tensor_scale), *_counter_args(counter, t.device),
+                  (rt.ptr(x), rt.u32(rows), rt.u32(k), rt.ptr(tensor_scale), *counter_args(counter, t.device),
                    rt.ptr(levels), rt.u64(width), rt.ptr(scales)))
     return levels[..., :k], scales

@@ -34,7 +34,7 @@ def _check_covered(t: torch.Tensor, spec) -> None:
         raise rt.NotCovered(f"levels up to {spec.level_bound} over a tensor of shape {tuple(t.shape)}")
 
 
-def _counter_args(counter, device: torch.device) -> tuple:
+def counter_args(counter, device: torch.device) -> tuple:
     """The kernels' (seed, role, step pointer, step) for `counter`'s key, computed on the device (the formula's one
     definition for the GPU, docs/numerics.md). A tensor step is read where it lies, so that a captured CUDA graph
     reads the layer's current step on every replay; None (nearest rounding) draws nothing."""
@@ -98,7 +98,7 @@ def _quantize_flat(x: torch.Tensor, shape, spec, counter, logn: int, moments: to
     group = n_el // groups
     stochastic = spec.rounding != "nearest"
     rounding = "log2" if stochastic and spec.grid == "log2" else spec.rounding  # quant.cu's name suffix
-    key = _counter_args(counter if stochastic else None, x.device)
+    key = counter_args(counter if stochastic else None, x.device)
     sign_mode = _SIGN_MODES[spec.signedness]
     device = x.device
     levels = rt.empty(shape, torch.int8, device)

@@ -413,28 +413,34 @@ def profile_steps(schemes: list[str], model_name: str = "resnet32") -> None:
         print_device_profile(f"two eager {model_name} {scheme} steps", lambda: (one(), one()), rows=60)
 
 
-def float_format_training_steps(steps: int) -> None:
-    """FP32's steps (eager, from CUDA graphs) and the float formats' (float_format_steps), TF32 off."""
+def tf32_off() -> None:
+    """float32 matmuls and convolutions without TF32, for every step timed after this (FP32's baseline)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+
+
+def fp32_steps(model_name: str, steps: int, **work) -> tuple[float, float]:
+    """FP32's step eagerly (its row carries `work`) and from CUDA graphs: (eager, graphed) seconds."""
+    fp32 = step_time(model_name, "fp32", "torch", steps)
+    row("step", f"{model_name} fp32 (TF32 off)", fp32, "ms", fp32 * 1e3, "ms", **work)
+    fp32_graph = step_time(model_name, "fp32", "torch", steps, path="graph")
+    row("step", f"{model_name} fp32 (TF32 off), CUDA graph", fp32_graph, "x fp32", fp32_graph / fp32, "x fp32")
+    return fp32, fp32_graph
+
+
+def float_format_training_steps(steps: int) -> None:
+    """FP32's steps and the float formats' (float_format_steps), TF32 off."""
+    tf32_off()
     for model_name in ("resnet32", "mlp"):
-        fp32 = step_time(model_name, "fp32", "torch", steps)
-        row("step", f"{model_name} fp32 (TF32 off)", fp32, "ms", fp32 * 1e3, "ms")
-        fp32_graph = step_time(model_name, "fp32", "torch", steps, path="graph")
-        row("step", f"{model_name} fp32 (TF32 off), CUDA graph", fp32_graph, "x fp32", fp32_graph / fp32, "x fp32")
-        float_format_steps(model_name, steps, fp32, fp32_graph)
+        float_format_steps(model_name, steps, *fp32_steps(model_name, steps))
 
 
 def training_steps(quick: bool):
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    tf32_off()
     for model_name in ("resnet32", "mlp"):
         steps = 10 if quick else 30
         fp32_work = step_work(model_name, "fp32", "torch")
-        fp32 = step_time(model_name, "fp32", "torch", steps)
-        row("step", f"{model_name} fp32 (TF32 off)", fp32, "ms", fp32 * 1e3, "ms", **fp32_work)
-        fp32_graph = step_time(model_name, "fp32", "torch", steps, path="graph")
-        row("step", f"{model_name} fp32 (TF32 off), CUDA graph", fp32_graph, "x fp32", fp32_graph / fp32, "x fp32")
+        fp32, fp32_graph = fp32_steps(model_name, steps, **fp32_work)
         fp32_graph_compiled = step_time(model_name, "fp32", "torch", steps, path="graph+compile")
         row("step", f"{model_name} fp32 (TF32 off), CUDA graph of the compiled step", fp32_graph_compiled, "x fp32",
             fp32_graph_compiled / fp32, "x fp32", baseline="vs fp32 CUDA graph", ratio=fp32_graph_compiled / fp32_graph)
