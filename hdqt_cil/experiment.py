@@ -184,13 +184,13 @@ class RunPlugins:
                              f"trainer.cuda_graph={t.cuda_graph} on {device}; use a CUDA device with cuda_graph "
                              f"auto or true, or trainer.compile=false")
         gpu_augment = cfg.benchmark.get("augment") and cfg.benchmark.augment_on == "gpu"
+        every_parameter = t.weight_update == "authors"  # the authors' update stores every trained parameter
         return cls(
             recorder=PredictionRecorder(bench.task_classes() if cfg.benchmark.scenario == "task" else None),
             monitor=TrainingMonitor(epoch_log_every(cfg), run_label(cfg, run_dir)),
             optimizer=PerExperienceSGD(t.lr, sgd_settings(t)[2], t.gamma), quantization=QuantizationPlugin(cfg.quant),
-            cost=CostCounter(energy_table(cfg.cost), teachers(cfg.strategy.name), t.weight_bits),
-            storage=(None if t.weight_bits is None
-                     else WeightStorage(t.weight_bits, every_parameter=t.weight_update == "authors")),
+            cost=CostCounter(energy_table(cfg.cost), teachers(cfg.strategy.name), t.weight_bits, every_parameter),
+            storage=None if t.weight_bits is None else WeightStorage(t.weight_bits, every_parameter),
             epochs=EpochCheckpoints(ExperienceCheckpoints(run_dir).root, t.checkpoint_every),
             graphs=(CudaGraphPlugin(teachers(cfg.strategy.name), t.compile) if t.cuda_graph and device.type == "cuda"
                     else None),

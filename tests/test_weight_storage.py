@@ -90,3 +90,15 @@ def test_the_authors_update_needs_stored_weights(make_cfg):
 
     with pytest.raises(ValueError, match=r"trainer.weight_update=authors .*set trainer.weight_bits"):
         validate(make_cfg("trainer.weight_update=authors"))
+
+
+def test_a_run_with_the_authors_update_counts_every_stored_parameter(make_cfg, tmp_path):
+    """Their update stores biases and normalisation at 8 bits too: the run's cost counts every trained parameter,
+    more than the weights alone, and the run trains."""
+    cfg = ("strategy=naive", "trainer.epochs=1", "trainer.device=cpu", "benchmark.n_experiences=2",
+           "trainer.weight_bits=8")
+    weights = run(make_cfg(*cfg), tmp_path / "weights")["cost"]["weights stored"]["weights"]
+    authors = run(make_cfg(*cfg, "trainer.weight_update=authors"), tmp_path / "authors")
+    assert authors["status"] == "complete"
+    stored = authors["cost"]["weights stored"]
+    assert stored["bits"] == 8 and stored["weights"] > weights > 0

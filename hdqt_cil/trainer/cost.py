@@ -26,15 +26,18 @@ PHASES = ("forward", "backward", "teacher forward")
 
 class CostCounter(SupervisedPlugin):
     """`teachers`: the strategy's plugin attributes that may hold an old model (strategies/base.py); `energy`: the
-    cost config's EnergyTable; `weight_bits`: the bits the weights are stored in between steps (None: float32)."""
-    weight_bits, weight_count = 32, 0  # what a counter restored from a checkpoint written before them holds
+    cost config's EnergyTable; `weight_bits`: the bits the weights are stored in between steps (None: float32);
+    `every_parameter`: every trained parameter is stored so (the authors' update), not only the weights."""
+    weight_bits, weight_count, every_parameter = 32, 0, False  # what a counter from an older checkpoint holds
     _paused = False
 
-    def __init__(self, energy, teachers: tuple[str, ...] = (), weight_bits: int | None = None):
+    def __init__(self, energy, teachers: tuple[str, ...] = (), weight_bits: int | None = None,
+                 every_parameter: bool = False):
         super().__init__()
         self.energy, self.teachers = energy, teachers
         self.weight_bits = 32 if weight_bits is None else weight_bits
-        self.weight_count = 0  # Conv2d / Linear weights of the model (it may grow between experiences)
+        self.every_parameter = every_parameter
+        self.weight_count = 0  # stored_weights' elements (the model may grow between experiences)
         self.shapes: dict[str, tuple] = {}  # layer name → (sample shape, whether its input needs a gradient)
         self.experiences: list[dict] = []
         self._modules: dict[str, nn.Module] = {}
@@ -90,7 +93,7 @@ class CostCounter(SupervisedPlugin):
 
     def before_training_exp(self, strategy, **kwargs):
         self._watch(strategy.model)
-        self.weight_count = sum(w.numel() for w in stored_weights(strategy.model))
+        self.weight_count = sum(w.numel() for w in stored_weights(strategy.model, self.every_parameter))
         teacher = any(isinstance(getattr(p, name, None), nn.Module) for p in strategy.plugins for name in self.teachers)
         self.experiences.append({"teacher": teacher, "training batches": Counter(), "evaluation batches": Counter(),
                                  "training": None, "layers": None})

@@ -15,8 +15,11 @@ from torch import nn
 from ..quant import QuantSpec, quantize
 
 
-def stored_weights(model: nn.Module) -> list[torch.Tensor]:
-    """The weights an integer device would store in `bits` bits: those of every Conv2d and Linear layer."""
+def stored_weights(model: nn.Module, every_parameter: bool = False) -> list[torch.Tensor]:
+    """The tensors an integer device would store in `bits` bits: every Conv2d and Linear weight, or with
+    `every_parameter` (the authors' update) every trained parameter."""
+    if every_parameter:
+        return [p for p in model.parameters() if p.requires_grad]
     return [m.weight for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
 
 
@@ -28,9 +31,7 @@ class WeightStorage(SupervisedPlugin):
 
     @torch.no_grad()
     def store(self, model: nn.Module) -> None:
-        stored = ([p for p in model.parameters() if p.requires_grad] if self.every_parameter
-                  else stored_weights(model))
-        for weight in stored:
+        for weight in stored_weights(model, self.every_parameter):
             levels, scale = quantize(weight, self.spec)
             weight.copy_(levels * scale)
 
