@@ -185,6 +185,7 @@ class RunPlugins:
                              f"auto or true, or trainer.compile=false")
         gpu_augment = cfg.benchmark.get("augment") and cfg.benchmark.augment_on == "gpu"
         every_parameter = t.weight_update == "authors"  # the authors' update stores every trained parameter
+        graphed = bool(t.cuda_graph) and device.type == "cuda"  # steps (and diagnosed batches) from CUDA graphs
         return cls(
             recorder=PredictionRecorder(bench.task_classes() if cfg.benchmark.scenario == "task" else None),
             monitor=TrainingMonitor(epoch_log_every(cfg), run_label(cfg, run_dir)),
@@ -192,12 +193,11 @@ class RunPlugins:
             cost=CostCounter(energy_table(cfg.cost), teachers(cfg.strategy.name), t.weight_bits, every_parameter),
             storage=None if t.weight_bits is None else WeightStorage(t.weight_bits, every_parameter),
             epochs=EpochCheckpoints(ExperienceCheckpoints(run_dir).root, t.checkpoint_every),
-            graphs=(CudaGraphPlugin(teachers(cfg.strategy.name), t.compile) if t.cuda_graph and device.type == "cuda"
-                    else None),
+            graphs=CudaGraphPlugin(teachers(cfg.strategy.name), t.compile) if graphed else None,
             augment=(BatchAugment(partial(augment_batch, brightness=cfg.benchmark.color_jitter)) if gpu_augment
                      else None),
             hp_replay=_higher_precision_replay(cfg),
-            diagnostics=_diagnostics(cfg))
+            diagnostics=_diagnostics(cfg, graphed))
 
     @classmethod
     def of(cls, strategy) -> "RunPlugins":
@@ -220,14 +220,15 @@ class RunPlugins:
                             self.augment, self.cost, self.diagnostics, self.hp_replay) if p is not None]
 
 
-def _diagnostics(cfg) -> GradientDiagnostics | None:
-    """The plugin of diagnostics=light and full (full: with the landscapes), or None when off."""
+def _diagnostics(cfg, graphed: bool) -> GradientDiagnostics | None:
+    """The plugin of diagnostics=light and full (full: with the landscapes; `graphed`: diagnosed batches replayed
+    from CUDA graphs, as the steps are), or None when off."""
     d = cfg.diagnostics
     if d.level == "off":
         return None
     landscape = (Landscape(d.landscape_points, d.landscape_span, d.landscape_batches) if d.level == "full"
                  else None)
-    return GradientDiagnostics(d.every, landscape, cfg.seed)
+    return GradientDiagnostics(d.every, landscape, cfg.seed, graphed)
 
 
 def _higher_precision_replay(cfg) -> HigherPrecisionReplay | None:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.utils.data import TensorDataset
 
 from hdqt_cil import kernels
@@ -321,3 +322,49 @@ def test_a_sweep_job_on_the_second_gpu_gives_the_first_gpus_results(make_cfg, tm
     torch.cuda.set_device(0)
     assert first["status"] == second["status"] == "complete"
     assert first["acc_matrix"] == second["acc_matrix"] and first["train_loss"] == second["train_loss"]
+
+
+@pytest.mark.parametrize("scheme", ["hdqt", "int4", "luq", "mxfp4", "fp32"])
+def test_diagnosed_batches_replayed_from_graphs_record_what_eager_ones_record(scheme):
+    """diagnostics on a graphed run: the copies' passes and measures replayed from CUDA graphs give the eager
+    records bit for bit (dropout masks, BatchNorm, counters, the old and new parts), and are captured again when
+    the model grows, a layer is frozen or a mode changes."""
+    from hdqt_cil.trainer.diagnostics import GradientDiagnostics, quantizer_steps
+
+    def net(classes):
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                             nn.Dropout(0.3), nn.Linear(8 * 8 * 8, classes))
+
+    torch.manual_seed(0)
+    model = quantize_model(net(4), preset(scheme)).cuda().train()
+    eager, graphed = GradientDiagnostics(1), GradientDiagnostics(1, graphed=True)
+    for plugin in (eager, graphed):
+        plugin.experiences = [{"experience": 0, "batches": 0, "layers": {}}]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    captures = []
+    for batch in range(7):
+        if batch == 4:  # a wider classifier: the model's structure and tensors change
+            wider = net(6).cuda()
+            wider.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("5.")},
+                                  strict=False)
+            model = quantize_model(wider, preset(scheme)).train()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if batch == 6:
+            model[0].weight.requires_grad_(False)
+            model[1].eval()
+        x = torch.randn(16, 3, 8, 8, device="cuda")
+        steps = quantizer_steps(model)
+        logits = model(x)
+        loss = F.cross_entropy(logits, torch.randint(0, logits.shape[1], (16,), device="cuda"))
+        g = torch.autograd.grad(loss, logits, retain_graph=True)[0]
+        old = None if batch < 2 else torch.arange(logits.shape[1], device="cuda") < 2
+        strategy = SimpleNamespace(model=model, mb_x=x, clock=SimpleNamespace(train_iterations=batch))
+        for plugin in (eager, graphed):
+            plugin._record(strategy, steps, g, old)
+        captures.append(graphed._captured)
+        np.testing.assert_equal(graphed.experiences, eager.experiences, err_msg=f"batch {batch}")
+        logits.backward(g)
+        optimizer.step()
+        optimizer.zero_grad()
+    # captured at batches 0, 2 (old classes), 4 (grown), 6 (frozen, eval); replayed at 1, 3, 5
+    assert len({id(c) for c in captures}) == 4 and sum(c.replays for c in set(captures)) == 3

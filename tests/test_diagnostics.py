@@ -45,7 +45,7 @@ def test_the_quantized_copy_replays_the_steps_own_gradients_and_the_shadow_is_pl
     logits = model(x)
     g = torch.autograd.grad(F.cross_entropy(logits, y), logits, retain_graph=True)[0]
     logits.backward(g)
-    copy_pass = _Pass(replayed(model, steps), x, seed=3)
+    copy_pass = _seeded_pass(replayed(model, steps), x, seed=3)
     got = copy_pass.backward(g)
     for name, layer in {"0": model[0], "3": model[3]}.items():
         assert torch.equal(got[name]["g_W"], layer.weight.grad), name
@@ -55,9 +55,17 @@ def test_the_quantized_copy_replays_the_steps_own_gradients_and_the_shadow_is_pl
     torch.manual_seed(3)
     reference = plain(x)
     expected = torch.autograd.grad(reference, [plain[0].weight, plain[3].weight], g)
-    shadow = _Pass(float_shadow(model), x, seed=3).backward(g)
+    shadow = _seeded_pass(float_shadow(model), x, seed=3).backward(g)
     assert torch.equal(shadow["0"]["g_W"], expected[0]) and torch.equal(shadow["3"]["g_W"], expected[1])
     assert fidelity(got["3"]["g_W"], shadow["3"]["g_W"])["cosine"] < 1
+
+
+def _seeded_pass(model, x, seed):
+    """A _Pass whose forward draws its dropout mask from `seed`, as a diagnosed batch's do."""
+    p = _Pass(model, x)
+    torch.manual_seed(seed)
+    p.forward()
+    return p
 
 
 class _Scaled(nn.Module):
@@ -71,7 +79,8 @@ def test_an_integer_batch_is_diagnosed_without_a_gradient_of_its_own():
     torch.manual_seed(0)
     model = quantize_model(nn.Sequential(_Scaled(), nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)), preset("hdqt"))
     x = torch.randint(0, 256, (4, 6), dtype=torch.uint8)
-    pass_ = _Pass(model, x, seed=0)
+    pass_ = _Pass(model, x)
+    pass_.forward()
     grads = pass_.backward(torch.randn(4, 3))
     pass_.close()
     assert "g_x" not in grads["1"] and grads["1"]["g_W"].shape == (8, 6)
@@ -109,7 +118,7 @@ def test_the_diagnosed_gradient_is_the_steps_own_when_graphs_are_captured_first(
     model = _mlp()
     plugin = GradientDiagnostics(every=1)
     recorded = []
-    monkeypatch.setattr(plugin, "_record", lambda strategy, steps, parts: recorded.append(parts["all"]))
+    monkeypatch.setattr(plugin, "_record", lambda strategy, steps, g, old: recorded.append(g))
     strategy = SimpleNamespace(is_training=True, model=model, mb_output=None, experience=SimpleNamespace(),
                                clock=SimpleNamespace(train_exp_iterations=0))
     x = torch.randn(8, 12)
@@ -163,7 +172,7 @@ def test_kept_copies_record_what_fresh_copies_record():
         strategy = SimpleNamespace(model=model, mb_x=x, clock=SimpleNamespace(train_iterations=batch))
         for plugin in (kept, fresh):
             plugin.experiences = [{"experience": 0, "batches": 0, "layers": {}}]
-            plugin._record(strategy, steps, {"all": g, "old": g * 0.5})
+            plugin._record(strategy, steps, g, torch.arange(g.shape[-1]) < 2)
         assert kept.experiences == fresh.experiences, f"batch {batch}"
         restored = pickle.loads(pickle.dumps(kept))  # a checkpoint keeps the records, not the copies
         assert restored._copies.twin is None and restored.experiences == kept.experiences

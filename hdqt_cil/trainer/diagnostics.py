@@ -15,6 +15,7 @@ epoch checkpoints, written with the run as diagnostics.json. diagnostics=full ad
 the training loss's landscape around the weights for the quantized model and its float shadow (trainer/landscape.py),
 and from the second experience on the old experiences' test loss along the same directions.
 """
+import contextlib
 import copy
 import math
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import torch
 from avalanche.core import SupervisedPlugin
 from torch import nn
 
-from ..graph_replay import is_setting_up
+from ..graph_replay import capturing_into, is_setting_up, warm_up
 from ..quant import preset, quantize_model
 from ..quant.intmm import accumulator_limit, largest_tile_sum
 from ..quant.layers import ROLE_CODES, ROLE_STRIDE, QuantLayer
@@ -80,20 +81,36 @@ def _summary_statistics(t: torch.Tensor) -> dict:
     return {"max": t.max(), "min": t.min(), "mean": t.mean(), "norm": t.norm()}
 
 
+def _tensor_leaves(tree) -> list:
+    """The 0-dim tensors of a nested dict (or list), in a fixed walk order (`_filled`'s)."""
+    leaves = []
+    _walk(tree, leaves.append)
+    return leaves
+
+
+def _filled(tree, values):
+    """`tree` with its tensor leaves replaced, in `_tensor_leaves`' order, by `values`."""
+    values = iter(values)
+    return _walk(tree, lambda _: next(values))
+
+
+def _walk(node, leaf):
+    if isinstance(node, dict):
+        return {key: _walk(value, leaf) for key, value in node.items()}
+    if isinstance(node, (list, tuple)):
+        return type(node)(_walk(value, leaf) for value in node)
+    return leaf(node) if torch.is_tensor(node) else node
+
+
+def _stacked(leaves: list) -> torch.Tensor:
+    return torch.stack([t.double() for t in leaves])
+
+
 def on_host(tree):
     """A nested dict (or list) whose leaves are 0-dim tensors (on one device) as the same of Python numbers: one
     device transfer for all of them, not a sync a value."""
-    def walk(node, leaf):
-        if isinstance(node, dict):
-            return {key: walk(value, leaf) for key, value in node.items()}
-        if isinstance(node, (list, tuple)):
-            return type(node)(walk(value, leaf) for value in node)
-        return leaf(node) if torch.is_tensor(node) else node
-
-    leaves = []
-    walk(tree, leaves.append)
-    values = iter(torch.stack([t.double() for t in leaves]).tolist() if leaves else [])
-    return walk(tree, lambda _: next(values))
+    leaves = _tensor_leaves(tree)
+    return _filled(tree, _stacked(leaves).tolist() if leaves else [])
 
 
 def _layers(model: nn.Module) -> dict:
@@ -101,8 +118,9 @@ def _layers(model: nn.Module) -> dict:
 
 
 def quantizer_steps(model: nn.Module) -> dict:
-    """Each quantized layer's step counter: what its next forward's stochastic rounding draws from."""
-    return {name: m.step for name, m in model.named_modules() if isinstance(m, QuantLayer)}
+    """Each quantized layer's step counter: what its next forward's stochastic rounding draws from (device copies:
+    read without a sync)."""
+    return {name: m.quant_step.clone() for name, m in model.named_modules() if isinstance(m, QuantLayer)}
 
 
 def replayed(model: nn.Module, steps: dict) -> nn.Module:
@@ -111,9 +129,10 @@ def replayed(model: nn.Module, steps: dict) -> nn.Module:
 
 
 def _replaying(twin: nn.Module, steps: dict) -> nn.Module:
-    for name, module in twin.named_modules():
-        if name in steps:
-            module.step = steps[name]
+    with torch.no_grad():
+        for name, module in twin.named_modules():
+            if name in steps:
+                module.quant_step.copy_(steps[name])
     return twin
 
 
@@ -126,6 +145,11 @@ def _structure(model: nn.Module) -> list:
     """What a kept copy of `model` must share with it to be refreshed by its state: modules, schemes, shapes."""
     return ([(name, type(m), getattr(m, "scheme", None)) for name, m in model.named_modules()]
             + [(name, t.shape, t.dtype, t.device) for name, t in (*model.named_parameters(), *model.named_buffers())])
+
+
+def _flags(model: nn.Module) -> tuple:
+    """What a copy takes from the model besides tensors: each module's mode and each parameter's requires_grad."""
+    return (tuple(m.training for m in model.modules()), tuple(p.requires_grad for p in model.parameters()))
 
 
 class ModelCopies:
@@ -142,19 +166,33 @@ class ModelCopies:
         if structure != self.structure:
             self.structure, self.twin, self.shadow = structure, copy.deepcopy(model), float_shadow(model)
         else:
-            state = model.state_dict()
-            for kept in (self.twin, self.shadow):
-                kept.load_state_dict({key: state[key] for key in kept.state_dict()})
-                for source, target in zip(model.modules(), kept.modules()):
-                    target.training = source.training
-                for source, target in zip(model.parameters(), kept.parameters()):
-                    target.requires_grad_(source.requires_grad)
-            kept_buffers = dict(self.twin.named_buffers())
-            with torch.no_grad():
-                for name, buffer in model.named_buffers():  # the layers' counters and largest scales too
-                    if name not in state:
-                        kept_buffers[name].copy_(buffer)
+            self.take_flags(model)
+            self.take_tensors(model)
         return _replaying(self.twin, steps), self.shadow
+
+    def take_flags(self, model: nn.Module) -> None:
+        modes, requires_grad = _flags(model)
+        for kept in (self.twin, self.shadow):
+            for module, training in zip(kept.modules(), modes):
+                module.training = training
+            for p, needed in zip(kept.parameters(), requires_grad):
+                p.requires_grad_(needed)
+
+    def sources(self, model: nn.Module) -> tuple[list, list]:
+        """(the model's tensors, the copies' tensors they are copied into): the twin takes every parameter and
+        buffer (the layers' counters and largest scales too), the shadow its own state's."""
+        named = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        twin = {**dict(self.twin.named_parameters()), **dict(self.twin.named_buffers())}
+        pairs = [(named[name], t) for name, t in twin.items()]
+        pairs += [(named[name], t) for name, t in self.shadow.state_dict(keep_vars=True).items()]
+        return [s.detach() for s, _ in pairs], [t.detach() for _, t in pairs]
+
+    def take_tensors(self, model: nn.Module) -> None:
+        """The copies' tensors set to the model's in place (launches only: no sync, and a CUDA graph may hold
+        them)."""
+        sources, targets = self.sources(model)
+        with torch.no_grad():
+            torch._foreach_copy_(targets, sources)
 
 
 class QuantizerWatch:
@@ -254,20 +292,32 @@ def watched(model: nn.Module) -> dict:
     return watches
 
 
-class _Pass:
-    """One backward of G through a model copy: each layer's g_x, grad_output (hooks) and g_W."""
+@contextlib.contextmanager
+def _seeded(seed: int, device: torch.device):
+    """torch's random streams from `seed` for a while, the run's own put back after (the copies' dropout masks)."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
 
-    def __init__(self, model: nn.Module, x: torch.Tensor, seed: int):
+
+class _Pass:
+    """One forward of a batch through a model copy and backwards of G from its logits: each layer's input, g_x,
+    grad_output (hooks) and g_W. The forward runs on leaf aliases of the copy's parameters (same storage), fresh
+    for each pass: autograd nodes made on one stream (an eager pass) stay out of a CUDA-graph capture on another."""
+
+    def __init__(self, model: nn.Module, x: torch.Tensor):
         self.model, self.layers = model, _layers(model)
         self.inputs, self.grads, self.hooks = {}, {}, []
         for name, layer in self.layers.items():
             self.hooks.append(layer.register_forward_hook(self._forward(name)))
             self.hooks.append(layer.register_full_backward_hook(self._backward(name)))
-        with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            # an integer batch (images augmented on the GPU, normalised in the model) has no gradient of its own
-            self.x = x.detach().requires_grad_(x.is_floating_point())
-            self.logits = model(self.x)
+        # an integer batch (images augmented on the GPU, normalised in the model) has no gradient of its own
+        self.x = x.detach().requires_grad_(x.is_floating_point())
+        self.params, self.logits = None, None
+
+    def forward(self) -> None:
+        self.params = {name: p.detach().requires_grad_(p.requires_grad) for name, p in self.model.named_parameters()}
+        self.logits = torch.func.functional_call(self.model, self.params, (self.x,))
 
     def _forward(self, name):
         def hook(module, inputs, output):
@@ -284,11 +334,12 @@ class _Pass:
     def backward(self, g: torch.Tensor) -> dict:
         """{layer: {g_W, g_x, grad_output, input}} of G = g."""
         self.grads = {}
-        trained = {name: layer for name, layer in self.layers.items() if layer.weight.requires_grad}  # not frozen
+        weights = {name: self.params[f"{name}.weight"] for name in self.layers}
+        trained = {name: w for name, w in weights.items() if w.requires_grad}  # not frozen
         # the input among the differentiated tensors: the first layer's g_x is on no weight's path
         inputs = [self.x] if self.x.requires_grad else []
-        grads = torch.autograd.grad(self.logits, [layer.weight for layer in trained.values()] + inputs, g,
-                                    retain_graph=True, allow_unused=True)
+        grads = torch.autograd.grad(self.logits, list(trained.values()) + inputs, g, retain_graph=True,
+                                    allow_unused=True)
         g_weights = dict(zip(trained, grads))
         out = {}
         for name in self.layers:
@@ -305,17 +356,137 @@ class _Pass:
             hook.remove()
 
 
+def _parts(g: torch.Tensor, old: torch.Tensor | None) -> dict:
+    """G whole and, once old classes exist (`old`: a mask over the logits), restricted to the old and the new."""
+    return {"all": g} if old is None else {"all": g, "old": g * old, "new": g * ~old}
+
+
+class _Diagnosis:
+    """A diagnosed batch through the quantized copy (its quantizers watched) and the float shadow: `forwards`,
+    each under the batch's seed so that both draw the same dropout masks, then `measures` of G's parts as a tree
+    of 0-dim device tensors (nothing read back: a CUDA graph may capture it)."""
+
+    def __init__(self, quantized: nn.Module, shadow: nn.Module, x: torch.Tensor):
+        self.quantized = quantized
+        self.watches = watched(quantized)
+        self.passes = [_Pass(model, x) for model in (quantized, shadow)]
+
+    def measures(self, g: torch.Tensor, old: torch.Tensor | None) -> dict:
+        grads = {}
+        for part, g_part in _parts(g, old).items():  # "all" first: the watches record its backward alone
+            grads[part] = [p.backward(g_part) for p in self.passes]
+            for watch in self.watches.values():
+                watch.recording = False
+        measured = {"watches": {name: watch.counts() for name, watch in self.watches.items()}, "layers": {}}
+        for name, module in self.passes[0].layers.items():
+            layer = measured["layers"][name] = {kind: {} for kind in GRADIENTS}
+            for part, (q, f) in grads.items():
+                for kind in GRADIENTS:
+                    if kind in q[name] and kind in f[name]:
+                        layer[kind][part] = _fidelity(q[name][kind], f[name][kind])
+            q = grads["all"][0][name]
+            stats = {"weight": module.weight.detach(), **q}
+            layer["stats"] = {role: _summary_statistics(stats[role]) for role in ROLES if role in stats}
+        return measured
+
+    def close(self) -> None:
+        for p in self.passes:
+            p.close()
+        for module in self.quantized.modules():
+            if isinstance(module, QuantLayer):
+                module.ops_watch = None
+
+
+def _measured(quantized: nn.Module, shadow: nn.Module, x: torch.Tensor, g: torch.Tensor, old, seed: int) -> dict:
+    """A diagnosed batch's measures run eagerly, on the device (on_host reads them)."""
+    diagnosis = _Diagnosis(quantized, shadow, x)
+    try:
+        for p in diagnosis.passes:
+            with _seeded(seed, x.device):
+                p.forward()
+        return diagnosis.measures(g, old)
+    finally:
+        diagnosis.close()
+
+
+class CapturedDiagnosis:
+    """A diagnosed batch's copies, passes and measures replayed from CUDA graphs (a run whose steps are: an eager
+    diagnosis of a quantized ResNet is bound by the host's launches, several times a replayed step).
+
+    Three graphs share a pool: the quantized copy's forward (its tensors taken from the model's, its counters from
+    the step's, as ModelCopies does eagerly), the shadow's forward (each replayed under the batch's seed, as the
+    eager forwards draw), then every backward and measure into one static vector. They are captured on the first
+    diagnosed batch of a kind (`key`: the input's shape, old classes or not, the model's structure, modes, frozen
+    parameters and the addresses of its tensors, which the graphs read), after an eager diagnosis of that batch
+    (which is its record and the warm-up); the same records as the eager path, bit for bit."""
+
+    def __init__(self, copies: ModelCopies, model: nn.Module, steps: dict, x: torch.Tensor, g: torch.Tensor,
+                 old, seed: int):
+        self.key = self.key_of(model, x, old)
+        quantized, shadow = copies.at(model, steps)
+        self.record = None
+
+        def eager():
+            self.record = on_host(_measured(quantized, shadow, x, g, old, seed))
+        warm_up(eager, 1)
+        self.sources, self.targets = copies.sources(model)
+        self.steps = {name: t.clone() for name, t in steps.items()}
+        self.x, self.g = x.clone(), g.clone()
+        self.old = None if old is None else old.clone()
+        diagnosis = _Diagnosis(quantized, shadow, self.x)
+        self.graphs = [torch.cuda.CUDAGraph() for _ in range(3)]
+        pool = torch.cuda.graph_pool_handle()
+        try:
+            for graph, p in zip(self.graphs, diagnosis.passes):
+                with _seeded(seed, x.device), capturing_into(graph, pool):
+                    if p is diagnosis.passes[0]:
+                        with torch.no_grad():
+                            torch._foreach_copy_(self.targets, self.sources)
+                        _replaying(quantized, self.steps)
+                    p.forward()
+            with capturing_into(self.graphs[2], pool):
+                measured = diagnosis.measures(self.g, self.old)
+                leaves = _tensor_leaves(measured)
+                self.values = _stacked(leaves)
+        finally:
+            diagnosis.close()
+        self.template, self.replays = measured, 0
+
+    @staticmethod
+    def key_of(model: nn.Module, x: torch.Tensor, old) -> tuple:
+        addresses = tuple(t.data_ptr() for t in (*model.parameters(), *model.buffers()))
+        return (tuple(x.shape), x.dtype, x.device, old is None, tuple(_structure(model)), _flags(model), addresses)
+
+    def __call__(self, model: nn.Module, steps: dict, x: torch.Tensor, g: torch.Tensor, old, seed: int) -> dict:
+        """The measures of a diagnosed batch of this graph's key, on the host."""
+        with torch.no_grad():
+            torch._foreach_copy_([*self.steps.values(), self.x, self.g], [*(steps[n] for n in self.steps), x, g])
+            if old is not None:
+                self.old.copy_(old)
+        for i, graph in enumerate(self.graphs):
+            if i < 2:
+                with _seeded(seed, x.device):
+                    graph.replay()
+            else:
+                graph.replay()
+        self.replays += 1
+        return _filled(self.template, self.values.tolist())
+
+
 class GradientDiagnostics(SupervisedPlugin):
     """The plugin of diagnostics=light and full (module docstring): `experiences` holds one record per trained
     experience."""
     landscape: Landscape | None = None  # a plugin restored from a checkpoint written before full existed: light
 
-    def __init__(self, every: int = 50, landscape: Landscape | None = None, seed: int = 0):
+    graphed = False  # a plugin restored from a checkpoint written before graphed diagnoses existed: eager
+
+    def __init__(self, every: int = 50, landscape: Landscape | None = None, seed: int = 0, graphed: bool = False):
         super().__init__()
-        self.every, self.landscape, self.seed = every, landscape, seed
+        self.every, self.landscape, self.seed, self.graphed = every, landscape, seed, graphed
         self.experiences: list[dict] = []
         self.old_tests: list | None = None  # the test sets by experience (the run sets them; not checkpointed)
         self._copies = ModelCopies()
+        self._captured: CapturedDiagnosis | None = None  # with `graphed`, on a CUDA device
         self._steps: dict | None = None
         self._g: torch.Tensor | None = None
         self._output_hook = None
@@ -326,12 +497,12 @@ class GradientDiagnostics(SupervisedPlugin):
         self.experiences.append({"experience": k, "batches": 0, "layers": {}})
 
     def __getstate__(self):
-        """A checkpoint keeps the records, not the kept model copies or the test sets."""
-        return {**self.__dict__, "_copies": None, "old_tests": None}
+        """A checkpoint keeps the records, not the kept model copies, their graphs or the test sets."""
+        return {**self.__dict__, "_copies": None, "_captured": None, "old_tests": None}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._copies, self.old_tests = ModelCopies(), None
+        self._copies, self._captured, self.old_tests = ModelCopies(), None, None
 
     def epoch_state(self) -> list:
         """What an epoch checkpoint keeps of this plugin (trainer/checkpoint.py): the records so far."""
@@ -345,6 +516,7 @@ class GradientDiagnostics(SupervisedPlugin):
         directions (drawn from the run's seed and the experience), on the experience's first training batches
         (in their evaluation transform); from the second experience on, also on batches drawn at random (by the
         seed and the experience) from the earlier experiences' test sets."""
+        self._captured = None  # the next experience's model is another: its graphs' memory goes back
         if self.landscape is None:
             return
         spec, k = self.landscape, self.experiences[-1]["experience"]
@@ -399,43 +571,30 @@ class GradientDiagnostics(SupervisedPlugin):
             self._steps = None
             return
         steps, g, self._steps, self._g = self._steps, self._g, None, None
-        parts = {"all": g}
         old = [c for c in getattr(strategy.experience, "previous_classes", None) or [] if c < g.shape[-1]]
+        mask = None
         if old:
             mask = torch.zeros(g.shape[-1], dtype=torch.bool, device=g.device)
             mask[old] = True
-            parts.update(old=g * mask, new=g * ~mask)
-        self._record(strategy, steps, parts)
+        self._record(strategy, steps, g, mask)
 
-    def _record(self, strategy, steps: dict, parts: dict) -> None:
-        """The diagnosed batch's measures, computed on the device and read back in one transfer."""
-        seed = strategy.clock.train_iterations
-        quantized, shadow = self._copies.at(strategy.model, steps)
-        watches = watched(quantized)
-        passes = [_Pass(model, strategy.mb_x, seed) for model in (quantized, shadow)]
-        grads = {}
-        try:
-            for part, g in parts.items():  # "all" first: the watches record its backward alone
-                grads[part] = [p.backward(g) for p in passes]
-                for watch in watches.values():
-                    watch.recording = False
-        finally:
-            for p in passes:
-                p.close()
-            for module in quantized.modules():
-                if isinstance(module, QuantLayer):
-                    module.ops_watch = None
-        measured = {"watches": {name: watch.counts() for name, watch in watches.items()}, "layers": {}}
-        for name in passes[0].layers:
-            layer = measured["layers"][name] = {kind: {} for kind in GRADIENTS}
-            for part, (q, f) in grads.items():
-                for kind in GRADIENTS:
-                    if kind in q[name] and kind in f[name]:
-                        layer[kind][part] = _fidelity(q[name][kind], f[name][kind])
-            q = grads["all"][0][name]
-            stats = {"weight": passes[0].layers[name].weight.detach(), **q}
-            layer["stats"] = {role: _summary_statistics(stats[role]) for role in ROLES if role in stats}
-        measured = on_host(measured)
+    def _record(self, strategy, steps: dict, g: torch.Tensor, old: torch.Tensor | None) -> None:
+        """The diagnosed batch's measures, computed on the device and read back in one transfer; from CUDA graphs
+        where the run's steps are (`graphed`) and the batch is on a GPU."""
+        seed, model, x = strategy.clock.train_iterations, strategy.model, strategy.mb_x
+        if not (self.graphed and x.is_cuda):
+            quantized, shadow = self._copies.at(model, steps)
+            measured = on_host(_measured(quantized, shadow, x, g, old, seed))
+        elif self._captured is not None and self._captured.key == CapturedDiagnosis.key_of(model, x, old):
+            measured = self._captured(model, steps, x, g, old, seed)
+        else:
+            self._captured = None  # released before the next capture takes its memory
+            self._captured = CapturedDiagnosis(self._copies, model, steps, x, g, old, seed)
+            measured = self._captured.record
+        self._fold(measured)
+
+    def _fold(self, measured: dict) -> None:
+        """A diagnosed batch's measures (on the host) into the experience's means."""
         record = self.experiences[-1]
         record["batches"] += 1
         n = record["batches"]
