@@ -1080,3 +1080,29 @@ def test_block_scaled_layers_equal_the_reference(scheme, monkeypatch):
         for got, reference in zip(outputs["auto"], outputs["torch"]):
             assert_same(got, reference, f"{scheme} {shape}")
     assert len(launches) == 6  # three products a layer
+
+
+@pytest.mark.parametrize("n", [1, 255, 4097, 70_001, 2_500_000])
+def test_the_diagnostics_measures_agree_with_torchs_float64_ones(n):
+    """kernels.fidelity and moments against diagnostics' torch measures (float64 sums in another order: agreement
+    to rounding), with zeros in both operands (signs, an all-zero q) and the same bits on a second launch."""
+    from hdqt_cil.trainer.diagnostics import _fidelity, _summary_statistics
+
+    g = gen(n)
+    f = torch.randn(n, device="cuda", generator=g)
+    f[torch.rand(n, device="cuda", generator=g) < 0.2] = 0
+    q = f + 0.5 * torch.randn(n, device="cuda", generator=g)
+    q[torch.rand(n, device="cuda", generator=g) < 0.1] = 0
+    for a, b in ((q, f), (torch.zeros_like(q), f), (q, torch.zeros_like(f))):
+        got = kernels.fidelity(a, b)
+        assert torch.equal(got, kernels.fidelity(a, b))
+        reference = _fidelity(a.cpu(), b.cpu())
+        expected = torch.stack([reference[m] for m in ("cosine", "rel_error", "sign")]).to(got)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-15, equal_nan=True)
+    got = kernels.moments(q)
+    expected = torch.stack(list(_summary_statistics(q.cpu()).values())).to(got)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-15)
+    q[n // 2] = float("nan")
+    assert kernels.moments(q)[:2].isnan().all()  # a NaN wins the max and the min, as torch's
+    with pytest.raises(kernels.NotCovered):
+        kernels.moments(q.double())

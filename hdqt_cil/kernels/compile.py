@@ -114,7 +114,8 @@ SOURCES = {"quant.cu": QUANT_KERNELS, "intmm.cu": ALL_GEMM_EXPRESSIONS,
            + ("col2im_f32", "col2im_f32_unit")
            + tuple(f"col2im_int_matmul_{o}_c{cpt}{unit}" for o in COL2IM_PRODUCT_WIDTHS for cpt in (1, 4)
                    for unit in ("", "_unit")),
-           "floats.cu": E2M1_KERNELS}
+           "floats.cu": E2M1_KERNELS,
+           "measures.cu": ("fidelity_partials", "fidelity_final", "moment_partials", "moment_final")}
 # IEEE single precision throughout: no contraction into FMA, no flush of subnormals, correctly rounded division.
 # (CuPy's own RawModule appends -ftz=true to every compile, which flushes subnormal inputs and maxima: these
 # sources are therefore compiled here with NVRTC directly and only loaded through CuPy.)
@@ -175,7 +176,7 @@ def module_key(name: str, expressions: tuple[str, ...], arch: str) -> str:
 
 
 # The modules shipped compiled (prebuilt/<arch>.tar.xz, made by `python -m hdqt_cil.kernels.build`): every GEMM
-# variant as a module of its own, quant.cu and im2col.cu whole.
+# variant as a module of its own, quant.cu, im2col.cu and measures.cu whole.
 SUPPORTED_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 PREBUILT_DIR = HERE / "prebuilt"
 
@@ -185,7 +186,7 @@ def shipped_modules(arch: str) -> list[tuple[str, tuple[str, ...]]]:
     instantiation is a module of its own (runtime.function), the extern "C" kernels of a source one together."""
     gemms = [e for e in ALL_GEMM_EXPRESSIONS if arch == "sm_90" or e not in WGMMA_EXPRESSIONS]
     return ([("intmm.cu", (e,)) for e in gemms] + [("floats.cu", (e,)) for e in E2M1_KERNELS]
-            + [(n, SOURCES[n]) for n in ("quant.cu", "im2col.cu")])
+            + [(n, SOURCES[n]) for n in ("quant.cu", "im2col.cu", "measures.cu")])
 
 
 def prebuilt_path(arch: str) -> Path:

@@ -24,6 +24,7 @@ import torch
 from avalanche.core import SupervisedPlugin
 from torch import nn
 
+from .. import kernels
 from ..graph_replay import capturing_into, is_setting_up, warm_up
 from ..quant import preset, quantize_model
 from ..quant.intmm import accumulator_limit, largest_tile_sum
@@ -59,8 +60,16 @@ class Landscape:
     batches: int
 
 
+def _on_kernels(*tensors: torch.Tensor) -> bool:
+    """Whether the measures of `tensors` run as the kernels' two launches (float32 on a GPU with the kernels)
+    rather than torch's chain of about twenty ops: the diagnosis of a ResNet-32 batch takes thousands."""
+    return all(t.is_cuda and t.dtype == torch.float32 and t.numel() for t in tensors) and kernels.available()
+
+
 def _fidelity(quantized: torch.Tensor, reference: torch.Tensor) -> dict:
     """fidelity's measures as float64 0-dim tensors on the gradients' device (no sync)."""
+    if _on_kernels(quantized, reference):
+        return dict(zip(("cosine", "rel_error", "sign"), kernels.fidelity(quantized, reference).unbind()))
     q, f = quantized.double().reshape(-1), reference.double().reshape(-1)
     norm, q_norm = f.norm(), q.norm()
     nonzero = f != 0
@@ -77,6 +86,8 @@ def fidelity(quantized: torch.Tensor, reference: torch.Tensor) -> dict:
 
 
 def _summary_statistics(t: torch.Tensor) -> dict:
+    if _on_kernels(t):
+        return dict(zip(("max", "min", "mean", "norm"), kernels.moments(t).unbind()))
     t = t.double()
     return {"max": t.max(), "min": t.min(), "mean": t.mean(), "norm": t.norm()}
 
@@ -411,14 +422,16 @@ def _measured(quantized: nn.Module, shadow: nn.Module, x: torch.Tensor, g: torch
 
 class CapturedDiagnosis:
     """A diagnosed batch's copies, passes and measures replayed from CUDA graphs (a run whose steps are: an eager
-    diagnosis of a quantized ResNet is bound by the host's launches, several times a replayed step).
+    diagnosis of a quantized ResNet is bound by the host's launches, several times a replayed step), beside the
+    training that goes on.
 
-    Three graphs share a pool: the quantized copy's forward (its tensors taken from the model's, its counters from
-    the step's, as ModelCopies does eagerly), the shadow's forward (each replayed under the batch's seed, as the
-    eager forwards draw), then every backward and measure into one static vector. They are captured on the first
-    diagnosed batch of a kind (`key`: the input's shape, old classes or not, the model's structure, modes, frozen
-    parameters and the addresses of its tensors, which the graphs read), after an eager diagnosis of that batch
-    (which is its record and the warm-up); the same records as the eager path, bit for bit."""
+    Four graphs share a pool: the copies take the model's tensors and the step's counters (as ModelCopies does
+    eagerly), on the run's stream, so that the next update waits for nothing more; then on a stream of their own,
+    overlapping the next steps, the quantized copy's forward and the shadow's (each replayed under the batch's seed,
+    as the eager forwards draw) and every backward and measure into one static vector, read back by `collect`. They
+    are captured on the first diagnosed batch of a kind (`key`: the input's shape, old classes or not, the model's
+    structure, modes, frozen parameters and the addresses of its tensors, which the graphs read), after an eager
+    diagnosis of that batch (its record, and the warm-up); the same records as the eager path, bit for bit."""
 
     def __init__(self, copies: ModelCopies, model: nn.Module, steps: dict, x: torch.Tensor, g: torch.Tensor,
                  old, seed: int):
@@ -429,48 +442,64 @@ class CapturedDiagnosis:
         def eager():
             self.record = on_host(_measured(quantized, shadow, x, g, old, seed))
         warm_up(eager, 1)
-        self.sources, self.targets = copies.sources(model)
+        sources, targets = copies.sources(model)
         self.steps = {name: t.clone() for name, t in steps.items()}
         self.x, self.g = x.clone(), g.clone()
         self.old = None if old is None else old.clone()
         diagnosis = _Diagnosis(quantized, shadow, self.x)
-        self.graphs = [torch.cuda.CUDAGraph() for _ in range(3)]
+        self.take, *self.passes = (torch.cuda.CUDAGraph() for _ in range(3))
+        self.measure = torch.cuda.CUDAGraph()
         pool = torch.cuda.graph_pool_handle()
         try:
-            for graph, p in zip(self.graphs, diagnosis.passes):
+            with capturing_into(self.take, pool), torch.no_grad():
+                torch._foreach_copy_(targets, sources)
+                _replaying(quantized, self.steps)
+            for graph, p in zip(self.passes, diagnosis.passes):
                 with _seeded(seed, x.device), capturing_into(graph, pool):
-                    if p is diagnosis.passes[0]:
-                        with torch.no_grad():
-                            torch._foreach_copy_(self.targets, self.sources)
-                        _replaying(quantized, self.steps)
                     p.forward()
-            with capturing_into(self.graphs[2], pool):
+            with capturing_into(self.measure, pool):
                 measured = diagnosis.measures(self.g, self.old)
-                leaves = _tensor_leaves(measured)
-                self.values = _stacked(leaves)
+                self.values = _stacked(_tensor_leaves(measured))
         finally:
             diagnosis.close()
         self.template, self.replays = measured, 0
+        self.stream, self.pending = torch.cuda.Stream(x.device), False
 
     @staticmethod
     def key_of(model: nn.Module, x: torch.Tensor, old) -> tuple:
         addresses = tuple(t.data_ptr() for t in (*model.parameters(), *model.buffers()))
         return (tuple(x.shape), x.dtype, x.device, old is None, tuple(_structure(model)), _flags(model), addresses)
 
-    def __call__(self, model: nn.Module, steps: dict, x: torch.Tensor, g: torch.Tensor, old, seed: int) -> dict:
-        """The measures of a diagnosed batch of this graph's key, on the host."""
+    def start(self, model: nn.Module, steps: dict, x: torch.Tensor, g: torch.Tensor, old, seed: int) -> None:
+        """Diagnose a batch of this graph's key: the copies take the model's state now, the rest runs on the
+        graphs' own stream (`collect` reads it; a batch started before must have been collected)."""
+        if self.pending:
+            raise RuntimeError("a diagnosed batch's measures are still to be collected")
+        run = torch.cuda.current_stream(x.device)
+        run.wait_stream(self.stream)  # the previous batch's passes read what is overwritten now
         with torch.no_grad():
             torch._foreach_copy_([*self.steps.values(), self.x, self.g], [*(steps[n] for n in self.steps), x, g])
             if old is not None:
                 self.old.copy_(old)
-        for i, graph in enumerate(self.graphs):
-            if i < 2:
+        self.take.replay()
+        self.stream.wait_stream(run)
+        with torch.cuda.stream(self.stream):
+            for graph in self.passes:
                 with _seeded(seed, x.device):
                     graph.replay()
-            else:
-                graph.replay()
+            self.measure.replay()
         self.replays += 1
-        return _filled(self.template, self.values.tolist())
+        self.pending = True
+
+    def collect(self) -> dict | None:
+        """The measures of the batch started last, on the host (None if none is pending): waits for its graphs
+        alone, not for the run's stream."""
+        if not self.pending:
+            return None
+        with torch.cuda.stream(self.stream):
+            values = self.values.cpu().tolist()
+        self.pending = False
+        return _filled(self.template, values)
 
 
 class GradientDiagnostics(SupervisedPlugin):
@@ -497,7 +526,9 @@ class GradientDiagnostics(SupervisedPlugin):
         self.experiences.append({"experience": k, "batches": 0, "layers": {}})
 
     def __getstate__(self):
-        """A checkpoint keeps the records, not the kept model copies, their graphs or the test sets."""
+        """A checkpoint keeps the records (a batch still being diagnosed collected first), not the kept model
+        copies, their graphs or the test sets."""
+        self._collect()
         return {**self.__dict__, "_copies": None, "_captured": None, "old_tests": None}
 
     def __setstate__(self, state):
@@ -506,6 +537,7 @@ class GradientDiagnostics(SupervisedPlugin):
 
     def epoch_state(self) -> list:
         """What an epoch checkpoint keeps of this plugin (trainer/checkpoint.py): the records so far."""
+        self._collect()
         return copy.deepcopy(self.experiences)
 
     def load_epoch_state(self, state: list) -> None:
@@ -516,6 +548,7 @@ class GradientDiagnostics(SupervisedPlugin):
         directions (drawn from the run's seed and the experience), on the experience's first training batches
         (in their evaluation transform); from the second experience on, also on batches drawn at random (by the
         seed and the experience) from the earlier experiences' test sets."""
+        self._collect()
         self._captured = None  # the next experience's model is another: its graphs' memory goes back
         if self.landscape is None:
             return
@@ -580,18 +613,29 @@ class GradientDiagnostics(SupervisedPlugin):
 
     def _record(self, strategy, steps: dict, g: torch.Tensor, old: torch.Tensor | None) -> None:
         """The diagnosed batch's measures, computed on the device and read back in one transfer; from CUDA graphs
-        where the run's steps are (`graphed`) and the batch is on a GPU."""
+        where the run's steps are (`graphed`) and the batch is on a GPU, beside the next steps."""
         seed, model, x = strategy.clock.train_iterations, strategy.model, strategy.mb_x
         if not (self.graphed and x.is_cuda):
             quantized, shadow = self._copies.at(model, steps)
             measured = on_host(_measured(quantized, shadow, x, g, old, seed))
-        elif self._captured is not None and self._captured.key == CapturedDiagnosis.key_of(model, x, old):
-            measured = self._captured(model, steps, x, g, old, seed)
         else:
+            self._collect()
+            if self._captured is not None and self._captured.key == CapturedDiagnosis.key_of(model, x, old):
+                self._captured.start(model, steps, x, g, old, seed)  # collected at the next batch or epoch end
+                return
             self._captured = None  # released before the next capture takes its memory
             self._captured = CapturedDiagnosis(self._copies, model, steps, x, g, old, seed)
             measured = self._captured.record
         self._fold(measured)
+
+    def after_training_epoch(self, strategy, **kwargs):
+        self._collect()
+
+    def _collect(self) -> None:
+        """The measures of a batch still running on the diagnosis graphs' stream, into the experience's record."""
+        measured = None if self._captured is None else self._captured.collect()
+        if measured is not None:
+            self._fold(measured)
 
     def _fold(self, measured: dict) -> None:
         """A diagnosed batch's measures (on the host) into the experience's means."""

@@ -1,0 +1,56 @@
+"""The diagnostics' measures of float32 CUDA tensors (measures.cu), two launches each where torch's ops take about
+twenty: trainer/diagnostics.py's fidelity of a gradient against its float reference and its moments, with float64
+sums in an order fixed by the size (the same bits on every run; torch's reference agrees to rounding)."""
+import torch
+
+from . import runtime as rt
+
+_THREADS = 256
+_PER_THREAD = 16  # elements a thread sums at least, before the grid stops growing
+_MAX_BLOCKS = 512  # the partials one block combines; a function of n alone, never of the GPU
+
+
+def _blocks(n: int) -> int:
+    return max(1, min(_MAX_BLOCKS, -(-n // (_THREADS * _PER_THREAD))))
+
+
+def _operand(t: torch.Tensor) -> torch.Tensor:
+    rt.require_cuda(t)
+    if t.dtype != torch.float32:
+        raise rt.NotCovered(f"a {t.dtype} tensor (the measures read float32)")
+    if t.numel() == 0:
+        raise rt.NotCovered("an empty tensor")
+    return t.contiguous()
+
+
+def fidelity(q: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """float64 (3,): cosine similarity, relative L2 error |q - f| / |f| and sign agreement (where f is not zero) of
+    q against the reference f (same number of elements); cosine 0 where q is all zero, all NaN where f is."""
+    q, f = _operand(q), _operand(f)
+    if q.numel() != f.numel():
+        raise ValueError(f"fidelity of {q.numel()} values against {f.numel()}")
+    n = q.numel()
+    blocks = _blocks(n)
+    partials = rt.empty((blocks, 6), torch.float64, q.device)
+    out = rt.empty((3,), torch.float64, q.device)
+    with rt.on_device(q):
+        rt.launch(rt.function("measures.cu", "fidelity_partials"), (blocks,), (_THREADS,),
+                  (rt.ptr(q), rt.ptr(f), rt.u64(n), rt.ptr(partials)))
+        rt.launch(rt.function("measures.cu", "fidelity_final"), (1,), (_THREADS,),
+                  (rt.ptr(partials), rt.u32(blocks), rt.ptr(out)))
+    return out
+
+
+def moments(t: torch.Tensor) -> torch.Tensor:
+    """float64 (4,): max, min (a NaN propagates), mean and L2 norm of t's values."""
+    t = _operand(t)
+    n = t.numel()
+    blocks = _blocks(n)
+    partials = rt.empty((blocks, 4), torch.float64, t.device)
+    out = rt.empty((4,), torch.float64, t.device)
+    with rt.on_device(t):
+        rt.launch(rt.function("measures.cu", "moment_partials"), (blocks,), (_THREADS,),
+                  (rt.ptr(t), rt.u64(n), rt.ptr(partials)))
+        rt.launch(rt.function("measures.cu", "moment_final"), (1,), (_THREADS,),
+                  (rt.ptr(partials), rt.u32(blocks), rt.u64(n), rt.ptr(out)))
+    return out
