@@ -1095,13 +1095,19 @@ def test_the_diagnostics_measures_agree_with_torchs_float64_ones(n):
     q[torch.rand(n, device="cuda", generator=g) < 0.1] = 0
     for a, b in ((q, f), (torch.zeros_like(q), f), (q, torch.zeros_like(f))):
         got = kernels.fidelity(a, b)
-        assert torch.equal(got, kernels.fidelity(a, b))
+        assert torch.equal(got.view(torch.int64), kernels.fidelity(a, b).view(torch.int64))  # NaN bits too
         reference = _fidelity(a.cpu(), b.cpu())
         expected = torch.stack([reference[m] for m in ("cosine", "rel_error", "sign")]).to(got)
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-15, equal_nan=True)
     got = kernels.moments(q)
     expected = torch.stack(list(_summary_statistics(q.cpu()).values())).to(got)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-15)
+    levels = torch.randint(-2, 3, (n,), device="cuda", generator=g, dtype=torch.int8)
+    for values in (levels, levels.float()):
+        counts = torch.tensor([1.0, 2.0], dtype=torch.float64, device="cuda")
+        kernels.count_zero_levels(q, values, counts)
+        nonzero = q != 0
+        assert counts.tolist() == [1 + (nonzero & (values == 0)).sum().item(), 2 + nonzero.sum().item()]
     q[n // 2] = float("nan")
     assert kernels.moments(q)[:2].isnan().all()  # a NaN wins the max and the min, as torch's
     with pytest.raises(kernels.NotCovered):

@@ -20,6 +20,7 @@ One module a primitive, as in `hdqt_cil.quant`, over a small runtime:
     im2col.py     im2col(x, ..., columns, out_size), col2im(rows, x_shape, ..., out_size, keep)
                   col2im_int_matmul(a, b, scales, ..., x_shape, ...) -> col2im of the scaled product, fused
     measures.py   fidelity(q, f), moments(t)             -> the diagnostics' measures, float64 (3,) and (4,)
+                  count_zero_levels(t, levels, counts)   -> counts += (nonzero values at level 0, nonzero values)
     runtime.py    available(), loading and launching, buffers; NotCovered
     compile.py    the sources, NVRTC, the prebuilt bundles and the machine's kernel cache (build.py makes them)
 
@@ -34,11 +35,12 @@ from .hadamard import MAX_HADAMARD_BLOCK, block_hadamard, hla_compress
 from .compile import BLOCK_SCALED_SAT, COL2IM_PRODUCT_WIDTHS
 from .im2col import col2im, col2im_int_matmul, im2col
 from .intmm import block_scaled_matmul, scaled_int_matmul, sum_entries, tiled_int_matmul
-from .measures import fidelity, moments
+from .measures import count_zero_levels, fidelity, moments
 from .quantize import Stats, advance_step, forward_quantize, hadamard_quantize, quantize
 from .runtime import NotCovered, available, unavailable_reason
 
 __all__ = ["available", "unavailable_reason", "NotCovered", "quantize", "forward_quantize", "Stats", "advance_step",
            "hadamard_quantize", "block_hadamard", "hla_compress", "tiled_int_matmul", "scaled_int_matmul",
            "sum_entries", "block_scaled_matmul", "BLOCK_SCALED_SAT", "e2m1_quantize", "im2col", "col2im",
-           "col2im_int_matmul", "COL2IM_PRODUCT_WIDTHS", "MAX_HADAMARD_BLOCK", "fidelity", "moments"]
+           "col2im_int_matmul", "COL2IM_PRODUCT_WIDTHS", "MAX_HADAMARD_BLOCK", "fidelity", "moments",
+           "count_zero_levels"]

@@ -115,7 +115,8 @@ SOURCES = {"quant.cu": QUANT_KERNELS, "intmm.cu": ALL_GEMM_EXPRESSIONS,
            + tuple(f"col2im_int_matmul_{o}_c{cpt}{unit}" for o in COL2IM_PRODUCT_WIDTHS for cpt in (1, 4)
                    for unit in ("", "_unit")),
            "floats.cu": E2M1_KERNELS,
-           "measures.cu": ("fidelity_partials", "fidelity_final", "moment_partials", "moment_final")}
+           "measures.cu": ("fidelity_partials", "fidelity_final", "moment_partials", "moment_final",
+                           "zero_level_partials_i8", "zero_level_partials_f32", "zero_level_final")}
 # IEEE single precision throughout: no contraction into FMA, no flush of subnormals, correctly rounded division.
 # (CuPy's own RawModule appends -ftz=true to every compile, which flushes subnormal inputs and maxima: these
 # sources are therefore compiled here with NVRTC directly and only loaded through CuPy.)

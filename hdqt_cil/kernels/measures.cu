@@ -6,6 +6,7 @@
 // fidelity (q against the reference f): cosine q.f / (|q| |f|) (0 where |q| = 0), relative error |q - f| / |f|,
 // sign agreement (the share of f's nonzero values whose sign q has); all NaN where |f| is 0 or NaN.
 // moments (t): max, min (a NaN wins), mean, L2 norm.
+// zero levels (t, its quantizer's levels): t's nonzero values whose level is 0, and t's nonzero values.
 
 #include "common.cuh"
 
@@ -98,5 +99,44 @@ extern "C" __global__ void moment_final(const double* partials, u32 blocks, u64 
         out[1] = s[1];
         out[2] = s[2] / (double)n;
         out[3] = sqrt(s[3]);
+    }
+}
+
+// zero levels: of t's nonzero values, how many the quantizer's levels (int8, or float32 values) hold as 0; the
+// final kernel adds (zero levels, nonzero values) to a float64 pair, so that one pair counts a role over many calls.
+template <typename L>
+__device__ void zero_level_sums(const float* t, const L* levels, u64 n, double* partials) {
+    double s[2] = {0.0, 0.0};
+    for (u64 i = (u64)blockIdx.x * THREADS + threadIdx.x; i < n; i += (u64)gridDim.x * THREADS) {
+        const bool nonzero = t[i] != 0.0f;
+        s[0] += nonzero && levels[i] == (L)0;
+        s[1] += nonzero;
+    }
+    block_combine<2, false>(s);
+    if (threadIdx.x == 0) {
+        partials[blockIdx.x * 2] = s[0];
+        partials[blockIdx.x * 2 + 1] = s[1];
+    }
+}
+
+extern "C" __global__ void zero_level_partials_i8(const float* t, const signed char* levels, u64 n,
+                                                  double* partials) {
+    zero_level_sums(t, levels, n, partials);
+}
+
+extern "C" __global__ void zero_level_partials_f32(const float* t, const float* levels, u64 n, double* partials) {
+    zero_level_sums(t, levels, n, partials);
+}
+
+extern "C" __global__ void zero_level_final(const double* partials, u32 blocks, double* counts) {
+    double s[2] = {0.0, 0.0};
+    for (u32 b = threadIdx.x; b < blocks; b += THREADS) {
+        s[0] += partials[b * 2];
+        s[1] += partials[b * 2 + 1];
+    }
+    block_combine<2, false>(s);
+    if (threadIdx.x == 0) {
+        counts[0] += s[0];
+        counts[1] += s[1];
     }
 }

@@ -1,6 +1,7 @@
 """The diagnostics' measures of float32 CUDA tensors (measures.cu), two launches each where torch's ops take about
-twenty: trainer/diagnostics.py's fidelity of a gradient against its float reference and its moments, with float64
-sums in an order fixed by the size (the same bits on every run; torch's reference agrees to rounding)."""
+twenty: trainer/diagnostics.py's fidelity of a gradient against its float reference, its moments and a quantizer's
+zero levels, with float64 sums in an order fixed by the size (the same bits on every run; torch's reference agrees
+to rounding)."""
 import torch
 
 from . import runtime as rt
@@ -54,3 +55,21 @@ def moments(t: torch.Tensor) -> torch.Tensor:
         rt.launch(rt.function("measures.cu", "moment_final"), (1,), (_THREADS,),
                   (rt.ptr(partials), rt.u32(blocks), rt.u64(n), rt.ptr(out)))
     return out
+
+
+def count_zero_levels(t: torch.Tensor, levels: torch.Tensor, counts: torch.Tensor) -> None:
+    """counts (float64 (2,), on t's device) += (t's nonzero values whose level is 0, t's nonzero values); levels:
+    int8, or float32 values, with t's number of elements."""
+    t = _operand(t)
+    if levels.dtype not in (torch.int8, torch.float32) or levels.numel() != t.numel():
+        raise rt.NotCovered(f"{levels.dtype} levels of {levels.numel()} values for {t.numel()}")
+    if counts.dtype != torch.float64 or counts.shape != (2,) or not counts.is_contiguous():
+        raise ValueError(f"counts must be a contiguous float64 pair; got {counts.dtype} {tuple(counts.shape)}")
+    levels, n = levels.contiguous(), t.numel()
+    blocks = _blocks(n)
+    partials = rt.empty((blocks, 2), torch.float64, t.device)
+    with rt.on_device(t):
+        rt.launch(rt.function("measures.cu", f"zero_level_partials_{rt.dtype_suffix(levels)}"), (blocks,),
+                  (_THREADS,), (rt.ptr(t), rt.ptr(levels), rt.u64(n), rt.ptr(partials)))
+        rt.launch(rt.function("measures.cu", "zero_level_final"), (1,), (_THREADS,),
+                  (rt.ptr(partials), rt.u32(blocks), rt.ptr(counts)))

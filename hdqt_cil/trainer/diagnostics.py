@@ -214,6 +214,7 @@ class QuantizerWatch:
     def __init__(self, layer: QuantLayer):
         self.layer, self.ops, self.recording = layer, None, True
         self.zeros: dict[str, list] = {}  # role: [zero levels of nonzero values, nonzero values] (device counts)
+        self._pairs: dict[str, torch.Tensor] = {}  # role: the kernels' float64 pair that zeros' entries view
         self.tile_sums: dict[str, dict] = {}  # product: {largest (device), limit}
 
     def __call__(self, ops):
@@ -230,7 +231,14 @@ class QuantizerWatch:
     def underflow(self, role: str, t, values) -> None:
         """While recording: the nonzero values of `t` that its quantizer's `values` (levels, or a float format's
         rounded values) hold as 0, counted for `role` (a float product's quantizers report here themselves)."""
-        if not self.recording:
+        if not self.recording or t.numel() == 0:  # an empty tensor has no nonzero value
+            return
+        if _on_kernels(t) and values.is_cuda and values.dtype in (torch.int8, torch.float32):
+            pair = self._pairs.get(role)
+            if pair is None:
+                pair = self._pairs[role] = torch.zeros(2, dtype=torch.float64, device=t.device)
+                self.zeros[role] = list(pair.unbind())
+            kernels.count_zero_levels(t, values, pair)
             return
         nonzero = t != 0
         counts = self.zeros.setdefault(role, [0, 0])
@@ -311,13 +319,30 @@ def _seeded(seed: int, device: torch.device):
         yield
 
 
+@contextlib.contextmanager
+def _float32_proper():
+    """float32 products without TF32 inputs for a while (torch lets cuDNN's convolutions take TF32 by default): the
+    float shadow's gradients are FP32's."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    kept = matmul.allow_tf32
+    matmul.allow_tf32 = False
+    try:
+        with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic,
+                         allow_tf32=False):
+            yield
+    finally:
+        matmul.allow_tf32 = kept
+
+
 class _Pass:
     """One forward of a batch through a model copy and backwards of G from its logits: each layer's input, g_x,
-    grad_output (hooks) and g_W. The forward runs on leaf aliases of the copy's parameters (same storage), fresh
-    for each pass: autograd nodes made on one stream (an eager pass) stay out of a CUDA-graph capture on another."""
+    grad_output (hooks) and g_W (with `float32`, without TF32: the float shadow's). The forward runs on leaf aliases
+    of the copy's parameters (same storage), fresh for each pass: autograd nodes made on one stream (an eager pass)
+    stay out of a CUDA-graph capture on another."""
 
-    def __init__(self, model: nn.Module, x: torch.Tensor):
+    def __init__(self, model: nn.Module, x: torch.Tensor, float32: bool = False):
         self.model, self.layers = model, _layers(model)
+        self.precision = _float32_proper if float32 else contextlib.nullcontext
         self.inputs, self.grads, self.hooks = {}, {}, []
         for name, layer in self.layers.items():
             self.hooks.append(layer.register_forward_hook(self._forward(name)))
@@ -328,7 +353,8 @@ class _Pass:
 
     def forward(self) -> None:
         self.params = {name: p.detach().requires_grad_(p.requires_grad) for name, p in self.model.named_parameters()}
-        self.logits = torch.func.functional_call(self.model, self.params, (self.x,))
+        with self.precision():
+            self.logits = torch.func.functional_call(self.model, self.params, (self.x,))
 
     def _forward(self, name):
         def hook(module, inputs, output):
@@ -349,8 +375,9 @@ class _Pass:
         trained = {name: w for name, w in weights.items() if w.requires_grad}  # not frozen
         # the input among the differentiated tensors: the first layer's g_x is on no weight's path
         inputs = [self.x] if self.x.requires_grad else []
-        grads = torch.autograd.grad(self.logits, list(trained.values()) + inputs, g, retain_graph=True,
-                                    allow_unused=True)
+        with self.precision():
+            grads = torch.autograd.grad(self.logits, list(trained.values()) + inputs, g, retain_graph=True,
+                                        allow_unused=True)
         g_weights = dict(zip(trained, grads))
         out = {}
         for name in self.layers:
@@ -380,7 +407,7 @@ class _Diagnosis:
     def __init__(self, quantized: nn.Module, shadow: nn.Module, x: torch.Tensor):
         self.quantized = quantized
         self.watches = watched(quantized)
-        self.passes = [_Pass(model, x) for model in (quantized, shadow)]
+        self.passes = [_Pass(quantized, x), _Pass(shadow, x, float32=True)]
 
     def measures(self, g: torch.Tensor, old: torch.Tensor | None) -> dict:
         grads = {}
