@@ -24,37 +24,33 @@ def _operand(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
+def _two_passes(kernels: tuple[str, str], inputs: tuple, sums: int, out: torch.Tensor, *final_args) -> torch.Tensor:
+    """The partials kernel over `inputs` (n elements each: the first's count), then the final one into `out`."""
+    n = inputs[0].numel()
+    blocks = _blocks(n)
+    partials = rt.empty((blocks, sums), torch.float64, out.device)
+    with rt.on_device(out):
+        rt.launch(rt.function("measures.cu", kernels[0]), (blocks,), (_THREADS,),
+                  (*map(rt.ptr, inputs), rt.u64(n), rt.ptr(partials)))
+        rt.launch(rt.function("measures.cu", kernels[1]), (1,), (_THREADS,),
+                  (rt.ptr(partials), rt.u32(blocks), *final_args, rt.ptr(out)))
+    return out
+
+
 def fidelity(q: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     """float64 (3,): cosine similarity, relative L2 error |q - f| / |f| and sign agreement (where f is not zero) of
     q against the reference f (same number of elements); cosine 0 where q is all zero, all NaN where f is."""
     q, f = _operand(q), _operand(f)
     if q.numel() != f.numel():
         raise ValueError(f"fidelity of {q.numel()} values against {f.numel()}")
-    n = q.numel()
-    blocks = _blocks(n)
-    partials = rt.empty((blocks, 6), torch.float64, q.device)
-    out = rt.empty((3,), torch.float64, q.device)
-    with rt.on_device(q):
-        rt.launch(rt.function("measures.cu", "fidelity_partials"), (blocks,), (_THREADS,),
-                  (rt.ptr(q), rt.ptr(f), rt.u64(n), rt.ptr(partials)))
-        rt.launch(rt.function("measures.cu", "fidelity_final"), (1,), (_THREADS,),
-                  (rt.ptr(partials), rt.u32(blocks), rt.ptr(out)))
-    return out
+    return _two_passes(("fidelity_partials", "fidelity_final"), (q, f), 6, rt.empty((3,), torch.float64, q.device))
 
 
 def moments(t: torch.Tensor) -> torch.Tensor:
     """float64 (4,): max, min (a NaN propagates), mean and L2 norm of t's values."""
     t = _operand(t)
-    n = t.numel()
-    blocks = _blocks(n)
-    partials = rt.empty((blocks, 4), torch.float64, t.device)
-    out = rt.empty((4,), torch.float64, t.device)
-    with rt.on_device(t):
-        rt.launch(rt.function("measures.cu", "moment_partials"), (blocks,), (_THREADS,),
-                  (rt.ptr(t), rt.u64(n), rt.ptr(partials)))
-        rt.launch(rt.function("measures.cu", "moment_final"), (1,), (_THREADS,),
-                  (rt.ptr(partials), rt.u32(blocks), rt.u64(n), rt.ptr(out)))
-    return out
+    return _two_passes(("moment_partials", "moment_final"), (t,), 4, rt.empty((4,), torch.float64, t.device),
+                       rt.u64(t.numel()))
 
 
 def count_zero_levels(t: torch.Tensor, levels: torch.Tensor, counts: torch.Tensor) -> None:
@@ -65,11 +61,5 @@ def count_zero_levels(t: torch.Tensor, levels: torch.Tensor, counts: torch.Tenso
         raise rt.NotCovered(f"{levels.dtype} levels of {levels.numel()} values for {t.numel()}")
     if counts.dtype != torch.float64 or counts.shape != (2,) or not counts.is_contiguous():
         raise ValueError(f"counts must be a contiguous float64 pair; got {counts.dtype} {tuple(counts.shape)}")
-    levels, n = levels.contiguous(), t.numel()
-    blocks = _blocks(n)
-    partials = rt.empty((blocks, 2), torch.float64, t.device)
-    with rt.on_device(t):
-        rt.launch(rt.function("measures.cu", f"zero_level_partials_{rt.dtype_suffix(levels)}"), (blocks,),
-                  (_THREADS,), (rt.ptr(t), rt.ptr(levels), rt.u64(n), rt.ptr(partials)))
-        rt.launch(rt.function("measures.cu", "zero_level_final"), (1,), (_THREADS,),
-                  (rt.ptr(partials), rt.u32(blocks), rt.ptr(counts)))
+    levels = levels.contiguous()
+    _two_passes((f"zero_level_partials_{rt.dtype_suffix(levels)}", "zero_level_final"), (t, levels), 2, counts)
