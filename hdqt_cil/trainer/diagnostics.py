@@ -1,19 +1,21 @@
 """diagnostics=light: what low-bit training does to a run's gradients, measured inside the run (docs/diagnostics.md).
 
-On every `every`-th training batch of an experience (the first included), G = ∂loss/∂logits of that step (taken
-during its backward) is sent back, before the update, through two copies of the model at the step's weights, on the
-same batch: the quantized model as the step ran it (its stochastic rounding at the step's counters) and a float
-shadow (every layer plain FP32). For each Linear and Conv2d layer the weight gradient g_W and the input gradient g_x
-of the two are compared (cosine similarity, relative L2 error ‖q − f‖ / ‖f‖, sign agreement where the float
-gradient is not zero), for G whole and, once old classes exist, for G restricted to the old classes' logits and to
-the new ones'; the quantized copy's tensors by role (input, weight, grad_output, g_x, g_W) are summarised (max, min,
-mean, L2 norm). The quantized copy's ops are watched (`QuantizerWatch`, for G whole): the share of nonzero values each
-quantizer rounds to level 0 (underflow), by its role, and each integer product's largest tile sum against its
-accumulator's limit. The copies draw the same dropout masks from a forked generator: the run's own random streams
-and numbers are untouched. Records are means over an experience's diagnosed batches, kept in the plugin and in its
-epoch checkpoints, written with the run as diagnostics.json. diagnostics=full adds, at the end of each experience,
-the training loss's landscape around the weights for the quantized model and its float shadow (trainer/landscape.py),
-and from the second experience on the old experiences' test loss along the same directions.
+On every `every`-th training batch of an experience (the first included), G = ∂loss/∂logits of that step (taken during
+its backward) is sent back, before the update, through two copies of the model at the step's weights, on the same batch:
+the quantized model as the step ran it (its stochastic rounding at the step's counters) and a float shadow (every layer
+plain FP32, without TF32). For each Linear and Conv2d layer the weight gradient g_W and the input gradient g_x of the
+two are compared (cosine similarity, relative L2 error ‖q − f‖ / ‖f‖, sign agreement where the float gradient is not
+zero), for G whole and, once old classes exist, for G restricted to the old classes' logits and to the new ones'; the
+quantized copy's tensors by role (input, weight, grad_output, g_x, g_W) are summarised (max, min, mean, L2 norm). The
+quantized copy's ops are watched (`QuantizerWatch`, for G whole): the share of nonzero values each quantizer rounds to
+level 0 (underflow), by its role, and each integer product's largest tile sum against its accumulator's limit. The
+copies draw the same dropout masks from a forked generator: the run's own random streams and numbers are untouched.
+Records are means over an experience's diagnosed batches, kept in the plugin and in its epoch checkpoints, written with
+the run as diagnostics.json. On a GPU the measures are kernels (kernels/measures.py), and where the run's steps are
+replayed from CUDA graphs its diagnosed batches are too (`CapturedDiagnosis`), beside the next steps. diagnostics=full
+adds, at the end of each experience, the training loss's landscape around the weights for the quantized model and its
+float shadow (trainer/landscape.py), and from the second experience on the old experiences' test loss along the same
+directions.
 """
 import contextlib
 import copy
@@ -182,6 +184,7 @@ class ModelCopies:
         return _replaying(self.twin, steps), self.shadow
 
     def take_flags(self, model: nn.Module) -> None:
+        """The copies' modules in the model's modes, their parameters frozen where the model's are."""
         modes, requires_grad = _flags(model)
         for kept in (self.twin, self.shadow):
             for module, training in zip(kept.modules(), modes):
@@ -448,9 +451,9 @@ def _measured(quantized: nn.Module, shadow: nn.Module, x: torch.Tensor, g: torch
 
 
 class CapturedDiagnosis:
-    """A diagnosed batch's copies, passes and measures replayed from CUDA graphs (a run whose steps are: an eager
-    diagnosis of a quantized ResNet is bound by the host's launches, several times a replayed step), beside the
-    training that goes on.
+    """A diagnosed batch's copies, passes and measures replayed from CUDA graphs, beside the training that goes on
+    (for a run whose steps are replayed: an eager diagnosis of a quantized ResNet is bound by the host's launches
+    and cost several replayed steps).
 
     Four graphs share a pool: the copies take the model's tensors and the step's counters (as ModelCopies does
     eagerly), on the run's stream, so that the next update waits for nothing more; then on a stream of their own,
