@@ -240,8 +240,16 @@ def test_a_run_records_fidelity_per_layer_and_experience_without_changing_its_nu
     assert "g_W cosine old classes" in rows[0] and len(rows) == 2 + len(records[1]["layers"])
     assert (tmp_path / "tables" / "fidelity.png").stat().st_size > 0
     assert "| grad_output |" in (tmp_path / "tables" / "gradient_stats.md").read_text()
-    header = (tmp_path / "tables" / "quantizers.md").read_text().splitlines()[0]
+    table = (tmp_path / "tables" / "quantizers.md").read_text().splitlines()
+    header = [c.strip() for c in table[0].split("|")]
     assert "underflow grad_input.grad_output" in header and "grad_weight tile sum / limit" in header
+    # the run's quant_stats.json shares beside them: the means over its epochs (one experience's layer by hand)
+    epochs = json.loads((tmp_path / "light" / "quant_stats.json").read_text())
+    layer = next(iter(records[0]["layers"]))
+    row = dict(zip(header, next(r for r in table[2:] if f"| {layer} |" in r).split("|")))
+    expected = np.mean([e["layers"][layer]["input_clipped"] for e in epochs])
+    assert float(row["clipped input"]) == pytest.approx(expected, abs=5e-4)
+    assert {"clipped weight", "saturated forward", "saturated grad_weight"} <= set(header)
 
 
 def test_a_full_run_records_a_landscape_per_experience_without_changing_its_numbers(make_cfg, tmp_path):

@@ -12,23 +12,34 @@ RUN_KEYS = ["benchmark", "strategy", "variant", "scheme", "quant_variant"]
 MEASURES = ("cosine", "rel_error", "sign")
 
 
+# quant_stats.json's per-layer shares (docs/quant.md "Statistics and errors"), as quantizers.md names them
+EPOCH_SHARES = {"input_clipped": "clipped input", "weight_clipped": "clipped weight",
+                "forward_saturated": "saturated forward", "grad_input_saturated": "saturated grad_input",
+                "grad_weight_saturated": "saturated grad_weight"}
+
+
 def _records(runs: pd.DataFrame):
-    """(run, its diagnostics.json records) of every run that recorded diagnostics."""
+    """(run, its diagnostics.json records, its quant_stats.json epochs or []) of every run that recorded
+    diagnostics."""
     for _, run in runs.iterrows():
         path = Path(run["path"]) / "diagnostics.json"
         if path.exists():
-            yield run, json.loads(path.read_text())
+            stats = path.with_name("quant_stats.json")
+            yield run, json.loads(path.read_text()), json.loads(stats.read_text()) if stats.exists() else []
 
 
 def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(fidelity, statistics, quantizers) in long form, one row per run, experience, layer and measured thing;
-    empty where no run recorded diagnostics. quantizers: `measure` an underflow share by role or a product's
-    largest tile sum as a fraction of its accumulator's limit."""
+    empty where no run recorded diagnostics. quantizers: `measure` an underflow share by role, a product's largest
+    tile sum as a fraction of its accumulator's limit, or (one row an epoch, from quant_stats.json) the share of a
+    forward operand's values its clip cut or of a product's tile sums its accumulator saturated."""
     fidelity, statistics, quantizers = [], [], []
-    for run, records in _records(runs):
+    for run, records, epochs in _records(runs):
         keys = {k: run[k] for k in RUN_KEYS + ["seed"] if k in run}
+        positions = {}  # (experience, layer): the layer's place in the model
         for record in records:
             for position, (layer, found) in enumerate(record["layers"].items()):
+                positions[record["experience"], layer] = position
                 where = {**keys, "experience": record["experience"], "position": position, "layer": layer}
                 for kind in ("g_W", "g_x"):
                     for part, measures in found.get(kind, {}).items():
@@ -40,6 +51,13 @@ def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, p
                 for product, kept in found.get("tile_sums", {}).items():
                     quantizers.append({**where, "measure": f"{product} tile sum / limit",
                                        "value": kept["largest"] / kept["limit"]})
+        for epoch in epochs:
+            for layer, shares in epoch["layers"].items():
+                position = positions.get((epoch["experience"], layer))
+                if position is not None:
+                    where = {**keys, "experience": epoch["experience"], "position": position, "layer": layer}
+                    quantizers += [{**where, "measure": EPOCH_SHARES[stat], "value": share}
+                                   for stat, share in shares.items() if stat in EPOCH_SHARES]
     return pd.DataFrame(fidelity), pd.DataFrame(statistics), pd.DataFrame(quantizers)
 
 
@@ -72,9 +90,10 @@ def statistics_table(statistics: pd.DataFrame) -> pd.DataFrame:
 
 
 def quantizer_table(quantizers: pd.DataFrame) -> pd.DataFrame:
-    """Per run kind and layer: each quantizer role's underflow share (the mean over experiences and seeds) and each
-    product's largest tile sum as a fraction of its accumulator's limit (the largest over them; above 1:
-    sums the accumulator saturated)."""
+    """Per run kind and layer: each quantizer role's underflow share, the forward operands' clipped shares and each
+    product's saturated share (the means over experiences, their epochs and seeds), and each product's largest tile
+    sum as a fraction of its accumulator's limit (the largest over them; above 1: sums the accumulator
+    saturated)."""
     keys = _keys(quantizers) + ["position", "layer"]
     reach = quantizers.measure.str.endswith("tile sum / limit")
     parts = [quantizers[~reach].pivot_table(index=keys, columns="measure", values="value", aggfunc="mean"),
@@ -133,7 +152,7 @@ def landscapes(runs: pd.DataFrame) -> list[dict]:
     """The loss landscapes the runs recorded (diagnostics=full): one entry per run and experience, with the run's
     label (strategy / scheme, variants) and seed."""
     out = []
-    for run, records in _records(runs):
+    for run, records, _ in _records(runs):
         label = " / ".join(str(run[k]) for k in RUN_KEYS[1:] if k in run and run[k])
         for record in records:
             if "landscape" in record:
