@@ -101,8 +101,10 @@ def test_every_source_in_the_folder_is_listed():
     assert sorted(p.name for p in rt.HERE.glob("*.cu")) == sorted(rt.SOURCES)
 
 
-# Sources outside the package: the benchmark's tensor-core ceiling and the tests' division kernel.
+# Sources outside the package: the benchmark's tensor-core ceiling and implicit-GEMM loads, the tests' division
+# kernel.
 OTHER_SOURCES = {"scripts/bench/peak.cu": ("mma_peak_plain", "mma_peak_clamped", "mma_peak_packed"),
+                 "scripts/bench/implicit_loads.cu": ("rows_tiles", "gathered_tiles"),
                  "tests/cuda/divide.cu": ("divide_f32",)}
 
 
