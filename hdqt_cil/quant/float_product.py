@@ -16,7 +16,7 @@ from .backend import (KERNEL_OPS, block_scaled_product, covered, e2m1_blocks, fp
                       on_fp8_tensor_cores, on_int8_tensor_cores)
 from .floats import FloatFormat, FloatSpec, authors_float, quantize_float
 from .hadamard import block_hadamard, hadamard_block_size
-from .intmm import sum_entries
+from .intmm import largest_magnitude, sum_entries
 
 
 class FloatOperand:
@@ -84,7 +84,7 @@ def largest_format_tile_sum(a: FloatOperand, b: FloatOperand, product) -> torch.
     width = _tile_width(a, product, a.values.shape[-1])
     if width is None or not (a.values.numel() and b.values.numel()):
         return torch.zeros((), dtype=torch.float64, device=a.values.device)
-    return torch.stack([partial.abs().amax() for _, partial in _tile_partials(a, b, width)]).amax().double()
+    return torch.stack([largest_magnitude(partial) for _, partial in _tile_partials(a, b, width)]).amax().double()
 
 
 def float_matmul(a: FloatOperand, b: FloatOperand, product, backend: str, hadamard: int = 1, tally=None,

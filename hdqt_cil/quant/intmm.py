@@ -131,7 +131,14 @@ def largest_tile_sum(a: torch.Tensor, b: torch.Tensor, tile: int | None,
     bounds = bounds or tuple(torch.stack([a.abs().amax(), b.abs().amax()]).tolist())
     dtype = _exact_dtype(*bounds, terms=max(k, 1), device=a.device)
     tile = k if tile is None or tile >= k else tile
-    return torch.stack([chunk.abs().amax() for chunk in _tile_chunks(a, b, tile, dtype)]).amax().double()
+    return torch.stack([largest_magnitude(chunk) for chunk in _tile_chunks(a, b, tile, dtype)]).amax().double()
+
+
+def largest_magnitude(t: torch.Tensor) -> torch.Tensor:
+    """max |t| (a NaN propagates) in one pass over t: its maximum and minimum together, not a copy of |t| first
+    (the chunks of tile sums it reads are the largest tensors a diagnosed batch makes)."""
+    low, high = torch.aminmax(t)
+    return torch.maximum(high, -low)
 
 
 def _result(out: torch.Tensor, saturated, count_saturated: bool):
