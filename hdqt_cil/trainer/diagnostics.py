@@ -74,10 +74,10 @@ def _fidelity(quantized: torch.Tensor, reference: torch.Tensor) -> dict:
         return dict(zip(("cosine", "rel_error", "sign"), kernels.fidelity(quantized, reference).unbind()))
     q, f = quantized.double().reshape(-1), reference.double().reshape(-1)
     norm, q_norm = f.norm(), q.norm()
-    nonzero = f != 0
+    # the same sign where f is not zero ⇔ q·f > 0 (exact in float64 for float32 gradients: no product underflows)
     measures = {"cosine": torch.where(q_norm > 0, q @ f / (q_norm * norm), 0.0),
                 "rel_error": (q - f).norm() / norm,
-                "sign": ((torch.sign(q) == torch.sign(f)) & nonzero).sum() / nonzero.sum().double()}
+                "sign": torch.count_nonzero(q * f > 0) / torch.count_nonzero(f).double()}
     return {name: torch.where(norm > 0, value, math.nan) for name, value in measures.items()}
 
 
@@ -243,10 +243,9 @@ class QuantizerWatch:
                 self.zeros[role] = list(pair.unbind())
             kernels.count_zero_levels(t, values, pair)
             return
-        nonzero = t != 0
         counts = self.zeros.setdefault(role, [0, 0])
-        counts[0] = counts[0] + (nonzero & (values == 0)).sum()
-        counts[1] = counts[1] + nonzero.sum()
+        counts[0] = counts[0] + torch.count_nonzero((t != 0) & (values == 0))
+        counts[1] = counts[1] + torch.count_nonzero(t)
 
     def tile_sum(self, tally, largest: torch.Tensor, limit: float) -> None:
         """While recording: the largest tile sum of a product (before its accumulator saturates or rounds it),
