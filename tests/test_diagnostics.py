@@ -19,7 +19,7 @@ from hdqt_cil.quant.layers import ROLE_CODES, ROLE_STRIDE
 from hdqt_cil.quant.rounding import Counter
 from hdqt_cil.trainer.diagnostics import (GradientDiagnostics, ModelCopies, QuantizerWatch, _Pass, fidelity,
                                           float_shadow, quantizer_steps, replayed, watched)
-from hdqt_cil.trainer.landscape import filter_normalised_direction, loss_landscape
+from hdqt_cil.trainer.landscape import filter_normalised_direction, loss_landscape, slice_summary
 
 
 def _mlp():
@@ -267,7 +267,21 @@ def test_a_full_run_records_a_landscape_per_experience_without_changing_its_numb
     assert all(r["old_test_landscape"]["quantized"]["1d"] != r["landscape"]["quantized"]["1d"] for r in records[1:])
     assert set(summary["diagnostics"][1]["old_test_landscape"]["quantized"]) == {"centre", "rise"}
     make_tables([tmp_path / "full"], tmp_path / "tables")
-    assert (tmp_path / "tables" / "landscape.png").stat().st_size > 1000
+    assert (tmp_path / "tables" / "landscape_lwf.png").stat().st_size > 1000
+    table = (tmp_path / "tables" / "landscape.md").read_text().splitlines()
+    header = [c.strip() for c in table[0].split("|")]
+    rows = [dict(zip(header, (c.strip() for c in line.split("|")))) for line in table[2:]]
+    assert [row["experience"] for row in rows] == ["1", "2", "3"]
+    for row, entry in zip(rows, summary["diagnostics"]):  # the summary's rule, rounded
+        assert float(row["train rise (float)"]) == pytest.approx(entry["landscape"]["float"]["rise"], abs=5e-4)
+        assert float(row["train loss"]) == pytest.approx(entry["landscape"]["quantized"]["centre"], abs=5e-4)
+    assert rows[0]["old test loss"] == "–" and float(rows[1]["old test rise"]) == pytest.approx(
+        summary["diagnostics"][1]["old_test_landscape"]["quantized"]["rise"], abs=5e-4)
+
+
+def test_a_slices_rise_is_its_ends_mean_above_its_centre():
+    assert slice_summary([3.0, 1.0, 0.5, 2.0, 4.0]) == {"centre": 0.5, "rise": 3.0}
+    assert slice_summary([0.0, 1.0, -1.0])["rise"] == -1.5  # no minimum along the direction
 
 
 def test_under_fp32_every_gradient_is_its_own_reference(make_cfg, tmp_path):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..trainer.landscape import slice_summary
 from .style import SCHEME_ORDER, STRATEGY_ORDER, scheme_marker, strategy_color
 
 RUN_KEYS = ["benchmark", "strategy", "variant", "scheme", "quant_variant"]
@@ -150,16 +151,33 @@ def plot_fidelity(fidelity: pd.DataFrame, path) -> None:
 
 def landscapes(runs: pd.DataFrame) -> list[dict]:
     """The loss landscapes the runs recorded (diagnostics=full): one entry per run and experience, with the run's
-    label (strategy / scheme, variants) and seed."""
+    strategy, label (strategy / scheme, variants) and seed, in the schemes' order."""
     out = []
     for run, records, _ in _records(runs):
         label = " / ".join(str(run[k]) for k in RUN_KEYS[1:] if k in run and run[k])
         for record in records:
             if "landscape" in record:
-                out.append({"benchmark": run["benchmark"], "label": label, "seed": run.get("seed"),
-                            "experience": record["experience"], **record["landscape"],
-                            "old_test": record.get("old_test_landscape")})
-    return out
+                out.append({"benchmark": run["benchmark"], "strategy": run["strategy"], "scheme": run["scheme"],
+                            "label": label, "seed": run.get("seed"), "experience": record["experience"],
+                            **record["landscape"], "old_test": record.get("old_test_landscape")})
+    order = {scheme: i for i, scheme in enumerate(SCHEME_ORDER)}
+    return sorted(out, key=lambda e: (e["benchmark"], e["strategy"], order.get(e["scheme"], len(order)), e["label"]))
+
+
+def landscape_table(found: list[dict]) -> pd.DataFrame:
+    """Per run and experience: the training loss at the weights and its rise at ±span along the first direction
+    (trainer/landscape.py `slice_summary`), then the same of the old experiences' test loss, for the quantized
+    model and its float shadow."""
+    rows = []
+    for entry in found:
+        row = {"benchmark": entry["benchmark"], "run": entry["label"], "seed": entry["seed"],
+               "experience": entry["experience"] + 1}
+        for what, slices in (("train", entry), ("old test", entry["old_test"])):
+            for model, suffix in (("quantized", ""), ("float", " (float)")):
+                summary = slice_summary(slices[model]["1d"]) if slices else {"centre": None, "rise": None}
+                row[f"{what} loss{suffix}"], row[f"{what} rise{suffix}"] = summary["centre"], summary["rise"]
+        rows.append(row)
+    return pd.DataFrame(rows).round(3).fillna("–")  # the first experience has no old ones
 
 
 def plot_landscapes(found: list[dict], path) -> None:

@@ -11,7 +11,7 @@
 - energy.png: accuracy against the estimated training energy on integer hardware (runs that report their cost;
   table.* then adds the integer GMACs, the energy and its ratio to the FP32 row);
 - fidelity.md / fidelity.png / gradient_stats.md / quantizers.md: runs with diagnostics=light or full;
-  landscape.png: runs with diagnostics=full (results/diagnostics.py).
+  landscape.md / landscape_<strategy>.png: runs with diagnostics=full (results/diagnostics.py).
 A run counts in a mean only when its summary says `complete`. Diverged runs are shown as such; runs that
 stopped early (fewer experiences than configured) are counted in a separate column, never averaged in.
 Outside table.*, a benchmark's label names its scenario unless it is class-incremental ("hapt (task)").
@@ -28,8 +28,8 @@ from ..config import RUN_INDEPENDENT_QUANT, SWITCHED_SETTINGS, comparable_config
 from ..quant.schemes import SCHEMES, preset_settings
 from ..files import read_json, write_atomic
 from .style import LINESTYLES, SCHEME_ORDER, STRATEGY_ORDER, scheme_marker, strategy_color
-from .diagnostics import (diagnostics_frame, fidelity_table, landscapes, plot_fidelity, plot_landscapes,
-                          quantizer_table, statistics_table)
+from .diagnostics import (diagnostics_frame, fidelity_table, landscape_table, landscapes, plot_fidelity,
+                          plot_landscapes, quantizer_table, statistics_table)
 
 KEYS = ["benchmark", "scenario", "model", "strategy", "quant"]
 # the schedule beside the row's identity: epochs a task, and the paper preset ('–': none) the runs start from
@@ -508,6 +508,9 @@ def make_tables(roots, out_dir, plot: bool = True, published=None) -> pd.DataFra
     if len(quantizers):
         write_atomic(out / "quantizers.md", to_markdown(quantizer_table(quantizers)))
     found = landscapes(df)
-    if found and plot:
-        plot_landscapes(found, out / "landscape.png")
+    if found:
+        write_atomic(out / "landscape.md", to_markdown(landscape_table(found)))
+        if plot:  # a figure a strategy: a row a run
+            for strategy in dict.fromkeys(entry["strategy"] for entry in found):
+                plot_landscapes([e for e in found if e["strategy"] == strategy], out / f"landscape_{strategy}.png")
     return table

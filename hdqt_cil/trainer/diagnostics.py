@@ -32,7 +32,7 @@ from ..quant import preset, quantize_model
 from ..quant.intmm import accumulator_limit, largest_tile_sum
 from ..quant.layers import ROLE_CODES, ROLE_STRIDE, QuantLayer
 from ..settings import POSITIVE, POSITIVE_INT, Rule, one_of, setting
-from .landscape import filter_normalised_direction, loss_landscape
+from .landscape import filter_normalised_direction, loss_landscape, slice_summary
 
 LEVELS = ("off", "light", "full")
 ODD_POINTS = Rule(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 3 and v % 2 == 1,
@@ -705,9 +705,7 @@ class GradientDiagnostics(SupervisedPlugin):
                 entry["largest tile sum / limit"] = reach
             for key in ("landscape", "old_test_landscape"):  # the 1-D slice: the loss at the weights, its rise at ±span
                 if key in exp:
-                    entry[key] = {name: {"centre": s["1d"][len(s["1d"]) // 2],
-                                         "rise": (s["1d"][0] + s["1d"][-1]) / 2 - s["1d"][len(s["1d"]) // 2]}
-                                  for name, s in exp[key].items()}
+                    entry[key] = {name: slice_summary(found["1d"]) for name, found in exp[key].items()}
             out.append(entry)
         return out
 

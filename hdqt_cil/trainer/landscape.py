@@ -30,6 +30,13 @@ def filter_normalised_direction(model: nn.Module, generator: torch.Generator) ->
     return direction
 
 
+def slice_summary(losses: list[float]) -> dict[str, float]:
+    """A 1-D slice's loss at the weights (its centre point) and its rise: the mean of its two ends (±span) less the
+    centre, negative where the weights are no minimum along the direction."""
+    centre = losses[len(losses) // 2]
+    return {"centre": centre, "rise": (losses[0] + losses[-1]) / 2 - centre}
+
+
 def _loss(model: nn.Module, batches: list) -> float:
     """Mean cross-entropy of the model's logits over the batches' samples."""
     total, count = 0.0, 0
