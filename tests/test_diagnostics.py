@@ -334,3 +334,12 @@ def test_a_float_accumulators_largest_tile_sum_is_kept_against_the_formats_large
     plain_watch = watched(nn.Sequential(plain))["0"]
     plain(x).sum().backward()
     assert plain_watch.record()["tile_sums"] == {}
+
+
+def test_landscape_plots_scale_to_losses_apart_by_decades_and_contour_past_outliers():
+    from hdqt_cil.results.diagnostics import _contour_levels, _spans_decades
+    assert _spans_decades([0.1, 0.2, 0.3, 3e6]) and not _spans_decades([0.1, 2.0, 5.0, 0.0])
+    grid = np.add.outer(np.linspace(0, 1, 21), np.linspace(0, 1, 21)) / 2
+    grid[0, 0] = 1e6  # one point far off: the levels stay among the others
+    levels = _contour_levels(grid)
+    assert len(levels) == 15 and np.all(np.diff(levels) > 0) and levels.max() <= 1.0

@@ -4,6 +4,7 @@ the products' largest tile sums by layer, and the loss landscapes of diagnostics
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ..trainer.landscape import slice_summary
@@ -180,6 +181,20 @@ def landscape_table(found: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows).round(3).fillna("–")  # the first experience has no old ones
 
 
+def _spans_decades(values) -> bool:
+    """Whether positive losses spread over more than two decades (a float shadow far from its quantized model, as
+    at a LUQ run's weights): drawn on a log scale, else the small curves flatten to a line."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values) & (values > 0)]
+    return len(values) > 1 and values.max() > 100 * np.median(values)
+
+
+def _contour_levels(grid, count: int = 15) -> np.ndarray:
+    """Contour levels at the grid's quantiles: evenly spaced levels would all fall among a few outlying points."""
+    values = np.asarray(grid, dtype=float)
+    return np.unique(np.quantile(values[np.isfinite(values)], np.linspace(0.02, 0.98, count)))
+
+
 def plot_landscapes(found: list[dict], path) -> None:
     """Per run (its lowest seed): the 1-D slice of every experience's training loss (quantized solid, float shadow
     dashed), the same of the old experiences' test loss where recorded, and the 2-D slice of the last experience's
@@ -208,9 +223,12 @@ def plot_landscapes(found: list[dict], path) -> None:
                                 label=f"experience {entry['experience'] + 1}, {model}")
             ax.set(title=f"{bench}: {label}, 1-D slice, {what}", xlabel="α (filter-normalised direction)",
                    ylabel=what)
+            drawn = [y for line in ax.get_lines() for y in line.get_ydata()]
+            if _spans_decades(drawn):
+                ax.set_yscale("log")
             ax.legend(fontsize=6)
         last = entries[-1]["quantized"]
-        contour = ax_2d.contour(last["alphas"], last["alphas"], last["2d"], levels=15)
+        contour = ax_2d.contour(last["alphas"], last["alphas"], last["2d"], levels=_contour_levels(last["2d"]))
         ax_2d.clabel(contour, fontsize=6)
         ax_2d.set(title=f"{bench}: {label}, 2-D slice after experience {entries[-1]['experience'] + 1}, quantized",
                   xlabel="β", ylabel="α")
