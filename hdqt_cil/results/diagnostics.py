@@ -161,8 +161,8 @@ def landscapes(runs: pd.DataFrame) -> list[dict]:
                 out.append({"benchmark": run["benchmark"], "strategy": run["strategy"], "scheme": run["scheme"],
                             "label": label, "seed": run.get("seed"), "experience": record["experience"],
                             **record["landscape"], "old_test": record.get("old_test_landscape")})
-    order = {scheme: i for i, scheme in enumerate(SCHEME_ORDER)}
-    return sorted(out, key=lambda e: (e["benchmark"], e["strategy"], order.get(e["scheme"], len(order)), e["label"]))
+    return sorted(out, key=lambda e: (e["benchmark"], e["strategy"], (SCHEME_ORDER + [e["scheme"]]).index(e["scheme"]),
+                                      e["label"]))
 
 
 def landscape_table(found: list[dict]) -> pd.DataFrame:
