@@ -16,6 +16,7 @@ from hdqt_cil import kernels
 from hdqt_cil.experiment import run
 from hdqt_cil.models import build_model
 from hdqt_cil.quant import NonFiniteError, layer_steps, preset, quant_stats, quantize_model
+from hdqt_cil.quant import streams
 from hdqt_cil.quant.float_schemes import FloatScheme
 from hdqt_cil.graph_replay import CapturedInference, CapturedTraining
 from hdqt_cil.strategies.icarl import DeviceHerding
@@ -86,6 +87,26 @@ def test_graph_steps_equal_eager_steps(model_name, scheme_name):
     captured.check()
     assert captured.replays == 4 and len(captured.graphs) == 2
     assert_same_state(eager, graphed)
+
+
+@pytest.mark.parametrize("scheme_name", ["hdqt", "int4", "luq", "hot", "fp8", "mxfp4"])
+def test_two_stream_backwards_give_the_one_stream_bits(scheme_name, monkeypatch):
+    """Each layer's weight gradient on a side stream beside its input gradient (quant/streams.py), eagerly and
+    replayed, gives what the layers compute on one stream."""
+    batches = make_batches("resnet32", [128, 128, 128])
+    one_stream = make_model("resnet32", scheme_name)
+    two_streams, graphed = copy.deepcopy(one_stream), copy.deepcopy(one_stream)
+    monkeypatch.setattr(streams, "PARALLEL", False)
+    train(one_stream, one_stream, batches)
+    monkeypatch.setattr(streams, "PARALLEL", True)
+    streams._side_streams.clear()
+    train(two_streams, two_streams, batches)
+    assert streams._side_streams, "no backward forked a side stream"
+    captured = CapturedTraining(graphed)
+    train(graphed, captured, batches)
+    captured.check()
+    assert_same_state(one_stream, two_streams)
+    assert_same_state(one_stream, graphed)
 
 
 def relative_distance(a: torch.nn.Module, b: torch.nn.Module) -> float:

@@ -17,6 +17,7 @@ from .backend import (KERNEL_OPS, block_scaled_product, covered, e2m1_blocks, fp
 from .floats import FloatFormat, FloatSpec, authors_float, quantize_float
 from .hadamard import block_hadamard, hadamard_block_size
 from .intmm import largest_magnitude, sum_entries
+from .streams import layer_gradients
 
 
 class FloatOperand:
@@ -191,15 +192,18 @@ class FloatProduct(torch.autograd.Function):
         x, weight, x_keep, w_keep = ctx.saved_tensors
         g_rows, g_cols = layer._grad_output_layouts(grad_y.to(torch.float32))
         ops = layer._ops(grad_y.device)  # im2col and col2im: gathers and ordered sums, the same bits everywhere
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[0]:
+
+        def grad_input():
             w_cols = weight.reshape(weight.shape[0], -1).t()  # (K, O): contraction over the outputs
             rows = _product(layer, g_rows, w_cols, scheme.grad_input, ("grad_input.grad_output", "grad_input.weight"),
                             step, layer._tally("grad_input_saturated"))
-            grad_x = layer._grad_input(rows, ctx.x_shape, ops, x_keep)
-        if ctx.needs_input_grad[1]:
+            return layer._grad_input(rows, ctx.x_shape, ops, x_keep)
+
+        def grad_weight():
             grad_w = _product(layer, g_cols, layer._input_columns(x, ops), scheme.grad_weight,
                               ("grad_weight.grad_output", "grad_weight.input"), step,
                               layer._tally("grad_weight_saturated"), sum_batch=True).reshape(ctx.w_shape)
-            grad_w = grad_w if w_keep is None else grad_w * w_keep
+            return grad_w if w_keep is None else grad_w * w_keep
+
+        grad_x, grad_w = layer_gradients(grad_input, grad_weight, grad_y.device, *ctx.needs_input_grad[:2])
         return grad_x, grad_w, None, None, None

@@ -37,6 +37,7 @@ from .hla import hla_rank
 from .layers import QuantConv2d, QuantLinear
 from .operands import Operand, product as operand_product
 from .schemes import Product
+from .streams import layer_gradients
 
 # The LQS choice of a layer, a buffer (state dict, checkpoints): not calibrated yet (per tensor), per tensor, per token.
 LQS_UNSET, LQS_TENSOR, LQS_TOKEN = 0, 1, 2
@@ -216,16 +217,20 @@ class _HotProduct(torch.autograd.Function):
         weight, x_saved, x_scale = ctx.saved_tensors
         ops = layer._ops(grad_y.device)
         g_rows, g_tokens = layer._hot_grad_layouts(grad_y.to(torch.float32))
-        checks, grad_x, grad_w, grad_b = [], None, None, None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_input(layer, g_rows, weight, ctx.per_token, step, count, ops, checks, ctx.x_shape)
-        if ctx.needs_input_grad[1]:
+        checks, grad_b = [], None
+
+        def input_gradient():
+            return grad_input(layer, g_rows, weight, ctx.per_token, step, count, ops, checks, ctx.x_shape)
+
+        def weight_gradient():
             if ctx.kept == "compressed":
                 abc = (x_saved, x_scale, *ctx.abc)
             else:  # the compressed operand, computed now from the input kept in float or in 8 bits
                 x_kept = restore(x_saved, x_scale) if ctx.kept == "stored" else x_saved
                 abc = compressed_input(layer, x_kept, step, count, ops, checks, layer.quant_worst[1])
-            grad_w = grad_weight_sum(layer, g_tokens, abc, step, ops, checks).reshape(layer.weight.shape)
+            return grad_weight_sum(layer, g_tokens, abc, step, ops, checks).reshape(layer.weight.shape)
+
+        grad_x, grad_w = layer_gradients(input_gradient, weight_gradient, grad_y.device, *ctx.needs_input_grad[:2])
         if ctx.needs_input_grad[2]:
             grad_b = g_rows.sum(dim=(0, 1))
         layer._check_finite(checks, backward=True)

@@ -20,6 +20,7 @@ from . import operands
 from .operands import Operand, backward_operand, forward_operand, hadamard_block
 from .rounding import Counter
 from .schemes import Product, Scheme
+from .streams import layer_gradients
 
 # role id = layer index * ROLE_STRIDE + code: every quantized tensor of a step draws its own random bits.
 ROLE_STRIDE = 8
@@ -147,35 +148,35 @@ class _QuantProduct(torch.autograd.Function):
         x_op, w_op = Operand(x_values, *ctx.x_meta), Operand(w_values, *ctx.w_meta)
         ops = layer._ops(grad_y.device)
         g_rows, g_cols = layer._grad_output_layouts(grad_y.to(torch.float32))
-        checks, grad_x, grad_w, shared_g = [], None, None, None
+        checks, need_x, need_w = [], ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        # a shared G is quantized once, in the grad_input layout (S, M, out), before the branches part
+        shared_g = (backward_operand(layer, g_rows, scheme.grad_input.left, None, 1, "grad_input.grad_output", step,
+                                     ops, checks) if scheme.shares_grad_output and (need_x or need_w) else None)
 
         def grad_output_operand(product: Product, g, block: int, role: str) -> Operand:
-            nonlocal shared_g
-            if not scheme.shares_grad_output:
+            if shared_g is None:
                 return backward_operand(layer, g, product.left, None, block, role, step, ops, checks)
-            if shared_g is None:  # quantized once, in the grad_input layout (S, M, out)
-                shared_g = backward_operand(layer, g_rows, product.left, None, 1, "grad_input.grad_output",
-                                             step, ops, checks)
             return shared_g if g is g_rows else shared_g.transposed()
 
-        if ctx.needs_input_grad[0]:
+        def grad_input():
             product = scheme.grad_input
             block = hadamard_block(product, scheme.hadamard_cap, g_rows.shape[-1])
             qa = grad_output_operand(product, g_rows, block, "grad_input.grad_output")
             qb = backward_operand(layer, w_values.transpose(0, 1), product.right, w_op, block, "grad_input.weight",
                                    step, ops, checks)
-            grad_x = layer._grad_input_of(ops, qa, qb, block, product, ctx.x_shape, x_keep,
-                                          layer._tally("grad_input_saturated"))
-        if ctx.needs_input_grad[1]:
+            return layer._grad_input_of(ops, qa, qb, block, product, ctx.x_shape, x_keep,
+                                        layer._tally("grad_input_saturated"))
+
+        def grad_weight():
             product = scheme.grad_weight
             block = hadamard_block(product, scheme.hadamard_cap, g_cols.shape[-1])
             qa = grad_output_operand(product, g_cols, block, "grad_weight.grad_output")
             qb = backward_operand(layer, layer._input_columns(x_values, ops), product.right, x_op, block,
                                    "grad_weight.input", step, ops, checks)
-            grad_w = operands.product(ops, qa, qb, block, product, sum_batch=True,
-                                      tally=layer._tally("grad_weight_saturated"),
-                                      keep=w_keep)
-            grad_w = grad_w.reshape(ctx.w_shape)
+            return operands.product(ops, qa, qb, block, product, sum_batch=True,
+                                    tally=layer._tally("grad_weight_saturated"), keep=w_keep).reshape(ctx.w_shape)
+
+        grad_x, grad_w = layer_gradients(grad_input, grad_weight, grad_y.device, need_x, need_w)
         layer._check_finite(checks, backward=True)
         return grad_x, grad_w, None, None, None
 

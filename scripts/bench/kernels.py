@@ -38,7 +38,7 @@ from hdqt_cil.kernels import runtime as rt
 from hdqt_cil.kernels.compile import GEMM_CONFIGS, WGMMA_CONFIGS, gemm_tile, runs_here
 from hdqt_cil.quant.backend import block_scaled_product, e2m1_blocks, fp8_matmul, has_fp8_tensor_cores
 from hdqt_cil.quant.float_product import FloatOperand, format_matmul
-from hdqt_cil.quant import preset
+from hdqt_cil.quant import preset, streams
 from hdqt_cil.quant.float_schemes import FloatScheme, FormatProduct
 from hdqt_cil.quant.floats import E2M1, E4M3, SCALINGS, FloatSpec, per_tensor, quantize_float
 from scripts.bench.record import device_work, print_device_profile, save_rows
@@ -404,6 +404,17 @@ def grad_input_unfused():
         kernels.col2im_int_matmul = fused
 
 
+@contextlib.contextmanager
+def one_stream_backward():
+    """Each layer's weight gradient after its input gradient on one stream (quant/streams.py), timed beside the two
+    streams' backward."""
+    streams.PARALLEL = False
+    try:
+        yield
+    finally:
+        streams.PARALLEL = True
+
+
 def profile_steps(schemes: list[str], model_name: str = "resnet32") -> None:
     """Where a step's device time goes: two eager steps by kernel, FP32 on torch and `schemes` on the kernels (the
     float formats: on the tensor cores, quant.backend=auto)."""
@@ -463,6 +474,11 @@ def training_steps(quick: bool):
                 baseline="vs fp32 CUDA graph", ratio=graphed / fp32_graph, vs_fp32_compiled=graphed / fp32_compiled,
                 speedup_vs_reference=ref / graphed, target="<= 1.0x fp32 CUDA graph" if scheme == "hdqt" else None)
             if model_name == "resnet32":
+                with one_stream_backward():
+                    one_stream = step_time(model_name, scheme, "cupy", steps, path="graph")
+                row("step", f"{model_name} {scheme} kernels, CUDA graph, backward on one stream", one_stream, "x fp32",
+                    one_stream / fp32, "x fp32", baseline="vs fp32 CUDA graph", ratio=one_stream / fp32_graph,
+                    vs_two_streams=one_stream / graphed)
                 with grad_input_unfused():
                     work = step_work(model_name, scheme, "cupy")
                     unfused = step_time(model_name, scheme, "cupy", steps, path="graph")
