@@ -25,7 +25,7 @@ import torch
 
 def worker(case: str, steps: int) -> None:
     """One packed process: capture, say `ready`, wait for `go` on stdin, time `steps` steps, print them as JSON."""
-    from hdqt_cil.quant import streams
+    from hdqt_cil.quant import NonFiniteError, streams
     from scripts.bench.kernels import tf32_off, training_step
 
     scheme, _, variant = case.partition(":")
@@ -40,8 +40,13 @@ def worker(case: str, steps: int) -> None:
         one()
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    captured.check()
-    print(json.dumps({"seconds": seconds, "steps": steps, "device": torch.cuda.get_device_name()}), flush=True)
+    try:  # the same batch again and again: a scheme may diverge (LUQ does), which changes no kernel's work
+        captured.check()
+        finite = True
+    except NonFiniteError:
+        finite = False
+    print(json.dumps({"seconds": seconds, "steps": steps, "finite": finite, "device": torch.cuda.get_device_name()}),
+          flush=True)
 
 
 def packed(case: str, processes: int, steps: int, env: dict) -> dict:
@@ -63,7 +68,7 @@ def packed(case: str, processes: int, steps: int, env: dict) -> dict:
     per_step = [r["seconds"] / r["steps"] for r in results]
     return {"case": case, "device": results[0]["device"], "processes": processes, "steps": steps,
             "step_s": statistics.mean(per_step), "step_s_spread": [min(per_step), max(per_step)],
-            "steps_per_s": processes * steps / wall, "wall_s": wall}
+            "steps_per_s": processes * steps / wall, "wall_s": wall, "finite": all(r["finite"] for r in results)}
 
 
 def main():
