@@ -16,6 +16,7 @@ BEGIN = "<!-- numbers: python -m scripts.bench.numbers (from results/bench) -->"
 END = "<!-- end of numbers -->"
 KERNELS, STEPS, HOT = "kernels_h100.json", "steps_h200.json", "hot_h100.json"
 COMPILED_STEPS = "steps_h100.json"  # the FP32 step that trainer.compile captures, beside torch.compile's
+PACKED = "packed_steps_h200.json"  # steps of 12 processes sharing one GPU
 
 
 def load(name: str, folder: Path) -> dict:
@@ -33,7 +34,7 @@ def hot_row(record: dict, variant: str, metric: str, case: str = "vit-linear") -
 def lines(folder: Path) -> list[tuple[str, str, str]]:
     """(measurement, value, record) rows: training steps from the steps record, kernels from the kernels record."""
     k, steps, hot = load(KERNELS, folder), load(STEPS, folder), load(HOT, folder)
-    compiled_steps = load(COMPILED_STEPS, folder)
+    compiled_steps, packed = load(COMPILED_STEPS, folder), load(PACKED, folder)
 
     def ms(name, record=steps):
         return kernel_row(record, name)["seconds"] * 1e3
@@ -72,6 +73,16 @@ def lines(folder: Path) -> list[tuple[str, str, str]]:
         rows.append((f"{name} FP32 step, trainer.compile (the compiled step replayed from CUDA graphs)",
                      f"{compiled_graph:.2f} ms: {compiled_graph / replayed:.2f}× FP32 from CUDA graphs "
                      f"({replayed:.2f} ms); torch.compile's reduce-overhead {reduce_overhead:.2f} ms", COMPILED_STEPS))
+    one_stream = ms("resnet32 hdqt kernels, CUDA graph, backward on one stream")
+    rows.append(("ResNet-32 HDQT step with each layer's weight gradient after its input gradient on one stream",
+                 f"{one_stream:.2f} ms ({one_stream / fp32_graph:.2f}× FP32 from CUDA graphs; two streams "
+                 f"{graph:.2f} ms)", STEPS))
+    by_case = {r["case"]: r for r in packed["rows"]}
+    rows.append((f"ResNet-32 step, {by_case['fp32']['processes']} processes sharing one GPU (CUDA MPS): "
+                 "HDQT / INT4 / LUQ against FP32",
+                 " / ".join(f"{by_case[c]['x_fp32']:.2f}×" for c in ("hdqt", "int4", "luq"))
+                 + f" ({by_case['fp32']['step_s'] * 1e3:.1f} ms a step beside the others); HDQT on one stream "
+                 f"{by_case['hdqt:one-stream']['x_fp32']:.2f}×", PACKED))
     unfused = ms("resnet32 hdqt kernels, CUDA graph, g_x as GEMM rows + col2im")
     rows.append(("ResNet-32 HDQT step with g_x as the GEMM's float rows + col2im (not folded)",
                  f"{unfused:.2f} ms ({unfused / fp32_graph:.2f}× FP32 from CUDA graphs)", STEPS))
@@ -127,7 +138,7 @@ def lines(folder: Path) -> list[tuple[str, str, str]]:
     return rows
 
 
-MACHINES = {KERNELS: "one H100", STEPS: "one H200", HOT: "one H100", COMPILED_STEPS: "one H100"}
+MACHINES = {KERNELS: "one H100", STEPS: "one H200", HOT: "one H100", COMPILED_STEPS: "one H100", PACKED: "one H200"}
 
 
 def table(folder: Path) -> str:
