@@ -1,12 +1,12 @@
 """A quantized layer's backward as two branches: the weight gradient on a second stream beside the input gradient.
 
-Each gradient is a chain of small kernels (its operands' quantizers, im2col columns, the product), so on the GPU a
-layer's backward is bound by the chain's length, not by its work (docs/kernels.md, "What a replayed step
-launches"). The two chains read the same saved tensors and write nothing the other reads; the weight gradient's
-runs on a side stream forked from the current one and joins it before the layer's backward returns, so a CUDA graph
-captures them as parallel branches and runs them side by side. The same kernels on the same inputs give the same
-bits; their shared counters (saturated tile sums, the largest scale) are atomic sums and maxima, whose results do
-not depend on the order.
+Each gradient is a chain of small kernels (its operands' quantizers, im2col columns, the product), so a layer's
+backward alone on a GPU is bound by the chain's length, not by its work (docs/kernels.md, "The training step: CUDA
+graphs"; processes sharing a GPU pay the work instead, and there the branches gain nothing). The two chains read
+the same saved tensors and write nothing the other reads; the weight gradient's runs on a side stream forked from
+the current one and joins it before the layer's backward returns, so a CUDA graph captures them as parallel
+branches and runs them side by side. The same kernels on the same inputs give the same bits; their shared counters
+(saturated tile sums, the largest scale) are atomic sums and maxima, whose results do not depend on the order.
 """
 import torch
 

@@ -18,8 +18,9 @@ Rows (one table at the end, JSON with every number to OUT/bench_kernels_<device>
             replayed from a CUDA graph (device time)
   step      one training step (forward + backward + SGD) of ResNet-32 and of the MLP at batch 128: FP32 (TF32 off),
             eagerly and from CUDA graphs; the scheme on the torch reference backend, on the kernels, and on the
-            kernels from CUDA graphs (trainer.cuda_graph=true); the float formats from CUDA graphs on their torch
-            reference and on the tensor cores
+            kernels from CUDA graphs (trainer.cuda_graph=true; for ResNet-32 also with each layer's backward on one
+            stream, and with the input gradient as the GEMM's rows + col2im); the float formats from CUDA graphs on
+            their torch reference and on the tensor cores
 Times are medians of CUDA-event timings after warm-up; GEMM inputs rotate among several buffer sets (beyond L2).
 """
 import argparse
