@@ -10,7 +10,7 @@ def test_the_docs_table_is_what_the_records_give():
 
 
 def test_a_changed_record_changes_the_table(tmp_path):
-    for name in (numbers.KERNELS, numbers.STEPS, numbers.HOT, numbers.COMPILED_STEPS):
+    for name in numbers.MACHINES:  # every record the table reads
         shutil.copy(numbers.ROOT / "results" / "bench" / name, tmp_path / name)
     record = json.loads((tmp_path / numbers.STEPS).read_text())
     rows = {r["name"]: r for r in record["rows"]}

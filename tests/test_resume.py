@@ -48,9 +48,9 @@ def _kill_and_resume(tmp_path, make_cfg, strategy, quant, overrides, killable, l
     proc = start_run(cfg, run_dir)
     deadline = time.time() + 300
     while not killable(run_dir / "checkpoints") and time.time() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.005)  # a digits epoch takes tens of milliseconds: see the checkpoint before the run moves on
     assert proc.is_alive(), "the run finished before it could be killed"
-    time.sleep(0.05)  # inside the next epoch; what is left of the run takes several times longer
+    time.sleep(0.01)  # inside the next epoch; what is left of the run takes several times longer
     os.kill(proc.pid, signal.SIGKILL)
     proc.join()
     assert proc.exitcode == -signal.SIGKILL
