@@ -151,7 +151,7 @@ class _QuantProduct(torch.autograd.Function):
         checks, need_x, need_w = [], ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         # a shared G is quantized once, in the grad_input layout (S, M, out), before the branches part
         shared_g = (backward_operand(layer, g_rows, scheme.grad_input.left, None, 1, "grad_input.grad_output", step,
-                                     ops, checks) if scheme.shares_grad_output and (need_x or need_w) else None)
+                                     ops, checks) if scheme.shares_grad_output else None)
 
         def grad_output_operand(product: Product, g, block: int, role: str) -> Operand:
             if shared_g is None:

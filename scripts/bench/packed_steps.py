@@ -85,7 +85,7 @@ def main():
     from scripts.bench.record import save_rows
 
     started, rows = time.time(), []
-    cases = args.cases if "fp32" in args.cases else ["fp32", *args.cases]
+    cases = ["fp32", *(c for c in args.cases if c != "fp32")]  # the baseline first: every ratio is to it
     with tempfile.TemporaryDirectory() as folder, mps.sharing(Path(folder), required=True) as mps_env:
         for case in cases:  # the parent makes no CUDA context: every one goes through the daemon
             rows.append(packed(case, args.processes, args.steps, {**os.environ, **mps_env}))
