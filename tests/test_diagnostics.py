@@ -3,6 +3,7 @@ without changing its numbers."""
 import json
 import math
 import pickle
+import shutil
 
 import numpy as np
 import pytest
@@ -250,6 +251,17 @@ def test_a_run_records_fidelity_per_layer_and_experience_without_changing_its_nu
     expected = np.mean([e["layers"][layer]["input_clipped"] for e in epochs])
     assert float(row["clipped input"]) == pytest.approx(expected, abs=5e-4)
     assert {"clipped weight", "saturated forward", "saturated grad_weight"} <= set(header)
+
+    # a tagged run set (`tag=acc12`) gets rows of its own, not means taken with the untagged runs'
+    shutil.copytree(tmp_path / "light", tmp_path / "tagged")
+    summary = json.loads((tmp_path / "tagged" / "summary.json").read_text())
+    summary["run"]["tag"] = "acc12"
+    (tmp_path / "tagged" / "summary.json").write_text(json.dumps(summary))
+    make_tables([tmp_path / "light", tmp_path / "tagged"], tmp_path / "both")
+    for name in ("fidelity.md", "quantizers.md"):
+        rows = (tmp_path / "both" / name).read_text().splitlines()
+        assert "| tag |" in rows[0] and len(rows) == 2 + 2 * len(records[1]["layers"])
+        assert sum("| acc12 |" in r for r in rows) == len(records[1]["layers"])
 
 
 def test_a_full_run_records_a_landscape_per_experience_without_changing_its_numbers(make_cfg, tmp_path):

@@ -10,7 +10,8 @@ import pandas as pd
 from ..trainer.landscape import slice_summary
 from .style import SCHEME_ORDER, STRATEGY_ORDER, scheme_marker, strategy_color
 
-RUN_KEYS = ["benchmark", "strategy", "variant", "scheme", "quant_variant"]
+# what tells runs apart in these tables, as in table.md's rows: a tag (`tag=acc12`) names a run set of its own
+RUN_KEYS = ["benchmark", "strategy", "variant", "scheme", "tag", "quant_variant"]
 MEASURES = ("cosine", "rel_error", "sign")
 
 
@@ -38,6 +39,7 @@ def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, p
     fidelity, statistics, quantizers = [], [], []
     for run, records, epochs in _records(runs):
         keys = {k: run[k] for k in RUN_KEYS + ["seed"] if k in run}
+        keys["tag"] = run["tag"] if isinstance(run.get("tag"), str) else ""  # untagged: None or NaN
         positions = {}  # (experience, layer): the layer's place in the model
         for record in records:
             for position, (layer, found) in enumerate(record["layers"].items()):
