@@ -1,7 +1,7 @@
 """Where a strategy's HDQT gap comes from: accuracy on the newest and the old tasks, FP32 against HDQT paired by
 seed, and the HDQT runs' quantization statistics (quant_stats.json) by layer group and experience.
 
-    python scripts/quant_gap_report.py RUNS --out DIR [--compare lwf bic icarl]
+    python scripts/quant_gap_report.py RUNS --out DIR [--compare lwf bic icarl | --compare]
 
 Writes into DIR, from the complete run folders under RUNS (a[k,j]: accuracy on task j after experience k):
 - accuracy_split.md: 'new' a[k,k] and 'old' mean_{j<k} a[k,j]; old = 'learned' (mean a[j,j]) − 'forgotten';
@@ -9,9 +9,9 @@ Writes into DIR, from the complete run folders under RUNS (a[k,j]: accuracy on t
   task's and the old tasks' parts (seen accuracy = (new + k·old)/(k+1) with equal test sets, checked);
 - forgetting_by_age.md: a[j,j] − a[k,j] by the task's age k − j: whether extra forgetting accumulates;
 - train_loss.md: each experience's first- and last-epoch mean training loss;
-- quant_stats.md, saturation.png: each statistic per layer group (mean over its layers) and experience (mean over
-  its epochs), the compared strategies' HDQT runs and each one's difference from the last named (the
-  reference), paired by seed.
+- quant_stats.md, saturation.png (unless `--compare` names none): each statistic per layer group (mean over its
+  layers) and experience (mean over its epochs), the compared strategies' HDQT runs and each one's difference from
+  the last named (the reference), paired by seed.
 Accuracies are class-incremental (predictions over all seen classes): a low a[k,j] mixes a task not learned with
 its images given to other tasks' classes. Runs of one strategy in several variants (settings outside quant, e.g.
 `strategy.ce_classes=seen`) are kept apart, each strategy named by its variant ('bic [strategy.ce_classes=seen]'),
@@ -233,10 +233,12 @@ def report(root, out, compare=("lwf", "icarl"), plot=True) -> dict:
     if missing := sorted(set(compare) - quantized):
         raise ValueError(f"--compare: no {QUANT} runs of {', '.join(missing)}; "
                          f"there are {', '.join(sorted(quantized))}")
-    stats = load_quant_stats(steps[(steps.quant == QUANT) & steps.strategy.isin(compare)])
-    sections = [f"## {stat}\n\n" + to_markdown(quant_table(stats, stat, compare)) for stat in STATS]
     for name, table in tables.items():
         write_atomic(out / name, to_markdown(table))
+    if not compare:  # the accuracy tables alone (runs of one strategy)
+        return tables
+    stats = load_quant_stats(steps[(steps.quant == QUANT) & steps.strategy.isin(compare)])
+    sections = [f"## {stat}\n\n" + to_markdown(quant_table(stats, stat, compare)) for stat in STATS]
     write_atomic(out / "quant_stats.md", "\n".join(sections))
     if plot:
         plot_saturation(stats, compare, out / "saturation.png")
@@ -247,13 +249,13 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", help="folder searched recursively for run folders (summary.json)")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--compare", nargs="+", default=["lwf", "icarl"], metavar="STRATEGY",
+    parser.add_argument("--compare", nargs="*", default=["lwf", "icarl"], metavar="STRATEGY",
                         help="strategies whose quantization statistics are set side by side, each against the "
-                             "last named")
+                             "last named; none named (`--compare` alone): the accuracy tables only")
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
-    if len(args.compare) < 2:
-        parser.error(f"--compare needs at least two strategies, got {args.compare}")
+    if len(args.compare) == 1:
+        parser.error(f"--compare needs two strategies or none, got {args.compare}")
     report(args.runs, args.out, args.compare, plot=not args.no_plot)
 
 

@@ -251,6 +251,17 @@ def test_a_run_records_fidelity_per_layer_and_experience_without_changing_its_nu
     expected = np.mean([e["layers"][layer]["input_clipped"] for e in epochs])
     assert float(row["clipped input"]) == pytest.approx(expected, abs=5e-4)
     assert {"clipped weight", "saturated forward", "saturated grad_weight"} <= set(header)
+    # by experience: the mean over layers of each cosine, and the products' largest tile sums over the layers
+    table = (tmp_path / "tables" / "fidelity_by_experience.md").read_text().splitlines()
+    header = [c.strip() for c in table[0].split("|")]
+    assert len(table) == 2 + len(records)
+    second = dict(zip(header, table[3].split("|")))
+    layers = records[1]["layers"].values()
+    assert float(second["experience"]) == 2 and float(second["seeds"]) == 1
+    expected = np.nanmean([layer["g_W"]["old"]["cosine"] for layer in layers])
+    assert float(second["g_W cosine old"]) == pytest.approx(expected, abs=5e-4)
+    reach = max(layer["tile_sums"]["forward"]["largest"] / layer["tile_sums"]["forward"]["limit"] for layer in layers)
+    assert float(second["forward tile sum / limit"]) == pytest.approx(reach, abs=5e-4)
 
     # a tagged run set (`tag=acc12`) gets rows of its own, not means taken with the untagged runs'
     shutil.copytree(tmp_path / "light", tmp_path / "tagged")
@@ -258,10 +269,12 @@ def test_a_run_records_fidelity_per_layer_and_experience_without_changing_its_nu
     summary["run"]["tag"] = "acc12"
     (tmp_path / "tagged" / "summary.json").write_text(json.dumps(summary))
     make_tables([tmp_path / "light", tmp_path / "tagged"], tmp_path / "both")
-    for name in ("fidelity.md", "quantizers.md"):
+    per_run = {"fidelity.md": len(records[1]["layers"]), "quantizers.md": len(records[1]["layers"]),
+               "fidelity_by_experience.md": len(records)}
+    for name, count in per_run.items():
         rows = (tmp_path / "both" / name).read_text().splitlines()
-        assert "| tag |" in rows[0] and len(rows) == 2 + 2 * len(records[1]["layers"])
-        assert sum("| acc12 |" in r for r in rows) == len(records[1]["layers"])
+        assert "| tag |" in rows[0] and len(rows) == 2 + 2 * count
+        assert sum("| acc12 |" in r for r in rows) == count
 
 
 def test_a_full_run_records_a_landscape_per_experience_without_changing_its_numbers(make_cfg, tmp_path):

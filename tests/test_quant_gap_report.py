@@ -122,7 +122,16 @@ def test_several_strategies_each_against_the_last(tmp_path):
 def test_one_strategy_to_compare_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gap.main([str(tmp_path), "--out", str(tmp_path / "out"), "--compare", "lwf"])
-    assert "at least two strategies" in capsys.readouterr().err
+    assert "two strategies or none" in capsys.readouterr().err
+
+
+def test_no_strategy_to_compare_writes_the_accuracy_tables_alone(tmp_path):
+    runs = tmp_path / "runs"
+    write_run(runs, "lwf", "fp32", FP32)
+    write_run(runs, "lwf", "hdqt", HDQT, stats=lwf_saturation)
+    gap.main([str(runs), "--out", str(tmp_path / "out"), "--no-plot", "--compare"])
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "accuracy_split.md", "forgetting_by_age.md", "gap_decomposition.md", "train_loss.md"]
 
 
 def test_strategy_variants_are_paired_apart(tmp_path):

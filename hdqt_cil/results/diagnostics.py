@@ -85,6 +85,28 @@ def fidelity_table(fidelity: pd.DataFrame) -> pd.DataFrame:
     return whole.reset_index().drop(columns="position").round(3)
 
 
+def fidelity_by_experience(fidelity: pd.DataFrame, quantizers: pd.DataFrame) -> pd.DataFrame:
+    """Per run kind and experience: each gradient's cosine to the float one (the mean over layers), for G whole and
+    for the old and the new classes' logits, the mean over seeds; in how many seeds g_W's old-class cosine is the
+    higher; and each product's largest tile sum over the layers as a fraction of its limit, the mean over seeds
+    (whether the experience's sums reached past the accumulator's range)."""
+    keys = _keys(fidelity) + ["experience"]
+    per_seed = fidelity.pivot_table(index=keys + ["seed"], columns=["gradient", "part"], values="cosine")
+    per_seed.columns = [f"{kind} cosine {part}" for kind, part in per_seed.columns]
+    table = per_seed.groupby(level=keys).mean()
+    if "g_W cosine old" in per_seed:
+        higher = (per_seed["g_W cosine old"] > per_seed["g_W cosine new"]).where(per_seed["g_W cosine old"].notna())
+        table["g_W old > new, seeds"] = higher.groupby(level=keys).sum(min_count=1)
+    reach = quantizers[quantizers.measure.str.endswith("tile sum / limit")]
+    if len(reach):
+        table = table.join(reach.pivot_table(index=keys + ["seed"], columns="measure", values="value", aggfunc="max")
+                           .groupby(level=keys).mean())
+    table["seeds"] = per_seed.groupby(level=keys).size()
+    table = table.reset_index()
+    table["experience"] += 1  # counted from 1, as the run's log counts them
+    return table.round(3).fillna("–")
+
+
 def statistics_table(statistics: pd.DataFrame) -> pd.DataFrame:
     keys = _keys(statistics) + ["position", "layer", "role"]
     table = statistics.groupby(keys)[["max", "min", "mean", "norm"]].mean().reset_index().drop(columns="position")
@@ -120,8 +142,10 @@ def plot_fidelity(fidelity: pd.DataFrame, path) -> None:
     fig, axes = plt.subplots(len(benchmarks), 3, figsize=(17, 4.5 * len(benchmarks)), squeeze=False)
 
     def style(label) -> dict:
+        """The strategy's colour; the scheme's marker, another for each tagged or varied run set of it."""
         run = dict(zip(keys[1:], label))
-        return {"color": strategy_color(run["strategy"], strategies), "marker": scheme_marker(run["scheme"], schemes)}
+        kind = " / ".join(str(run[k]) for k in keys[1:] if k not in ("strategy", "variant") and run[k])
+        return {"color": strategy_color(run["strategy"], strategies), "marker": scheme_marker(kind, schemes)}
 
     for row, bench in zip(axes, benchmarks):
         runs = fidelity[fidelity.benchmark == bench]
@@ -131,7 +155,7 @@ def plot_fidelity(fidelity: pd.DataFrame, path) -> None:
             for label, group in chosen.groupby(keys[1:]):
                 curve = group.groupby("position").cosine.mean()
                 ax.plot(curve.index, curve.values, label=" / ".join(filter(None, label)), **style(label))
-            ax.set_xticks(layers.position, layers.layer, rotation=20, fontsize=8)
+            ax.set_xticks(layers.position, layers.layer, rotation=90, fontsize=6)
             ax.set(title=f"{bench}: {kind} against FP32, by layer", ylabel="cosine similarity")
         ax = row[2]
         split = runs[(runs.gradient == "g_W") & runs.part.isin(["old", "new"]) & (runs.scheme != "fp32")]

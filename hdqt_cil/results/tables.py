@@ -10,7 +10,8 @@
   by seed, and the settings whose runs came out the same;
 - energy.png: accuracy against the estimated training energy on integer hardware (runs that report their cost;
   table.* then adds the integer GMACs, the energy and its ratio to the FP32 row);
-- fidelity.md / fidelity.png / gradient_stats.md / quantizers.md: runs with diagnostics=light or full;
+- fidelity.md / fidelity_by_experience.md / fidelity.png / gradient_stats.md / quantizers.md: runs with
+  diagnostics=light or full;
   landscape.md / landscape_<strategy>.png: runs with diagnostics=full (results/diagnostics.py).
 A run counts in a mean only when its summary says `complete`. Diverged runs are shown as such; runs that
 stopped early (fewer experiences than configured) are counted in a separate column, never averaged in.
@@ -28,8 +29,8 @@ from ..config import RUN_INDEPENDENT_QUANT, SWITCHED_SETTINGS, comparable_config
 from ..quant.schemes import SCHEMES, preset_settings
 from ..files import read_json, write_atomic
 from .style import LINESTYLES, SCHEME_ORDER, STRATEGY_ORDER, scheme_marker, strategy_color
-from .diagnostics import (diagnostics_frame, fidelity_table, landscape_table, landscapes, plot_fidelity,
-                          plot_landscapes, quantizer_table, statistics_table)
+from .diagnostics import (diagnostics_frame, fidelity_by_experience, fidelity_table, landscape_table, landscapes,
+                          plot_fidelity, plot_landscapes, quantizer_table, statistics_table)
 
 KEYS = ["benchmark", "scenario", "model", "strategy", "quant"]
 # the schedule beside the row's identity: epochs a task, and the paper preset ('–': none) the runs start from
@@ -502,6 +503,7 @@ def make_tables(roots, out_dir, plot: bool = True, published=None) -> pd.DataFra
     fidelity, statistics, quantizers = diagnostics_frame(df)
     if len(fidelity):
         write_atomic(out / "fidelity.md", to_markdown(fidelity_table(fidelity)))
+        write_atomic(out / "fidelity_by_experience.md", to_markdown(fidelity_by_experience(fidelity, quantizers)))
         write_atomic(out / "gradient_stats.md", to_markdown(statistics_table(statistics)))
         if plot:
             plot_fidelity(fidelity, out / "fidelity.png")
