@@ -1,9 +1,11 @@
 """diagnostics=light (trainer/diagnostics.py): the copies it compares, the measures, and a run that records them
 without changing its numbers."""
+import gc
 import json
 import math
 import pickle
 import shutil
+import weakref
 
 import numpy as np
 import pytest
@@ -18,8 +20,8 @@ from hdqt_cil.quant import QuantSpec
 from hdqt_cil.quant.backend import TORCH_OPS
 from hdqt_cil.quant.layers import ROLE_CODES, ROLE_STRIDE
 from hdqt_cil.quant.rounding import Counter
-from hdqt_cil.trainer.diagnostics import (GradientDiagnostics, ModelCopies, QuantizerWatch, _Pass, fidelity,
-                                          float_shadow, quantizer_steps, replayed, watched)
+from hdqt_cil.trainer.diagnostics import (GradientDiagnostics, ModelCopies, QuantizerWatch, _Diagnosis, _Pass,
+                                          fidelity, float_shadow, quantizer_steps, replayed, watched)
 from hdqt_cil.trainer.landscape import filter_normalised_direction, loss_landscape, slice_summary
 
 
@@ -59,6 +61,22 @@ def test_the_quantized_copy_replays_the_steps_own_gradients_and_the_shadow_is_pl
     shadow = _seeded_pass(float_shadow(model), x, seed=3).backward(g)
     assert torch.equal(shadow["0"]["g_W"], expected[0]) and torch.equal(shadow["3"]["g_W"], expected[1])
     assert fidelity(got["3"]["g_W"], shadow["3"]["g_W"])["cosine"] < 1
+
+
+def test_a_diagnosed_batch_lets_go_of_its_passes_activations():
+    """The logits' autograd graph holds the backward hooks that hold the pass: closed, nothing keeps it alive (each
+    diagnosed batch once kept its two passes' activations for the run's life: gigabytes a run on a GPU)."""
+    model = quantize_model(_mlp(), preset("hdqt")).train()
+    x = torch.randn(8, 12)
+    diagnosis = _Diagnosis(replayed(model, quantizer_steps(model)), float_shadow(model), x)
+    for p in diagnosis.passes:
+        p.forward()
+    diagnosis.measures(torch.randn(8, 5), None)
+    kept = [weakref.ref(p) for p in diagnosis.passes] + [weakref.ref(p.logits) for p in diagnosis.passes]
+    diagnosis.close()
+    del diagnosis, p
+    gc.collect()
+    assert all(ref() is None for ref in kept)
 
 
 def _seeded_pass(model, x, seed):

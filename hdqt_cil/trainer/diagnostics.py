@@ -392,8 +392,14 @@ class _Pass:
         return out
 
     def close(self):
+        """The hooks off the model, and the pass's tensors let go: the logits' autograd graph (kept for the
+        backwards of G's parts, every activation in it) holds the backward hooks, which hold this pass, a cycle
+        through autograd's nodes that Python's collector cannot see (it kept every diagnosed batch's
+        activations)."""
         for hook in self.hooks:
             hook.remove()
+        self.logits = self.params = None
+        self.inputs, self.grads = {}, {}
 
 
 def _parts(g: torch.Tensor, old: torch.Tensor | None) -> dict:
