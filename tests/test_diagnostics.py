@@ -253,10 +253,18 @@ def test_a_run_records_fidelity_per_layer_and_experience_without_changing_its_nu
         assert {kept["limit"] for kept in layer["tile_sums"].values()} == {127}  # HDQT's 8-bit accumulators
         assert all(kept["largest"] > 0 for kept in layer["tile_sums"].values())
     assert set(measured["diagnostics"][1]["largest tile sum / limit"]) == {"forward", "grad_input", "grad_weight"}
+    # the forwards: the first layer in the forward takes the batch itself in both copies, the later ones drift;
+    # the logits by part
+    inputs = sorted((layer["input"]["all"] for layer in records[1]["layers"].values()), key=lambda i: i["rel_error"])
+    assert inputs[0]["rel_error"] == 0 and inputs[0]["cosine"] == pytest.approx(1)
+    assert all(0 < i["cosine"] < 1 and i["rel_error"] > 0 for i in inputs[1:])
+    assert set(records[0]["logits"]) == {"all"} and set(records[1]["logits"]) == {"all", "old", "new"}
+    assert all(0 < m["cosine"] < 1 for m in records[1]["logits"].values())
+    assert measured["diagnostics"][1]["logits"] == records[1]["logits"]
 
     make_tables([tmp_path / "light"], tmp_path / "tables")
     rows = (tmp_path / "tables" / "fidelity.md").read_text().splitlines()
-    assert "g_W cosine old classes" in rows[0] and len(rows) == 2 + len(records[1]["layers"])
+    assert "g_W cosine old classes" in rows[0] and len(rows) == 2 + len(records[1]["layers"]) + 1  # and the logits
     assert (tmp_path / "tables" / "fidelity.png").stat().st_size > 0
     assert "| grad_output |" in (tmp_path / "tables" / "gradient_stats.md").read_text()
     table = (tmp_path / "tables" / "quantizers.md").read_text().splitlines()
@@ -278,6 +286,7 @@ def test_a_run_records_fidelity_per_layer_and_experience_without_changing_its_nu
     assert float(second["experience"]) == 2 and float(second["seeds"]) == 1
     expected = np.nanmean([layer["g_W"]["old"]["cosine"] for layer in layers])
     assert float(second["g_W cosine old"]) == pytest.approx(expected, abs=5e-4)
+    assert float(second["logits cosine old"]) == pytest.approx(records[1]["logits"]["old"]["cosine"], abs=5e-4)
     reach = max(layer["tile_sums"]["forward"]["largest"] / layer["tile_sums"]["forward"]["limit"] for layer in layers)
     assert float(second["forward tile sum / limit"]) == pytest.approx(reach, abs=5e-4)
 
@@ -287,7 +296,7 @@ def test_a_run_records_fidelity_per_layer_and_experience_without_changing_its_nu
     summary["run"]["tag"] = "acc12"
     (tmp_path / "tagged" / "summary.json").write_text(json.dumps(summary))
     make_tables([tmp_path / "light", tmp_path / "tagged"], tmp_path / "both")
-    per_run = {"fidelity.md": len(records[1]["layers"]), "quantizers.md": len(records[1]["layers"]),
+    per_run = {"fidelity.md": len(records[1]["layers"]) + 1, "quantizers.md": len(records[1]["layers"]),
                "fidelity_by_experience.md": len(records)}
     for name, count in per_run.items():
         rows = (tmp_path / "both" / name).read_text().splitlines()

@@ -45,7 +45,7 @@ def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, p
             for position, (layer, found) in enumerate(record["layers"].items()):
                 positions[record["experience"], layer] = position
                 where = {**keys, "experience": record["experience"], "position": position, "layer": layer}
-                for kind in ("g_W", "g_x"):
+                for kind in ("g_W", "g_x", "input"):
                     for part, measures in found.get(kind, {}).items():
                         fidelity.append({**where, "gradient": kind, "part": part, **measures})
                 for role, values in found.get("stats", {}).items():
@@ -55,6 +55,10 @@ def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, p
                 for product, kept in found.get("tile_sums", {}).items():
                     quantizers.append({**where, "measure": f"{product} tile sum / limit",
                                        "value": kept["largest"] / kept["limit"]})
+            # the model's output, after its last layer: the quantized forward's logits against the float one's
+            where = {**keys, "experience": record["experience"], "position": len(record["layers"]), "layer": "logits"}
+            fidelity += [{**where, "gradient": "logits", "part": part, **measures}
+                         for part, measures in record.get("logits", {}).items()]
         for epoch in epochs:
             for layer, shares in epoch["layers"].items():
                 position = positions.get((epoch["experience"], layer))
@@ -87,9 +91,10 @@ def fidelity_table(fidelity: pd.DataFrame) -> pd.DataFrame:
 
 def fidelity_by_experience(fidelity: pd.DataFrame, quantizers: pd.DataFrame) -> pd.DataFrame:
     """Per run kind and experience: each gradient's cosine to the float one (the mean over layers), for G whole and
-    for the old and the new classes' logits, the mean over seeds; in how many seeds g_W's old-class cosine is the
-    higher; and each product's largest tile sum over the layers as a fraction of its limit, the mean over seeds
-    (whether the experience's sums reached past the accumulator's range)."""
+    for the old and the new classes' logits, the layers' inputs' and the logits' (whole, old and new classes'), the
+    means over seeds; in how many seeds g_W's old-class cosine is the higher; and each product's largest tile sum
+    over the layers as a fraction of its limit, the mean over seeds (whether the experience's sums reached past the
+    accumulator's range)."""
     keys = _keys(fidelity) + ["experience"]
     per_seed = fidelity.pivot_table(index=keys + ["seed"], columns=["gradient", "part"], values="cosine")
     per_seed.columns = [f"{kind} cosine {part}" for kind, part in per_seed.columns]
@@ -148,7 +153,7 @@ def plot_fidelity(fidelity: pd.DataFrame, path) -> None:
         return {"color": strategy_color(run["strategy"], strategies), "marker": scheme_marker(kind, schemes)}
 
     for row, bench in zip(axes, benchmarks):
-        runs = fidelity[fidelity.benchmark == bench]
+        runs = fidelity[(fidelity.benchmark == bench) & fidelity.gradient.isin(["g_W", "g_x"])]
         layers = runs.drop_duplicates("position").sort_values("position")
         for ax, kind in zip(row[:2], ("g_W", "g_x")):
             chosen = runs[(runs.gradient == kind) & (runs.part == "all")]

@@ -5,17 +5,18 @@ its backward) is sent back, before the update, through two copies of the model a
 the quantized model as the step ran it (its stochastic rounding at the step's counters) and a float shadow (every layer
 plain FP32, without TF32). For each Linear and Conv2d layer the weight gradient g_W and the input gradient g_x of the
 two are compared (cosine similarity, relative L2 error ‖q − f‖ / ‖f‖, sign agreement where the float gradient is not
-zero), for G whole and, once old classes exist, for G restricted to the old classes' logits and to the new ones'; the
-quantized copy's tensors by role (input, weight, grad_output, g_x, g_W) are summarised (max, min, mean, L2 norm). The
-quantized copy's ops are watched (`QuantizerWatch`, for G whole): the share of nonzero values each quantizer rounds to
-level 0 (underflow), by its role, and each integer product's largest tile sum against its accumulator's limit. The
-copies draw the same dropout masks from a forked generator: the run's own random streams and numbers are untouched.
-Records are means over an experience's diagnosed batches, kept in the plugin and in its epoch checkpoints, written with
-the run as diagnostics.json. On a GPU the measures are kernels (kernels/measures.py), and where the run's steps are
-replayed from CUDA graphs its diagnosed batches are too (`CapturedDiagnosis`), beside the next steps. diagnostics=full
-adds, at the end of each experience, the training loss's landscape around the weights for the quantized model and its
-float shadow (trainer/landscape.py), and from the second experience on the old experiences' test loss along the same
-directions.
+zero), for G whole and, once old classes exist, for G restricted to the old classes' logits and to the new ones'; so are
+the two forwards: each layer's input and the logits (whole, old classes', new ones'), how far the quantized forward
+drifts from the float one at the same weights; the quantized copy's tensors by role (input, weight, grad_output, g_x,
+g_W) are summarised (max, min, mean, L2 norm). The quantized copy's ops are watched (`QuantizerWatch`, for G whole): the
+share of nonzero values each quantizer rounds to level 0 (underflow), by its role, and each integer product's largest
+tile sum against its accumulator's limit. The copies draw the same dropout masks from a forked generator: the run's own
+random streams and numbers are untouched. Records are means over an experience's diagnosed batches, kept in the plugin
+and in its epoch checkpoints, written with the run as diagnostics.json. On a GPU the measures are kernels
+(kernels/measures.py), and where the run's steps are replayed from CUDA graphs its diagnosed batches are too
+(`CapturedDiagnosis`), beside the next steps. diagnostics=full adds, at the end of each experience, the training loss's
+landscape around the weights for the quantized model and its float shadow (trainer/landscape.py), and from the second
+experience on the old experiences' test loss along the same directions.
 """
 import contextlib
 import copy
@@ -38,6 +39,7 @@ LEVELS = ("off", "light", "full")
 ODD_POINTS = Rule(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 3 and v % 2 == 1,
                   "an odd integer >= 3 (the grid's middle point is the trained weights)")
 GRADIENTS = ("g_W", "g_x")
+COMPARED = (*GRADIENTS, "input")  # a layer's tensors compared with the float shadow's: its gradients and its input
 ROLES = ("input", "weight", "grad_output", "g_x", "g_W")
 ROLE_OF_CODE = {code: role for role, code in ROLE_CODES.items()}  # a quantizer's role, from its counter
 PRODUCT_STATS = {"forward": "forward_saturated", "grad_input": "grad_input_saturated",
@@ -403,7 +405,8 @@ class _Pass:
 
 
 def _parts(g: torch.Tensor, old: torch.Tensor | None) -> dict:
-    """G whole and, once old classes exist (`old`: a mask over the logits), restricted to the old and the new."""
+    """G (or the logits) whole and, once old classes exist (`old`: a mask over the logits), restricted to the old
+    and the new."""
     return {"all": g} if old is None else {"all": g, "old": g * old, "new": g * ~old}
 
 
@@ -423,13 +426,18 @@ class _Diagnosis:
             grads[part] = [p.backward(g_part) for p in self.passes]
             for watch in self.watches.values():
                 watch.recording = False
-        measured = {"watches": {name: watch.counts() for name, watch in self.watches.items()}, "layers": {}}
-        for name, module in self.passes[0].layers.items():
-            layer = measured["layers"][name] = {kind: {} for kind in GRADIENTS}
+        quantized, shadow = self.passes
+        q_logits, f_logits = (_parts(p.logits.detach(), old) for p in self.passes)
+        measured = {"watches": {name: watch.counts() for name, watch in self.watches.items()}, "layers": {},
+                    "logits": {part: _fidelity(q, f_logits[part]) for part, q in q_logits.items()}}
+        for name, module in quantized.layers.items():
+            layer = measured["layers"][name] = {kind: {} for kind in COMPARED}
             for part, (q, f) in grads.items():
                 for kind in GRADIENTS:
                     if kind in q[name] and kind in f[name]:
                         layer[kind][part] = _fidelity(q[name][kind], f[name][kind])
+            if name in quantized.inputs and name in shadow.inputs:  # the forwards drifted apart by here
+                layer["input"]["all"] = _fidelity(quantized.inputs[name], shadow.inputs[name])
             q = grads["all"][0][name]
             stats = {"weight": module.weight.detach(), **q}
             layer["stats"] = {role: _summary_statistics(stats[role]) for role in ROLES if role in stats}
@@ -679,21 +687,24 @@ class GradientDiagnostics(SupervisedPlugin):
         n = record["batches"]
         for name, counts in measured["watches"].items():
             _watched_into(record["layers"].setdefault(name, {}), underflow_shares(counts), n)
+        for part, values in measured["logits"].items():
+            _mean_into(record.setdefault("logits", {}).setdefault(part, {}), values, n)
         for name, layer_measures in measured["layers"].items():
             layer = record["layers"].setdefault(name, {})
-            for kind in GRADIENTS:
+            for kind in COMPARED:
                 for part, values in layer_measures[kind].items():
                     _mean_into(layer.setdefault(kind, {}).setdefault(part, {}), values, n)
             for role, values in layer_measures["stats"].items():
                 _mean_into(layer.setdefault("stats", {}).setdefault(role, {}), values, n)
 
     def summary(self) -> list[dict]:
-        """Per experience: the mean over layers of each gradient's fidelity, by part of G, and of each role's
-        underflow share; the largest tile sum of each product over the layers, as a fraction of its limit."""
+        """Per experience: the mean over layers of each gradient's fidelity, by part of G, of the layers' inputs' and
+        of each role's underflow share; the logits' fidelity by part; the largest tile sum of each product over the
+        layers, as a fraction of its limit."""
         out = []
         for exp in self.experiences:
             means, layers = {}, exp["layers"].values()
-            for kind in GRADIENTS:
+            for kind in COMPARED:
                 for part in ("all", "old", "new"):
                     values = [layer[kind][part] for layer in layers if part in layer.get(kind, {})]
                     if values:
@@ -707,6 +718,8 @@ class GradientDiagnostics(SupervisedPlugin):
                 for product, kept in layer.get("tile_sums", {}).items():
                     reach[product] = max(reach.get(product, 0.0), kept["largest"] / kept["limit"])
             entry = {"experience": exp["experience"], "batches": exp["batches"], "mean over layers": means}
+            if "logits" in exp:  # a record from before the forwards were compared has none
+                entry["logits"] = exp["logits"]
             if reach:
                 entry["largest tile sum / limit"] = reach
             for key in ("landscape", "old_test_landscape"):  # the 1-D slice: the loss at the weights, its rise at ±span
