@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..trainer.diagnostics import COMPARED, GRADIENTS
 from ..trainer.landscape import slice_summary
 from .style import SCHEME_ORDER, STRATEGY_ORDER, scheme_marker, strategy_color
 
@@ -45,7 +46,7 @@ def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, p
             for position, (layer, found) in enumerate(record["layers"].items()):
                 positions[record["experience"], layer] = position
                 where = {**keys, "experience": record["experience"], "position": position, "layer": layer}
-                for kind in ("g_W", "g_x", "input"):
+                for kind in COMPARED:
                     for part, measures in found.get(kind, {}).items():
                         fidelity.append({**where, "gradient": kind, "part": part, **measures})
                 for role, values in found.get("stats", {}).items():
@@ -153,9 +154,9 @@ def plot_fidelity(fidelity: pd.DataFrame, path) -> None:
         return {"color": strategy_color(run["strategy"], strategies), "marker": scheme_marker(kind, schemes)}
 
     for row, bench in zip(axes, benchmarks):
-        runs = fidelity[(fidelity.benchmark == bench) & fidelity.gradient.isin(["g_W", "g_x"])]
+        runs = fidelity[(fidelity.benchmark == bench) & fidelity.gradient.isin(GRADIENTS)]
         layers = runs.drop_duplicates("position").sort_values("position")
-        for ax, kind in zip(row[:2], ("g_W", "g_x")):
+        for ax, kind in zip(row[:2], GRADIENTS):
             chosen = runs[(runs.gradient == kind) & (runs.part == "all")]
             for label, group in chosen.groupby(keys[1:]):
                 curve = group.groupby("position").cosine.mean()
