@@ -298,6 +298,8 @@ def test_herding_reads_its_features_from_graphs_in_the_eager_order():
     ("icarl", "hdqt", ["trainer.weight_bits=8"]),
     ("icarl", "hdqt", ["strategy.hp_replay=40"]), ("icarl", "hdqt", ["diagnostics=light", "diagnostics.every=2"]),
     ("lwf", "mxfp4", ["diagnostics=light", "diagnostics.every=2"]), ("icarl", "fp8", []), ("bic", "nvfp4", []),
+    ("lwf", "hot", ["diagnostics=light", "diagnostics.every=2"]),
+    ("lwf", "int4", ["diagnostics=light", "diagnostics.every=2"]),
     ("icarl", "fp", []),
     ("bic", "int4", ["strategy.hp_replay=40", "strategy.stage_2_epochs=2"]),
 ])
@@ -345,7 +347,7 @@ def test_a_sweep_job_on_the_second_gpu_gives_the_first_gpus_results(make_cfg, tm
     assert first["acc_matrix"] == second["acc_matrix"] and first["train_loss"] == second["train_loss"]
 
 
-@pytest.mark.parametrize("scheme", ["hdqt", "int4", "luq", "mxfp4", "fp32"])
+@pytest.mark.parametrize("scheme", ["hdqt", "int4", "luq", "hot", "mxfp4", "fp32"])
 def test_diagnosed_batches_replayed_from_graphs_record_what_eager_ones_record(scheme):
     """diagnostics on a graphed run: the copies' passes and measures replayed from CUDA graphs give the eager
     records bit for bit (dropout masks, BatchNorm, counters, the old and new parts), and are captured again when

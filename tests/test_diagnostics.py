@@ -304,6 +304,22 @@ def test_a_run_records_fidelity_per_layer_and_experience_without_changing_its_nu
         assert sum("| acc12 |" in r for r in rows) == count
 
 
+def test_under_hot_the_forwards_agree_and_the_backward_is_what_differs(make_cfg, tmp_path):
+    """HOT's forward is float: the quantized copy's inputs and logits are the shadow's; its integer backward moves the
+    gradients, its four backward quantizers report their underflow, and no product has a narrow accumulator."""
+    summary = run(_light(make_cfg, "hot", "diagnostics=light", "diagnostics.every=4"), tmp_path / "hot")
+    records = json.loads((tmp_path / "hot" / "diagnostics.json").read_text())
+    later = records[1]
+    assert all(part["rel_error"] == 0 for part in later["logits"].values()) and set(later["logits"]) == {
+        "all", "old", "new"}
+    backward_roles = {"grad_input.grad_output", "grad_input.weight", "grad_weight.grad_output", "grad_weight.input"}
+    for layer in later["layers"].values():
+        assert layer["input"]["all"]["rel_error"] == 0
+        assert 0 < layer["g_W"]["all"]["cosine"] < 1 and layer["g_W"]["old"]["rel_error"] > 0
+        assert set(layer["underflow"]) == backward_roles and "tile_sums" not in layer
+    assert "largest tile sum / limit" not in summary["diagnostics"][1]
+
+
 def test_a_full_run_records_a_landscape_per_experience_without_changing_its_numbers(make_cfg, tmp_path):
     summary = run(_light(make_cfg, "hdqt", "diagnostics=full", "diagnostics.every=20", "diagnostics.landscape_points=3",
                          "diagnostics.landscape_batches=1"), tmp_path / "full")
