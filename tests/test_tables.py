@@ -133,6 +133,25 @@ def test_ablation_settings_are_paired_by_seed_against_default_and_fp32_and_same_
     assert paired[3].endswith("| 3 | acc_bits=12 |") and len(paired) == 5
 
 
+def test_a_run_from_before_configs_named_their_preset_takes_it_from_its_experiment(tmp_path):
+    """Its command's `+experiment=har_paper` (.hydra/overrides.yaml): its row joins the later runs' of that preset,
+    FP32's cost beside them; a run that names no experiment stays without one."""
+    runs = tmp_path / "runs"
+    _run_with_config(runs, "fp", _summary("icarl", "fp32", 0, 90.0), trainer={"epochs": 100})
+    (runs / "fp" / ".hydra").mkdir()
+    (runs / "fp" / ".hydra" / "overrides.yaml").write_text("- +experiment=har_paper\n- trainer.epochs=100\n")
+    _run_with_config(runs, "hdqt", _summary("icarl", "hdqt", 0, 88.0), trainer={"epochs": 100})
+    config = OmegaConf.load(runs / "hdqt" / "config.yaml")
+    config.preset = "har_paper"
+    (runs / "hdqt" / "config.yaml").write_text(OmegaConf.to_yaml(config))
+    _run_with_config(runs, "plain", _summary("lwf", "fp32", 0, 70.0), trainer={"epochs": 100})
+    table = make_tables([runs], tmp_path / "out", plot=False).set_index(["strategy", "quant"])
+    assert table.loc[("icarl", "fp32"), "preset"] == table.loc[("icarl", "hdqt"), "preset"] == "har_paper"
+    assert table.loc[("lwf", "fp32"), "preset"] == "–"
+    main = (tmp_path / "out" / "main.md").read_text().splitlines()
+    assert sum("| icarl |" in row for row in main) == 1  # one row: FP32 and HDQT side by side
+
+
 def test_an_ablation_without_preset_runs_is_tabled_and_plotted_without_a_reference(tmp_path):
     runs = tmp_path / "runs"
     for seed in (0, 1):

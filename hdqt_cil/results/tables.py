@@ -52,10 +52,27 @@ def _flat(d: dict, prefix="") -> dict:
     return out
 
 
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "configs" / "experiment"
+
+
 def _run_config(run_dir: Path) -> dict:
-    """The run's resolved config.yaml ({} when absent)."""
-    config = run_dir / "config.yaml"
-    return OmegaConf.to_container(OmegaConf.load(config), resolve=True) if config.exists() else {}
+    """The run's resolved config.yaml ({} when absent). A run from before configs recorded their `preset` takes it
+    from the experiment its command named, so that its rows join the later runs of that preset."""
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        return {}
+    config = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    if "preset" not in config:
+        config["preset"] = _named_preset(run_dir / ".hydra" / "overrides.yaml")
+    return config
+
+
+def _named_preset(overrides: Path) -> str | None:
+    """The `preset` of the experiment (`+experiment=NAME`) among a run's Hydra overrides, if it names one."""
+    named = [o.split("=", 1)[1] for o in (OmegaConf.load(overrides) if overrides.exists() else [])
+             if o.split("=", 1)[0].lstrip("+") == "experiment"]
+    experiment = EXPERIMENTS / f"{named[-1]}.yaml" if named else None
+    return OmegaConf.load(experiment).get("preset") if experiment and experiment.exists() else None
 
 
 def quant_setting(config: dict) -> str:
