@@ -9,8 +9,10 @@
 #   bash scripts/device_background.sh stop NAME
 #       stops sweep NAME and every process it started (its job processes too), so that its GPUs can take other
 #       work; its unfinished runs resume from their checkpoints when a sweep names them again.
-#   [CHECKPOINTS=n] bash scripts/device_background.sh wait SECONDS
-#       waits until every sweep has ended or SECONDS have passed, prints each one's progress, and leaves in $OUT
+#   [CHECKPOINTS=n] [STALL=s] bash scripts/device_background.sh wait SECONDS
+#       waits until every sweep has ended, SECONDS have passed or no run has logged anything for STALL seconds
+#       (default 300: a run logs every few epochs; one process's hung or faulted kernel stops every process on the
+#       GPU under CUDA MPS, and waiting on it wastes the machine), prints each one's progress, and leaves in $OUT
 #       (a call returns at most 8 files) logs.tgz (every sweep's logs), runs_now.tgz (every run folder so far,
 #       checkpoints left out) and, with CHECKPOINTS=n, up to n (at most 6) ckpt_<k>.tgz files of the unfinished runs'
 #       checkpoints (scripts/pack_checkpoints.py) for the next machine: packed once here for every sweep, so a
@@ -47,7 +49,16 @@ case ${1:-} in
   wait)
     deadline=$(( $(date +%s) + ${2:?seconds to wait} ))
     alive() { for pid in "$root"/*/pid; do kill -0 "$(cat "$pid")" 2>/dev/null && return 0; done; return 1; }
-    while alive && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
+    # seconds since any run or sweep last wrote to its log
+    quiet() { echo $(( $(date +%s) - $(find "$root" /tmp/runs -name '*.log' -printf '%T@\n' 2>/dev/null |
+                                           sort -n | tail -n 1 | cut -d. -f1) )); }
+    while alive && [ "$(date +%s)" -lt "$deadline" ]; do
+      if [ "$(quiet)" -ge "${STALL:-300}" ]; then
+        echo "STALLED: no run has logged anything for $(quiet) s; the sweeps are left running (stop NAME ends one)"
+        break
+      fi
+      sleep 5
+    done
     out=${OUT:-device_out}
     mkdir -p "$out"
     for folder in "$root"/*/; do

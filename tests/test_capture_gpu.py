@@ -317,6 +317,26 @@ def test_experiment_with_cuda_graphs_gives_the_same_results(make_cfg, tmp_path, 
     np.testing.assert_equal(graphed.get("diagnostics"), eager.get("diagnostics"))  # NaN where both have one
 
 
+@pytest.mark.parametrize("sliced", [False, True])
+def test_lwf_under_hot_on_a_resnet_diagnosed_from_graphs_records_what_the_eager_run_records(make_cfg, tmp_path,
+                                                                                             sliced):
+    """The CIFAR-10 table's LwF HOT run in small: ResNet-32 at batch 128 with LQS (per token in most layers), the
+    images augmented on the GPU, both unfolds, diagnosed batches captured again once old classes exist; the graphed
+    run gives the eager run's numbers and records."""
+    from test_cifar import write_torchvision_cifar
+
+    write_torchvision_cifar(tmp_path / "data", "cifar10", per_class_train=128, per_class_test=4)
+    overrides = ["benchmark=cifar10", "benchmark.verify=false", "benchmark.augment_on=gpu", "model=resnet32",
+                 "strategy=lwf", "quant=hot", f"quant.sliced_unfold={sliced}", "trainer.epochs=2",
+                 "trainer.batch_size=128", "trainer.device=cuda", "diagnostics=light", "diagnostics.every=2"]
+    eager = run(make_cfg(*overrides, "trainer.cuda_graph=false"), tmp_path / "eager")
+    graphed = run(make_cfg(*overrides, "trainer.cuda_graph=true"), tmp_path / "graphed")
+    assert graphed["status"] == eager["status"] == "complete"
+    assert graphed["acc_matrix"] == eager["acc_matrix"] and graphed["train_loss"] == eager["train_loss"]
+    np.testing.assert_equal(graphed["diagnostics"], eager["diagnostics"])
+    assert [e["experience"] for e in graphed["diagnostics"]] == [0, 1, 2, 3, 4]
+
+
 def test_a_compiled_fp32_experiment_runs_and_trains_like_the_eager_one(make_cfg, tmp_path):
     overrides = ["strategy=icarl", "quant=fp32", "trainer.epochs=2", "trainer.device=cuda"]
     eager = run(make_cfg(*overrides), tmp_path / "eager")
