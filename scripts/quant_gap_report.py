@@ -1,21 +1,24 @@
-"""Where a strategy's HDQT gap comes from: accuracy on the newest and the old tasks, FP32 against HDQT paired by
-seed, and the HDQT runs' quantization statistics (quant_stats.json) by layer group and experience.
+"""Where a strategy's gap under a quant scheme comes from: accuracy on the newest and the old tasks, FP32 against the
+scheme paired by seed, and the scheme's runs' quantization statistics (quant_stats.json) by layer group and experience.
 
-    python scripts/quant_gap_report.py RUNS --out DIR [--compare lwf bic icarl | --compare]
+    python scripts/quant_gap_report.py RUNS --out DIR [--scheme int4] [--compare lwf bic icarl | --compare]
+
+--scheme names the scheme set against FP32 (`hdqt` unless given; `int4`, `hot`, `fp8`, ...); the tables' columns
+name it. A tagged run set (`hdqt[acc12]`) counts as its scheme's runs.
 
 Writes into DIR, from the complete run folders under RUNS (a[k,j]: accuracy on task j after experience k):
 - accuracy_split.md: 'new' a[k,k] and 'old' mean_{j<k} a[k,j]; old = 'learned' (mean a[j,j]) − 'forgotten';
-- gap_decomposition.md: per seed, the HDQT − FP32 gap of average and last accuracy split exactly into the newest
+- gap_decomposition.md: per seed, the scheme − FP32 gap of average and last accuracy split exactly into the newest
   task's and the old tasks' parts (seen accuracy = (new + k·old)/(k+1) with equal test sets, checked);
 - forgetting_by_age.md: a[j,j] − a[k,j] by the task's age k − j: whether extra forgetting accumulates;
 - train_loss.md: each experience's first- and last-epoch mean training loss;
 - quant_stats.md, saturation.png (unless `--compare` names none): each statistic per layer group (mean over its
-  layers) and experience (mean over its epochs), the compared strategies' HDQT runs and each one's difference from
-  the last named (the reference), paired by seed.
+  layers) and experience (mean over its epochs), the compared strategies' runs of the scheme and each one's
+  difference from the last named (the reference), paired by seed.
 Accuracies are class-incremental (predictions over all seen classes): a low a[k,j] mixes a task not learned with
 its images given to other tasks' classes. Runs of one strategy in several variants (settings outside quant, e.g.
 `strategy.ce_classes=seen`) are kept apart, each strategy named by its variant ('bic [strategy.ce_classes=seen]'),
-and FP32 is paired with HDQT within a variant; runs off their scheme's preset (a quant variant) are left out.
+and FP32 is paired with the scheme within a variant; runs off their scheme's preset (a quant variant) are left out.
 """
 import argparse
 import re
@@ -27,7 +30,7 @@ import pandas as pd
 from hdqt_cil.files import read_json, write_atomic
 from hdqt_cil.results.tables import collect_runs, mean_std, strategy_labels, to_markdown
 
-QUANT = "hdqt"
+SCHEME = "hdqt"  # set against FP32 unless --scheme names another
 STATS = ("forward_saturated", "grad_input_saturated", "grad_weight_saturated", "input_clipped", "weight_clipped")
 
 
@@ -80,29 +83,29 @@ def load_runs(root) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.concat(rows, ignore_index=True), pd.concat(ages, ignore_index=True)
 
 
-def paired(steps: pd.DataFrame, keys=("strategy", "seed", "exp"),
+def paired(steps: pd.DataFrame, scheme: str, keys=("strategy", "seed", "exp"),
            cols=("new", "old", "learned", "forgotten", "seen", "first_loss", "loss", "avg_acc", "last_acc")
            ) -> pd.DataFrame:
-    """FP32 and HDQT runs of the same strategy and seed side by side (suffixes _fp32, _q), d_* = q − fp32."""
+    """FP32 and `scheme` runs of the same strategy and seed side by side (suffixes _fp32, _q), d_* = q − fp32."""
     keys, cols = list(keys), list(cols)
-    both = steps[steps.quant == "fp32"][keys + cols].merge(steps[steps.quant == QUANT][keys + cols], on=keys,
+    both = steps[steps.quant == "fp32"][keys + cols].merge(steps[steps.quant == scheme][keys + cols], on=keys,
                                                            suffixes=("_fp32", "_q"))
     for c in cols:
         both[f"d_{c}"] = both[f"{c}_q"] - both[f"{c}_fp32"]
     return both
 
 
-def accuracy_split_table(pairs: pd.DataFrame) -> pd.DataFrame:
+def accuracy_split_table(pairs: pd.DataFrame, scheme: str) -> pd.DataFrame:
     rows = []
     for (strategy, k), g in pairs.groupby(["strategy", "exp"]):
         row = {"strategy": strategy, "after exp": k, "seeds": " ".join(map(str, sorted(g.seed)))}
         for c in ("new", "old"):
-            row[f"{c} fp32"], row[f"{c} hdqt"], row[f"Δ{c}"] = (mean_std(g[f"{c}_fp32"]), mean_std(g[f"{c}_q"]),
-                                                              mean_std(g[f"d_{c}"], "+.1f"))
+            row[f"{c} fp32"], row[f"{c} {scheme}"], row[f"Δ{c}"] = (mean_std(g[f"{c}_fp32"]), mean_std(g[f"{c}_q"]),
+                                                                       mean_std(g[f"d_{c}"], "+.1f"))
         row["Δlearned"], row["Δforgotten"] = mean_std(g.d_learned, "+.1f"), mean_std(g.d_forgotten, "+.1f")
         row["Δ(new − old)"] = mean_std(g.d_new - g.d_old, "+.1f")
         if k == 0:
-            for c in ("old fp32", "old hdqt", "Δold", "Δlearned", "Δforgotten", "Δ(new − old)"):
+            for c in ("old fp32", f"old {scheme}", "Δold", "Δlearned", "Δforgotten", "Δ(new − old)"):
                 row[c] = "–"
         rows.append(row)
     return pd.DataFrame(rows)
@@ -133,21 +136,22 @@ def decomposition(pairs: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([table, pd.DataFrame(means)]).sort_values(["strategy", "seed"], kind="stable")
 
 
-def age_table(pairs: pd.DataFrame) -> pd.DataFrame:
+def age_table(pairs: pd.DataFrame, scheme: str) -> pd.DataFrame:
     return pd.DataFrame([{"strategy": s, "age (experiences since the task's own)": d,
                           "seeds": " ".join(map(str, sorted(g.seed))), "fp32": mean_std(g.forgetting_fp32),
-                          "hdqt": mean_std(g.forgetting_q), "Δ (paired)": mean_std(g.d_forgetting, "+.1f"),
+                          scheme: mean_std(g.forgetting_q), "Δ (paired)": mean_std(g.d_forgetting, "+.1f"),
                           "Δ per seed": " / ".join(f"{v:+.1f}" for v in g.sort_values("seed").d_forgetting),
-                          "seeds hdqt > fp32": f"{int((g.d_forgetting > 0).sum())}/{len(g)}"}
+                          f"seeds {scheme} > fp32": f"{int((g.d_forgetting > 0).sum())}/{len(g)}"}
                          for (s, d), g in pairs.groupby(["strategy", "age"])])
 
 
-def loss_table(pairs: pd.DataFrame) -> pd.DataFrame:
+def loss_table(pairs: pd.DataFrame, scheme: str) -> pd.DataFrame:
     return pd.DataFrame([{"strategy": s, "exp": k, "seeds": len(g),
                           "first epoch fp32": mean_std(g.first_loss_fp32, ".3f"),
-                          "first epoch hdqt": mean_std(g.first_loss_q, ".3f"), "fp32": mean_std(g.loss_fp32, ".3f"),
-                          "hdqt": mean_std(g.loss_q, ".3f"), "Δ (paired)": mean_std(g.d_loss, "+.3f"),
-                          "hdqt / fp32": mean_std(g.loss_q / g.loss_fp32, ".2f")}
+                          f"first epoch {scheme}": mean_std(g.first_loss_q, ".3f"),
+                          "fp32": mean_std(g.loss_fp32, ".3f"), scheme: mean_std(g.loss_q, ".3f"),
+                          "Δ (paired)": mean_std(g.d_loss, "+.3f"),
+                          f"{scheme} / fp32": mean_std(g.loss_q / g.loss_fp32, ".2f")}
                          for (s, k), g in pairs.groupby(["strategy", "exp"])])
 
 
@@ -222,22 +226,26 @@ def plot_saturation(stats: pd.DataFrame, strategies, path) -> None:
     plt.close(fig)
 
 
-def report(root, out, compare=("lwf", "icarl"), plot=True) -> dict:
+def report(root, out, compare=("lwf", "icarl"), plot=True, scheme=SCHEME) -> dict:
     out = Path(out)
     steps, ages = load_runs(root)
-    pairs = paired(steps)
-    tables = {"accuracy_split.md": accuracy_split_table(pairs), "gap_decomposition.md": decomposition(pairs),
-              "forgetting_by_age.md": age_table(paired(ages, ("strategy", "seed", "age"), ("forgetting",))),
-              "train_loss.md": loss_table(pairs)}
-    quantized = set(steps[steps.quant == QUANT].strategy)
+    if scheme not in (schemes := sorted(set(steps.quant) - {"fp32"})):
+        raise SystemExit(f"--scheme: no {scheme} runs to set against fp32 under {root}; there are "
+                         f"{', '.join(schemes) or 'none'}")
+    pairs = paired(steps, scheme)
+    tables = {"accuracy_split.md": accuracy_split_table(pairs, scheme), "gap_decomposition.md": decomposition(pairs),
+              "forgetting_by_age.md": age_table(paired(ages, scheme, ("strategy", "seed", "age"), ("forgetting",)),
+                                                scheme),
+              "train_loss.md": loss_table(pairs, scheme)}
+    quantized = set(steps[steps.quant == scheme].strategy)
     if missing := sorted(set(compare) - quantized):
-        raise ValueError(f"--compare: no {QUANT} runs of {', '.join(missing)}; "
+        raise ValueError(f"--compare: no {scheme} runs of {', '.join(missing)}; "
                          f"there are {', '.join(sorted(quantized))}")
     for name, table in tables.items():
         write_atomic(out / name, to_markdown(table))
     if not compare:  # the accuracy tables alone (runs of one strategy)
         return tables
-    stats = load_quant_stats(steps[(steps.quant == QUANT) & steps.strategy.isin(compare)])
+    stats = load_quant_stats(steps[(steps.quant == scheme) & steps.strategy.isin(compare)])
     sections = [f"## {stat}\n\n" + to_markdown(quant_table(stats, stat, compare)) for stat in STATS]
     write_atomic(out / "quant_stats.md", "\n".join(sections))
     if plot:
@@ -252,11 +260,14 @@ def main(argv=None) -> None:
     parser.add_argument("--compare", nargs="*", default=["lwf", "icarl"], metavar="STRATEGY",
                         help="strategies whose quantization statistics are set side by side, each against the "
                              "last named; none named (`--compare` alone): the accuracy tables only")
+    parser.add_argument("--scheme", default=SCHEME, metavar="NAME",
+                        help=f"the quant scheme set against FP32 and named in the tables (default {SCHEME}), e.g. "
+                             "int4, hot, fp8; its tagged run sets count as its runs")
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
     if len(args.compare) == 1:
         parser.error(f"--compare needs two strategies or none, got {args.compare}")
-    report(args.runs, args.out, args.compare, plot=not args.no_plot)
+    report(args.runs, args.out, args.compare, plot=not args.no_plot, scheme=args.scheme)
 
 
 if __name__ == "__main__":

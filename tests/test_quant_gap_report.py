@@ -157,3 +157,38 @@ def test_runs_that_cannot_be_paired_are_refused(tmp_path):
     write_run(tmp_path, "lwf", "fp32", FP32, tag="again")  # the same settings and seed twice
     with pytest.raises(ValueError, match="same settings and seed.*fp32-again"):
         gap.load_runs(tmp_path)
+
+
+def header(md: str) -> list[str]:
+    return [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
+
+
+def test_another_scheme_against_fp32(tmp_path):
+    """--scheme int4: FP32 against INT4 (a tagged run set), the tables naming int4; the HDQT runs beside them (no
+    gap if they were paired in) are left out."""
+    runs = tmp_path / "runs"
+    write_run(runs, "lwf", "fp32", FP32)
+    write_run(runs, "lwf", "int4", HDQT, stats=lwf_saturation, tag="diag")
+    write_run(runs, "lwf", "hdqt", FP32, stats=lwf_saturation)
+    write_run(runs, "icarl", "int4", FP32, stats=lambda exp, epoch, layer: 0.01 if layer == "classifier" else 0.0)
+    out = tmp_path / "out"
+    gap.main([str(runs), "--out", str(out), "--no-plot", "--scheme", "int4"])
+    assert not [p.name for p in out.iterdir() if "hdqt" in p.read_text()]
+
+    split = (out / "accuracy_split.md").read_text()
+    assert header(split)[3:7] == ["new fp32", "new int4", "Δnew", "old fp32"] and header(split)[7] == "old int4"
+    assert {r[1]: r for r in rows(split)}["2"][6:9] == ["45.0 (n=1)", "30.0 (n=1)", "-15.0 (n=1)"]
+    assert rows((out / "gap_decomposition.md").read_text())[0][:8] == [
+        "lwf", "0", "-5.0", "+0.0", "-5.0", "+0.0", "-5.0", "-10.0"]
+    ages = (out / "forgetting_by_age.md").read_text()
+    assert header(ages)[3:] == ["fp32", "int4", "Δ (paired)", "Δ per seed", "seeds int4 > fp32"]
+    assert {r[1]: r for r in rows(ages)}["2"][3:8] == ["50.0 (n=1)", "70.0 (n=1)", "+20.0 (n=1)", "+20.0", "1/1"]
+    loss = (out / "train_loss.md").read_text()
+    assert header(loss)[3:] == ["first epoch fp32", "first epoch int4", "fp32", "int4", "Δ (paired)", "int4 / fp32"]
+    assert {r[1]: r for r in rows(loss)}["2"][3:9] == ["4.000 (n=1)", "5.000 (n=1)", "3.000 (n=1)", "3.600 (n=1)",
+                                                      "+0.600 (n=1)", "1.20 (n=1)"]
+    forward = rows((out / "quant_stats.md").read_text().split("## grad_input_saturated")[0].split("\n", 2)[2])
+    assert {(r[0], r[1]): r for r in forward}[("stage 1", "1")][2:] == ["3 (n=1)", "0 (n=1)", "+3 (n=1)", "1/1"]
+
+    with pytest.raises(SystemExit, match=r"^--scheme: no fp8 runs to set against fp32 under .*; there are hdqt, int4$"):
+        gap.main([str(runs), "--out", str(out), "--no-plot", "--scheme", "fp8"])
