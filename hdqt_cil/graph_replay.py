@@ -38,14 +38,20 @@ def _buffers_restored(module: nn.Module):
 _capture_streams: dict = {}
 
 
-def capturing_into(graph: torch.cuda.CUDAGraph, pool=None):
+def capturing_into(graph: torch.cuda.CUDAGraph, pool=None, beside: bool = False):
     """torch.cuda.graph on a capture stream of the current device. torch's default capture stream is made once per
     process, on the device current at the first capture: a process that later trains on another GPU (a sweep
-    worker given the next free slot) would capture that GPU's work on the first GPU's stream."""
+    worker given the next free slot) would capture that GPU's work on the first GPU's stream.
+
+    `beside`: graphs replayed while the others run (the diagnoses, trainer/diagnostics.py) are captured on a second
+    stream. cuBLAS keeps one workspace per stream and a captured GEMM keeps the address of its capture stream's, so
+    a float GEMM (HOT's forward, the float shadow) replayed beside a step's would share the step's workspace. The
+    second stream is of high priority: torch draws the streams of eager work (torch.cuda.Stream()) round-robin from
+    a pool per priority, and none of them is then this one."""
     device = torch.cuda.current_device()
-    if device not in _capture_streams:
-        _capture_streams[device] = torch.cuda.Stream(device)
-    return torch.cuda.graph(graph, pool=pool, stream=_capture_streams[device])
+    if (device, beside) not in _capture_streams:
+        _capture_streams[device, beside] = torch.cuda.Stream(device, priority=-1 if beside else 0)
+    return torch.cuda.graph(graph, pool=pool, stream=_capture_streams[device, beside])
 
 
 _setting_up = [0]  # graphs being warmed up or captured (a depth: one capture may not hold another, a count is plain)

@@ -345,6 +345,20 @@ def test_a_compiled_fp32_experiment_runs_and_trains_like_the_eager_one(make_cfg,
     np.testing.assert_allclose(compiled["train_loss"][0], eager["train_loss"][0], rtol=1e-3)
 
 
+def test_graphs_replayed_beside_the_steps_are_captured_on_a_stream_no_other_work_draws():
+    """cuBLAS's workspace is its capture stream's: the diagnoses' graphs (replayed beside the steps') are captured on
+    a stream of their own, which no stream drawn for eager work ever is (torch's pools hand theirs out in turn)."""
+    from hdqt_cil.graph_replay import capturing_into
+
+    def capture_stream(beside):
+        with capturing_into(torch.cuda.CUDAGraph(), beside=beside):
+            return torch.cuda.current_stream()
+    steps, beside = capture_stream(False), capture_stream(True)
+    drawn = {torch.cuda.Stream().cuda_stream for _ in range(100)}
+    assert beside.cuda_stream != steps.cuda_stream and beside.cuda_stream not in drawn
+    assert capture_stream(True).cuda_stream == beside.cuda_stream
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_a_capture_on_a_device_that_is_not_current_is_refused():
     """Streams and graphs belong to the current device: the capture says so instead of failing inside CUDA."""

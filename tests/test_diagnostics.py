@@ -126,6 +126,18 @@ def test_the_watch_counts_underflow_by_role_and_keeps_the_largest_tile_sum():
                               "tile_sums": {"forward": {"largest": 1568.0, "limit": 127}}}
 
 
+def test_a_watched_copy_folds_its_input_gradient_as_the_step_does():
+    """HOT's g_x folds the integer product into col2im where the kernels do (folds_col2im): through the watch too,
+    so that the diagnosed copy runs what its training step ran, not a float-rows path of its own."""
+    from hdqt_cil.kernels import COL2IM_PRODUCT_WIDTHS
+    from hdqt_cil.quant.backend import KERNEL_OPS, folds_col2im
+
+    watch = watched(nn.Sequential(quantize_model(nn.Linear(4, 4), preset("hot"))))["0"]
+    width = min(COL2IM_PRODUCT_WIDTHS)
+    assert folds_col2im(watch(KERNEL_OPS), width) and folds_col2im(KERNEL_OPS, width)
+    assert not folds_col2im(watch(TORCH_OPS), width) and not folds_col2im(KERNEL_OPS, width + 1)
+
+
 def test_the_diagnosed_gradient_is_the_steps_own_when_graphs_are_captured_first(monkeypatch):
     """A CUDA-graph capture runs the model's forward and a zero-gradient backward (its warm-up) before the step is
     replayed, which runs no module forward: the G a diagnosed batch records is the replayed step's, not the

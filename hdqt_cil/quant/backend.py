@@ -243,8 +243,9 @@ KERNEL_OPS = SimpleNamespace(name="cupy", block_hadamard=_kernel_block_hadamard,
 def folds_col2im(ops: SimpleNamespace, width: int) -> bool:
     """Whether ops.col2im_int_matmul over a contraction of `width` folds the product into col2im without writing
     its (B, L, K) float rows: the kernels' fused op is built for that width (where a call's other arguments are not
-    covered, it still runs, through the reference's composition)."""
-    return ops is KERNEL_OPS and width in kernels.COL2IM_PRODUCT_WIDTHS
+    covered, it still runs, through the reference's composition). `ops` may be the diagnostics' watch over the
+    kernels (trainer/diagnostics.py): a diagnosed copy then takes the path its training step took."""
+    return ops.name == KERNEL_OPS.name and width in kernels.COL2IM_PRODUCT_WIDTHS
 
 
 def resolve_ops(backend: str, device: torch.device) -> SimpleNamespace:

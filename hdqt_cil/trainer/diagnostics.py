@@ -494,13 +494,13 @@ class CapturedDiagnosis:
         self.measure = torch.cuda.CUDAGraph()
         pool = torch.cuda.graph_pool_handle()
         try:
-            with capturing_into(self.take, pool), torch.no_grad():
+            with capturing_into(self.take, pool, beside=True), torch.no_grad():
                 torch._foreach_copy_(targets, sources)
                 _replaying(quantized, self.steps)
             for graph, p in zip(self.passes, diagnosis.passes):
-                with _seeded(seed, x.device), capturing_into(graph, pool):
+                with _seeded(seed, x.device), capturing_into(graph, pool, beside=True):
                     p.forward()
-            with capturing_into(self.measure, pool):
+            with capturing_into(self.measure, pool, beside=True):
                 measured = diagnosis.measures(self.g, self.old)
                 self.values = _stacked(_tensor_leaves(measured))
         finally:
