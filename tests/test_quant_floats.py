@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hdqt_cil.quant.floats import (E2M1, E4M3, E5M2, FloatFormat, authors_float, microscaled, nvfp4, per_tensor,
-                                   round_to_format)
+                                   round_to_format, rounded_in_float32)
 from hdqt_cil.quant.rounding import Counter
 
 # The authors' `dynamic_fpQ` (QuantizedCIL quant.py at da4ce01) run on `_authors_inputs()`: the SHA-256 (first 32
@@ -24,11 +24,15 @@ def _random(n: int, seed: int, low: int, high: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("fmt, dtype", [(E4M3, torch.float8_e4m3fn), (E5M2, torch.float8_e5m2)])
 @pytest.mark.parametrize("seed", range(3))
-def test_casts_equal_torchs_float8_within_range(fmt, dtype, seed):
+def test_the_float32_rounding_equals_torchs_float8_casts_which_round_to_fp8(fmt, dtype, seed):
+    """The exact float32 rule (every format, stochastic rounding too) and torch's cast (what nearest rounding to an
+    FP8 format runs) give the same values; the ties between the largest values too, past which both saturate."""
     x = _random(50_000, seed, fmt.min_normal_exponent - fmt.man_bits - 3, 17).clamp(-fmt.max, fmt.max)
     grid = torch.arange(-2000, 2000, dtype=torch.float32) * fmt.smallest / 2  # every tie of the subnormal range
-    for v in (x, grid):
-        assert torch.equal(round_to_format(v, fmt), v.to(dtype).float())
+    top = fmt.max * (1 - 2.0 ** -(fmt.man_bits + 2) * torch.arange(-8, 9, dtype=torch.float32))  # ties near max
+    for v in (x, grid, top):
+        assert torch.equal(rounded_in_float32(v, fmt, "nearest", None), v.clamp(-fmt.max, fmt.max).to(dtype).float())
+        assert torch.equal(round_to_format(v, fmt), rounded_in_float32(v, fmt, "nearest", None))
 
 
 def test_e2m1_is_the_nearest_grid_value_ties_to_the_even_mantissa():

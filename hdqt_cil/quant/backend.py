@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import torch
 
 from .. import kernels
-from .floats import E2M1, E4M3, E5M2, nvfp4_tensor_scale
+from .floats import E2M1, E4M3, FP8_DTYPES, nvfp4_tensor_scale
 from .hadamard import block_hadamard, checked_block
 from .hla import hla_compress, hla_slots
 from .im2col import col2im, conv_output_size, im2col
@@ -291,7 +291,6 @@ def block_scaled_product(a, b, block: int, hadamard: int, sum_batch: bool) -> to
 
 
 # The formats the FP8 tensor cores multiply (torch._scaled_mm; one operand at least must be E4M3).
-FP8_DTYPES = {E4M3: torch.float8_e4m3fn, E5M2: torch.float8_e5m2}
 _FP8_ALIGN = 16  # _scaled_mm's operands: both sides multiples of 16 (zero padding adds nothing to a sum)
 
 

@@ -63,6 +63,7 @@ E4M3 = FloatFormat("e4m3", 4, 3, 448.0)  # OCP FP8 E4M3 (torch.float8_e4m3fn): n
 E5M2 = FloatFormat("e5m2", 5, 2, 57344.0)  # OCP FP8 E5M2 (torch.float8_e5m2): IEEE-like, infinities above max
 E2M1 = FloatFormat("e2m1", 2, 1, 6.0)  # OCP FP4 E2M1 (torch.float4_e2m1fn_x2): ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}
 FORMATS = {f.name: f for f in (E4M3, E5M2, E2M1)}
+FP8_DTYPES = {E4M3: torch.float8_e4m3fn, E5M2: torch.float8_e5m2}  # torch's own: nearest rounding is its cast
 
 
 def _binade_exponent(magnitude: torch.Tensor) -> torch.Tensor:
@@ -82,8 +83,18 @@ def _round(v: torch.Tensor, rounding: str, counter: Counter | None) -> torch.Ten
 
 def round_to_format(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest",
                     counter: Counter | None = None) -> torch.Tensor:
-    """float32 `x` rounded to `fmt` (subnormals kept), finite values past ±max saturated to ±max, NaN kept."""
+    """float32 `x` rounded to `fmt` (subnormals kept), finite values past ±max saturated to ±max, NaN kept. Nearest
+    rounding to a format torch holds (FP8) is torch's cast of the saturated values: one kernel where the float32
+    arithmetic of the other formats and of stochastic rounding takes a dozen, and the same values
+    (tests/test_quant_floats.py)."""
     x = x.float()
+    if rounding == "nearest" and fmt in FP8_DTYPES:
+        return x.clamp(-fmt.max, fmt.max).to(FP8_DTYPES[fmt]).float()
+    return rounded_in_float32(x, fmt, rounding, counter)
+
+
+def rounded_in_float32(x: torch.Tensor, fmt: FloatFormat, rounding: str, counter: Counter | None) -> torch.Tensor:
+    """round_to_format of float32 `x` in exact float32 arithmetic (module docstring), for any format and rounding."""
     magnitude = x.abs()
     finite = torch.isfinite(magnitude) & (magnitude > 0)
     exponent = _binade_exponent(torch.where(finite, magnitude, 1.0)).clamp(min=fmt.min_normal_exponent)
