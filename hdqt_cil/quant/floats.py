@@ -129,7 +129,8 @@ def authors_float(x: torch.Tensor, exp_bits: int, man_bits: int) -> torch.Tensor
 
 
 def _amax(x: torch.Tensor, dims) -> torch.Tensor:
-    return x.abs().amax(dim=dims, keepdim=True) if x.numel() else x.new_ones([1] * x.dim())
+    """max |x| over `dims` (kept), one reduction that takes |x| as it reads (no |x| tensor written first)."""
+    return torch.linalg.vector_norm(x, math.inf, dims, keepdim=True) if x.numel() else x.new_ones([1] * x.dim())
 
 
 def per_tensor(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest", counter: Counter | None = None):
