@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .quant.stats import check_captured_steps
+from .quant.streams import CAPTURE_PRIORITY
 
 
 @contextlib.contextmanager
@@ -43,14 +44,15 @@ def capturing_into(graph: torch.cuda.CUDAGraph, pool=None, beside: bool = False)
     process, on the device current at the first capture: a process that later trains on another GPU (a sweep
     worker given the next free slot) would capture that GPU's work on the first GPU's stream.
 
-    `beside`: graphs replayed while the others run (the diagnoses, trainer/diagnostics.py) are captured on a second
-    stream. cuBLAS keeps one workspace per stream and a captured GEMM keeps the address of its capture stream's, so
-    a float GEMM (HOT's forward, the float shadow) replayed beside a step's would share the step's workspace. The
-    second stream is of high priority: torch draws the streams of eager work (torch.cuda.Stream()) round-robin from
-    a pool per priority, and none of them is then this one."""
+    cuBLAS keeps one workspace per stream, and a captured GEMM keeps the address of its capture stream's: graphs
+    replayed while the others run (`beside`: the diagnoses, trainer/diagnostics.py) are captured on a second stream,
+    or their float GEMMs (HOT's forward, the float shadow) would share the steps' workspace at the same time. Both
+    capture streams are drawn from torch's pool of high priority, which no eager work draws from (torch hands out
+    the streams of a priority in turn, and torch.cuda.Stream() takes the default one's), so neither is ever a
+    stream that eager work or a layer's side stream runs on (quant/streams.py)."""
     device = torch.cuda.current_device()
     if (device, beside) not in _capture_streams:
-        _capture_streams[device, beside] = torch.cuda.Stream(device, priority=-1 if beside else 0)
+        _capture_streams[device, beside] = torch.cuda.Stream(device, priority=CAPTURE_PRIORITY)
     return torch.cuda.graph(graph, pool=pool, stream=_capture_streams[device, beside])
 
 

@@ -345,18 +345,21 @@ def test_a_compiled_fp32_experiment_runs_and_trains_like_the_eager_one(make_cfg,
     np.testing.assert_allclose(compiled["train_loss"][0], eager["train_loss"][0], rtol=1e-3)
 
 
-def test_graphs_replayed_beside_the_steps_are_captured_on_a_stream_no_other_work_draws():
-    """cuBLAS's workspace is its capture stream's: the diagnoses' graphs (replayed beside the steps') are captured on
-    a stream of their own, which no stream drawn for eager work ever is (torch's pools hand theirs out in turn)."""
+def test_graphs_and_their_branches_keep_streams_of_their_own():
+    """cuBLAS's workspace is its stream's: the steps' and the diagnoses' capture streams and the side streams their
+    layers' backwards fork during a capture are four streams, none of which eager work ever draws (torch hands out
+    the streams of a priority in turn)."""
     from hdqt_cil.graph_replay import capturing_into
 
-    def capture_stream(beside):
+    def capture_and_side(beside):
         with capturing_into(torch.cuda.CUDAGraph(), beside=beside):
-            return torch.cuda.current_stream()
-    steps, beside = capture_stream(False), capture_stream(True)
+            current = torch.cuda.current_stream()
+            return current.cuda_stream, streams._side_stream(current).cuda_stream
+    kept = [*capture_and_side(False), *capture_and_side(True)]
     drawn = {torch.cuda.Stream().cuda_stream for _ in range(100)}
-    assert beside.cuda_stream != steps.cuda_stream and beside.cuda_stream not in drawn
-    assert capture_stream(True).cuda_stream == beside.cuda_stream
+    eager_side = streams._side_stream(torch.cuda.Stream()).cuda_stream
+    assert len(set(kept)) == 4 and not set(kept) & (drawn | {eager_side})
+    assert [*capture_and_side(False), *capture_and_side(True)] == kept  # the same ones at every capture
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

@@ -12,16 +12,22 @@ import torch
 
 # Whether CUDA backwards run the two branches on two streams (scripts/bench/kernels.py times both ways).
 PARALLEL = True
+# The streams that graphs are captured on, and their branches' side streams (graph_replay.capturing_into): torch's
+# high priority pool, from which eager work never draws a stream.
+CAPTURE_PRIORITY = -1
 
 _side_streams: dict[int, torch.cuda.Stream] = {}
 
 
 def _side_stream(current: torch.cuda.Stream) -> torch.cuda.Stream:
     """One side stream per current stream: a backward on another stream (a diagnosis beside the training steps,
-    a warm-up) forks onto its own, so that neither waits for the other."""
+    a warm-up) forks onto its own, so that neither waits for the other. A capture stream's comes from the capture
+    streams' pool: each graph's branch then keeps a cuBLAS workspace (one a stream) that no other graph's replay
+    and no eager work uses."""
     side = _side_streams.get(current.cuda_stream)
     if side is None:
-        side = _side_streams[current.cuda_stream] = torch.cuda.Stream(current.device)
+        priority = CAPTURE_PRIORITY if torch.cuda.is_current_stream_capturing() else 0
+        side = _side_streams[current.cuda_stream] = torch.cuda.Stream(current.device, priority=priority)
     return side
 
 
