@@ -53,8 +53,9 @@ case ${1:-} in
     quiet() { echo $(( $(date +%s) - $(find "$root" /tmp/runs -name '*.log' -printf '%T@\n' 2>/dev/null |
                                            sort -n | tail -n 1 | cut -d. -f1) )); }
     while alive && [ "$(date +%s)" -lt "$deadline" ]; do
-      if [ "$(quiet)" -ge "${STALL:-300}" ]; then
-        echo "STALLED: no run has logged anything for $(quiet) s; the sweeps are left running (stop NAME ends one)"
+      silent=$(quiet)
+      if [ "$silent" -ge "${STALL:-300}" ]; then
+        echo "STALLED: no run has logged anything for $silent s; the sweeps are left running (stop NAME ends one)"
         break
       fi
       sleep 5

@@ -9,7 +9,7 @@ import pandas as pd
 
 from ..trainer.diagnostics import COMPARED, GRADIENTS
 from ..trainer.landscape import slice_summary
-from .style import SCHEME_ORDER, STRATEGY_ORDER, scheme_marker, strategy_color
+from .style import SCHEME_ORDER, STRATEGY_ORDER, scheme_marker, scheme_rank, strategy_color
 
 # what tells runs apart in these tables, as in table.md's rows: a tag (`tag=acc12`) names a run set of its own
 RUN_KEYS = ["benchmark", "strategy", "variant", "scheme", "tag", "quant_variant"]
@@ -193,8 +193,7 @@ def landscapes(runs: pd.DataFrame) -> list[dict]:
                 out.append({"benchmark": run["benchmark"], "strategy": run["strategy"], "scheme": run["scheme"],
                             "label": label, "seed": run.get("seed"), "experience": record["experience"],
                             **record["landscape"], "old_test": record.get("old_test_landscape")})
-    return sorted(out, key=lambda e: (e["benchmark"], e["strategy"], (SCHEME_ORDER + [e["scheme"]]).index(e["scheme"]),
-                                      e["label"]))
+    return sorted(out, key=lambda e: (e["benchmark"], e["strategy"], scheme_rank(e["scheme"]), e["label"]))
 
 
 def landscape_table(found: list[dict]) -> pd.DataFrame:

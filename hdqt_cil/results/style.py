@@ -13,6 +13,11 @@ def _index(order: list, name: str) -> int:
     return order.index(name)
 
 
+def scheme_rank(scheme: str) -> int:
+    """A scheme's place in tables and lists: SCHEME_ORDER's, any other after them."""
+    return SCHEME_ORDER.index(scheme) if scheme in SCHEME_ORDER else len(SCHEME_ORDER)
+
+
 def strategy_color(strategy: str, order: list):
     """The strategy's colour (tab20's ten hues first, then their light shades), by its place in `order`."""
     import matplotlib.pyplot as plt

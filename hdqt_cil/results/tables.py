@@ -17,6 +17,7 @@ A run counts in a mean only when its summary says `complete`. Diverged runs are 
 stopped early (fewer experiences than configured) are counted in a separate column, never averaged in.
 Outside table.*, a benchmark's label names its scenario unless it is class-incremental ("hapt (task)").
 """
+import functools
 import math
 import re
 from pathlib import Path
@@ -28,7 +29,7 @@ from omegaconf import OmegaConf
 from ..config import RUN_INDEPENDENT_QUANT, SWITCHED_SETTINGS, comparable_config
 from ..quant.schemes import SCHEMES, preset_settings
 from ..files import read_json, write_atomic
-from .style import LINESTYLES, SCHEME_ORDER, STRATEGY_ORDER, scheme_marker, strategy_color
+from .style import LINESTYLES, SCHEME_ORDER, STRATEGY_ORDER, scheme_marker, scheme_rank, strategy_color
 from .diagnostics import (diagnostics_frame, fidelity_by_experience, fidelity_table, landscape_table, landscapes,
                           plot_fidelity, plot_landscapes, quantizer_table, statistics_table)
 
@@ -71,8 +72,14 @@ def _named_preset(overrides: Path) -> str | None:
     """The `preset` of the experiment (`+experiment=NAME`) among a run's Hydra overrides, if it names one."""
     named = [o.split("=", 1)[1] for o in (OmegaConf.load(overrides) if overrides.exists() else [])
              if o.split("=", 1)[0].lstrip("+") == "experiment"]
-    experiment = EXPERIMENTS / f"{named[-1]}.yaml" if named else None
-    return OmegaConf.load(experiment).get("preset") if experiment and experiment.exists() else None
+    return _experiment_preset(named[-1]) if named else None
+
+
+@functools.lru_cache(maxsize=None)
+def _experiment_preset(name: str) -> str | None:
+    """The `preset` an experiment config declares (read once a name: a table reads many runs of one experiment)."""
+    experiment = EXPERIMENTS / f"{name}.yaml"
+    return OmegaConf.load(experiment).get("preset") if experiment.exists() else None
 
 
 def quant_setting(config: dict) -> str:
@@ -242,7 +249,7 @@ def main_table(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["benchmark", "strategy"])
     rows = ["benchmark", "epochs", "strategy"]
     agg = aggregate(runs, keys=[*rows, "scheme"])
-    schemes = sorted(agg.scheme.unique(), key=lambda q: (SCHEME_ORDER + [q]).index(q))
+    schemes = sorted(agg.scheme.unique(), key=scheme_rank)
     table = agg[rows].drop_duplicates().reset_index(drop=True)
     for scheme in schemes:
         cells = agg[agg.scheme == scheme].set_index(rows)
