@@ -5,7 +5,10 @@
 # released), and `wait` is what those commands run.
 #   [ENV=value ...] bash scripts/device_background.sh start NAME <device_sweep.sh overrides...>
 #       starts sweep NAME (its log, tables and run archive in /tmp/sweeps/NAME; results under /tmp/runs, shared by
-#       every sweep) and returns; environment variables reach the sweep (CUDA_VISIBLE_DEVICES: its GPUs).
+#       every sweep) and returns; environment variables reach the sweep (CUDA_VISIBLE_DEVICES: its GPUs). The sweep
+#       runs the code as it is at its start, copied to /tmp/sweeps/NAME/checkout: a later remote command re-sends
+#       the working tree, and a job starting then would read files half replaced, or other code than the sweep's
+#       first jobs ran.
 #   bash scripts/device_background.sh stop NAME
 #       stops sweep NAME and every process it started (its job processes too), so that its GPUs can take other
 #       work; its unfinished runs resume from their checkpoints when a sweep names them again.
@@ -32,11 +35,19 @@ case ${1:-} in
       env -u CUDA_VISIBLE_DEVICES CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps CUDA_MPS_LOG_DIRECTORY=/tmp/nvidia-mps-log \
         nvidia-cuda-mps-control -d
     fi
-    mkdir -p "$root/$name"
-    OUT=$root/$name CKPT_FILES=${CKPT_FILES:-0} setsid nohup bash scripts/device_sweep.sh "$@" \
-      >"$root/$name/outer.log" 2>&1 </dev/null &
-    echo $! >"$root/$name/pid"
-    echo "started sweep $name (pid $!)" ;;
+    # the code its jobs run, copied; the rest (wheels, data, carried archives) linked to the checkout
+    checkout=$root/$name/checkout
+    rm -rf "$checkout" && mkdir -p "$checkout"
+    for entry in * .[!.]*; do
+      case $entry in
+        hdqt_cil|hydra_plugins|data_prep|scripts|run.py) cp -r "$entry" "$checkout/" ;;
+        .git) ;;
+        *) ln -s "$PWD/$entry" "$checkout/$entry" ;;
+      esac
+    done
+    (cd "$checkout" && OUT=$root/$name CKPT_FILES=${CKPT_FILES:-0} setsid nohup bash scripts/device_sweep.sh "$@" \
+      >"$root/$name/outer.log" 2>&1 </dev/null & echo $! >"$root/$name/pid")
+    echo "started sweep $name (pid $(cat "$root/$name/pid"))" ;;
   stop)
     name=${2:?a sweep name}
     session=$(cat "$root/$name/pid")  # setsid made the sweep's first process its session's leader
@@ -50,8 +61,8 @@ case ${1:-} in
     deadline=$(( $(date +%s) + ${2:?seconds to wait} ))
     alive() { for pid in "$root"/*/pid; do kill -0 "$(cat "$pid")" 2>/dev/null && return 0; done; return 1; }
     # seconds since any run or sweep last wrote to its log
-    quiet() { echo $(( $(date +%s) - $(find "$root" /tmp/runs -name '*.log' -printf '%T@\n' 2>/dev/null |
-                                           sort -n | tail -n 1 | cut -d. -f1) )); }
+    quiet() { echo $(( $(date +%s) - $(find "$root" /tmp/runs -name checkout -prune -o -name '*.log' \
+                                           -printf '%T@\n' 2>/dev/null | sort -n | tail -n 1 | cut -d. -f1) )); }
     while alive && [ "$(date +%s)" -lt "$deadline" ]; do
       silent=$(quiet)
       if [ "$silent" -ge "${STALL:-300}" ]; then
@@ -67,7 +78,7 @@ case ${1:-} in
       echo "== $(basename "$folder"): $state"
       grep -E "after experience" "$folder/sweep.log" 2>/dev/null | tail -n 2 || true
     done
-    tar czf "$out/logs.tgz" --exclude='*.tgz' -C /tmp sweeps
+    tar czf "$out/logs.tgz" --exclude='*.tgz' --exclude=checkout -C /tmp sweeps
     echo "finished runs: $(find /tmp/runs -name summary.json -exec grep -l '"complete"' {} + 2>/dev/null | wc -l)"
     [ -d /tmp/runs ] && tar czf "$out/runs_now.tgz" --exclude=checkpoints -C /tmp runs
     # logs.tgz and runs_now.tgz take two of the 8 files a call returns: 6 checkpoint files at most
