@@ -29,6 +29,7 @@ from .trainer.wandb_logger import ScalarWandBLogger
 from .trainer.weight_storage import WeightStorage
 from .strategies import DataFacts, build_strategy, check_fits, teachers, training_steps
 from .config import run_path, validate
+from .code_version import fingerprint, processes_code
 from .benchmarks.augment import augment_batch
 from .benchmarks import build_benchmark
 from .kernels.compile import compile_seconds
@@ -90,7 +91,8 @@ def _evaluator(cfg, run_dir: Path) -> EvaluationPlugin:
     return EvaluationPlugin(*metrics, loggers=loggers)
 
 
-def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s, cost, peak_mib, error=None) -> dict:
+def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s, cost, peak_mib, code,
+             error=None) -> dict:
     return {
         "status": status,
         "error": error,
@@ -116,6 +118,7 @@ def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "peak_memory_mib": peak_mib,  # the most GPU memory the run's tensors held at once (None on the CPU)
         "command": " ".join(sys.argv),
+        "code": code,  # the source's fingerprint in each process the run trained in (code_version.py)
     }
 
 
@@ -294,6 +297,7 @@ def _train(cfg, bench, strategy, plugins: RunPlugins, folder: RunFolder, start: 
     history, scenario = start.history, bench.scenario
     loader_args = {"num_workers": cfg.trainer.num_workers}
     started, compiled_before = time.time(), compile_seconds()
+    code = processes_code(start.code_before, fingerprint())
     if device.type == "cuda":  # a sweep's worker process may have run other jobs before this one
         torch.cuda.reset_peak_memory_stats(device)
     log.info("%s: %d classes in %d experiences on %s → %s", cfg.benchmark.name, bench.num_classes,
@@ -310,7 +314,7 @@ def _train(cfg, bench, strategy, plugins: RunPlugins, folder: RunFolder, start: 
         elapsed = start.elapsed_before + time.time() - started
         summary = _summary(cfg, bench, history, status, elapsed, device, plugins.monitor.losses,
                            compile_seconds() - compiled_before, plugins.cost.summary(),
-                           peak_memory_mib(device, start.peak_mib_before), error)
+                           peak_memory_mib(device, start.peak_mib_before), code, error)
         # quant_stats: the layers' saturation and clipping per epoch; lqs: HOT's per-layer choice (made once);
         # hp_replay: each higher-precision replay phase's exemplars, epochs and mean loss
         records = {"quant_stats.json": plugins.quantization.epochs, "lqs.json": plugins.quantization.calibration}

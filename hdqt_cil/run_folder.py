@@ -44,12 +44,14 @@ def discard_unclaimed(path, root) -> bool:
 @dataclass
 class Start:
     """Where training starts: the first experience to train, the history before it, the epochs already done inside
-    it (an epoch checkpoint), the wall time spent before and the peak GPU memory reached before (MiB)."""
+    it (an epoch checkpoint), the wall time spent before, the peak GPU memory reached before (MiB) and the code
+    fingerprints of the processes before."""
     first: int = 0
     history: AccuracyHistory | None = None
     within: int = 0
     elapsed_before: float = 0.0
     peak_mib_before: float | None = None
+    code_before: list[str] | None = None
     resumed: bool = field(init=False, default=False)
 
     def __post_init__(self):
@@ -155,6 +157,7 @@ class RunFolder:
         if start.resumed and self.summary_file.exists():
             before = read_json(self.summary_file)
             start.elapsed_before, start.peak_mib_before = before["wall_time_s"], before.get("peak_memory_mib")
+            start.code_before = before.get("code")
         return strategy, start
 
     def clear_checkpoints(self) -> None:
