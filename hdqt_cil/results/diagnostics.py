@@ -40,7 +40,6 @@ def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, p
     fidelity, statistics, quantizers = [], [], []
     for run, records, epochs in _records(runs):
         keys = {k: run[k] for k in RUN_KEYS + ["seed"] if k in run}
-        keys["tag"] = run["tag"] if isinstance(run.get("tag"), str) else ""  # untagged: None or NaN
         positions = {}  # (experience, layer): the layer's place in the model
         for record in records:
             for position, (layer, found) in enumerate(record["layers"].items()):

@@ -157,7 +157,8 @@ def _collect(roots) -> tuple[pd.DataFrame, list[dict]]:
     df["scenario"] = df["scenario"].fillna("class") if "scenario" in df else "class"
     df["benchmark"] = [b if s == "class" else f"{b} ({s})" for b, s in zip(df.benchmark, df.scenario)]
     df["scheme"] = df["quant"]
-    df["quant"] = df["quant"] + df["tag"].fillna("").map(lambda t: f"[{t}]" if t else "")
+    df["tag"] = df["tag"].fillna("")  # untagged: "" (a summary may hold null)
+    df["quant"] = df["quant"] + df["tag"].map(lambda t: f"[{t}]" if t else "")
     # runs on other data: rows apart (the data before the seed's split; runs that do not record it are told apart
     # by their configs alone)
     df["variant"], df["quant_variant"] = _variants(df, [{**c, "data": d} for c, d in zip(configs, sources)])
@@ -267,7 +268,7 @@ def strategy_labels(runs: pd.DataFrame) -> list[str]:
 
 def _preset_runs(df: pd.DataFrame) -> pd.DataFrame:
     """Runs at their scheme's preset settings (no tag, no quant variant), strategies named by their variant."""
-    runs = df[(df.tag.fillna("") == "") & (df.quant_variant == "")]
+    runs = df[(df.tag == "") & (df.quant_variant == "")]
     return runs.assign(strategy=strategy_labels(runs))
 
 
