@@ -86,6 +86,15 @@ def test_the_phase_raises_an_old_model_that_cuda_graphs_hold():
     assert strategy.dataloader == "the experience's"
 
 
+@pytest.mark.parametrize("quant, acc_bits, precision", [
+    ("hdqt", 16, "8-bit operands and 16-bit accumulators"), ("int4", None, "8-bit operands and float accumulators"),
+    ("fp32", 16, "fp32's own float precision")])
+def test_the_phase_states_the_precision_it_runs_at(quant, acc_bits, precision):
+    """A float run's phase is the same replay in float: its log line must not name the bits it does not use."""
+    scheme = higher_precision_scheme({"name": quant}, 8, acc_bits)
+    assert HigherPrecisionReplay(20, 2, scheme, 8, acc_bits).precision == precision
+
+
 @pytest.mark.parametrize("overrides, message", [
     (("strategy=lwf", "strategy.hp_replay=20"), r"strategy=lwf keeps no exemplar memory"),
     (("strategy=icarl", "quant=hot", "strategy.hp_replay=20"), r"quant=hot has no bits and acc_bits to raise"),

@@ -131,9 +131,16 @@ class HigherPrecisionReplay(SupervisedPlugin):
             loss = torch.stack(self._losses).mean().item()
         self.phases.append({"experience": clock.train_exp_counter, "exemplars": len(exemplars),
                             "epochs": self.epochs, "loss": loss})
-        log.info("experience %d: higher-precision replay of %d exemplars, %d epochs at %d-bit operands and %s "
-                 "accumulators: mean loss %.4f", clock.train_exp_counter + 1, len(exemplars), self.epochs,
-                 self.bits, "float" if self.acc_bits is None else f"{self.acc_bits}-bit", loss)
+        log.info("experience %d: higher-precision replay of %d exemplars, %d epochs at %s: mean loss %.4f",
+                 clock.train_exp_counter + 1, len(exemplars), self.epochs, self.precision, loss)
+
+    @property
+    def precision(self) -> str:
+        """What the phases run at: a float run's own precision (the control), else the raised bits."""
+        if self.scheme.name == "fp32":
+            return "fp32's own float precision"
+        accumulators = "float" if self.acc_bits is None else f"{self.acc_bits}-bit"
+        return f"{self.bits}-bit operands and {accumulators} accumulators"
 
     def epoch_state(self):
         """What an epoch checkpoint keeps of this plugin (trainer/checkpoint.py)."""
