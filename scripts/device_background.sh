@@ -24,7 +24,7 @@
 # Sweeps started together share one CUDA MPS control daemon at the default pipe folder, started by the first
 # `start` and left running for the machine's life (a sweep's own daemon would stop with it, under the others).
 set -euo pipefail
-root=/tmp/sweeps
+root=${SWEEPS:-/tmp/sweeps}  # SWEEPS: another folder (tests)
 case ${1:-} in
   start)
     name=${2:?a sweep name}; shift 2
@@ -37,7 +37,7 @@ case ${1:-} in
     fi
     # the code its jobs run, copied; the rest (wheels, data, carried archives) linked to the checkout
     checkout=$root/$name/checkout
-    rm -rf "$checkout" && mkdir -p "$checkout"
+    rm -rf "$checkout" "$root/$name/pid" && mkdir -p "$checkout"
     for entry in * .[!.]*; do
       case $entry in
         hdqt_cil|hydra_plugins|data_prep|scripts|run.py) cp -r "$entry" "$checkout/" ;;
@@ -45,12 +45,16 @@ case ${1:-} in
         *) ln -s "$PWD/$entry" "$checkout/$entry" ;;
       esac
     done
-    (cd "$checkout" && OUT=$root/$name CKPT_FILES=${CKPT_FILES:-0} setsid nohup bash scripts/device_sweep.sh "$@" \
-      >"$root/$name/outer.log" 2>&1 </dev/null & echo $! >"$root/$name/pid")
+    # setsid --fork: the sweep leads a new session (`stop` ends that session) and `start` returns at once; the sweep
+    # writes its own pid, that session's.
+    OUT=$root/$name CKPT_FILES=${CKPT_FILES:-0} setsid --fork nohup bash -c \
+      'cd "$0" && echo $$ >"$1" && shift && exec bash scripts/device_sweep.sh "$@"' "$checkout" "$root/$name/pid" "$@" \
+      >"$root/$name/outer.log" 2>&1 </dev/null
+    for _ in $(seq 50); do [ -s "$root/$name/pid" ] && break; sleep 0.1; done
     echo "started sweep $name (pid $(cat "$root/$name/pid"))" ;;
   stop)
     name=${2:?a sweep name}
-    session=$(cat "$root/$name/pid")  # setsid made the sweep's first process its session's leader
+    session=$(cat "$root/$name/pid")  # the sweep's first process, its session's leader
     # The whole session, not the process group `start` made: `timeout` (device_sweep.sh) moves the sweep into a
     # group of its own, so the group's end would leave the sweep and its job processes training.
     pkill -TERM -s "$session" || true
@@ -78,12 +82,14 @@ case ${1:-} in
       echo "== $(basename "$folder"): $state"
       grep -E "after experience" "$folder/sweep.log" 2>/dev/null | tail -n 2 || true
     done
-    tar czf "$out/logs.tgz" --exclude='*.tgz' --exclude=checkout -C /tmp sweeps
+    tar czf "$out/logs.tgz" --exclude='*.tgz' --exclude=checkout -C "$(dirname "$root")" "$(basename "$root")"
     echo "finished runs: $(find /tmp/runs -name summary.json -exec grep -l '"complete"' {} + 2>/dev/null | wc -l)"
     [ -d /tmp/runs ] && tar czf "$out/runs_now.tgz" --exclude=checkpoints -C /tmp runs
     # logs.tgz and runs_now.tgz take two of the 8 files a call returns: 6 checkpoint files at most
     files=$(( ${CHECKPOINTS:-0} < 6 ? ${CHECKPOINTS:-0} : 6 ))
     [ "$files" -gt 0 ] && python3 scripts/pack_checkpoints.py "$out" "$files"
-    nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader ;;
+    if command -v nvidia-smi >/dev/null; then
+      nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
+    fi ;;
   *) echo "usage: $0 start NAME <overrides...> | stop NAME | wait SECONDS" >&2; exit 2 ;;
 esac
