@@ -9,7 +9,8 @@ from torch import nn
 from hdqt_cil.quant import preset, quantize_model, scheme_from_config
 from hdqt_cil.quant.float_product import FloatOperand, format_matmul
 from hdqt_cil.quant.float_schemes import FormatProduct
-from hdqt_cil.quant.floats import E2M1, E4M3, E5M2, FloatSpec, authors_float, microscaled, per_tensor
+from hdqt_cil.quant.floats import (E2M1, E4M3, E5M2, FloatSpec, authors_float, microscaled, per_tensor,
+                                   quantize_float)
 from hdqt_cil.quant.layers import QuantLinear
 
 FLOAT_SCHEMES = ["fp8", "mxfp4", "nvfp4", "fp"]
@@ -62,6 +63,48 @@ def test_the_accumulator_rounds_each_tile_sum_to_its_format():
     assert format_matmul(a, b, tiled, tally=tally).item() == 16 and tally.tolist() == [0, 2]
     assert format_matmul(a, b, FormatProduct(spec, spec, acc=E5M2)).item() == 16
     assert authors_float(torch.tensor([17.0]), 5, 2).item() == 16
+
+
+def _tile_by_tile(a: FloatOperand, b: FloatOperand, product, width: int) -> torch.Tensor:
+    """format_matmul's definition written out one K tile at a time: its sum, rounded to the accumulator, scaled by
+    the tile's scale pair, added in K order."""
+    out = 0
+    for start in range(0, a.values.shape[-1], width):
+        tile = slice(start, start + width)
+        partial = a.values[..., tile] @ b.values[..., tile].mT
+        if product.acc is not None:
+            partial = authors_float(partial, product.acc.exp_bits, product.acc.man_bits)
+        if a.block:
+            partial = partial * (a.scale[..., start:start + 1] * b.scale[..., start:start + 1].mT)
+        out = out + partial
+    return out if a.block else out * (a.scale.reshape(()) * b.scale.reshape(()))
+
+
+@pytest.mark.parametrize("kind", ["authors", "mx", "nv"])
+@pytest.mark.parametrize("at_once", [1 << 26, 1, 700])  # every tile in one matmul; one a matmul; chunks of 2
+def test_tile_sums_formed_together_equal_them_one_tile_at_a_time(kind, at_once, monkeypatch):
+    """format_matmul forms a chunk's tile sums in one batched matmul (a narrower last tile on its own): bit for
+    bit the sums one tile at a time, on random operands with batch dimensions and a K no tile divides."""
+    from hdqt_cil.quant import float_product
+    monkeypatch.setattr(float_product, "TILE_SUMS_AT_ONCE", at_once)
+    torch.manual_seed(3)
+    a, b = torch.randn(3, 7, 150) * 2e4, torch.randn(3, 5, 150)  # 7 x 5 outputs of 3 batches: 105 a tile
+    if kind == "authors":
+        spec, width = FloatSpec(E5M2, "none"), 32
+        product = FormatProduct(spec, spec, acc=E5M2, tile=width)
+        operands = [FloatOperand(authors_float(t, 5, 2), torch.ones(()), None) for t in (a, b)]
+    else:
+        spec = FloatSpec(E2M1, kind)
+        width, product = spec.block, FormatProduct(spec, spec)
+        operands = [FloatOperand(*quantize_float(t, spec), width, E2M1) for t in (a, b)]
+    tally = torch.zeros(2, dtype=torch.int64)
+    out = format_matmul(*operands, product, tally=tally)
+    assert torch.equal(out, _tile_by_tile(*operands, product, width))
+    if product.acc is not None:
+        assert tally[1].item() == out.numel() * 5  # 150 = 4 tiles of 32 and one of 22
+        sums = torch.cat([operands[0].values[..., t:t + 32] @ operands[1].values[..., t:t + 32].mT
+                          for t in range(0, 150, 32)])
+        assert tally[0].item() == (sums.abs() > product.acc_spec.largest).sum().item() > 0
 
 
 def test_the_authors_float_scheme_is_their_quantizer_in_hdqts_structure():

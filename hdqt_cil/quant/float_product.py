@@ -30,9 +30,10 @@ class FloatOperand:
     def dequantized(self) -> torch.Tensor:
         return self.values * self.scale
 
-    def block_scales(self, start: int) -> torch.Tensor:
-        """The scale of each row's block that begins at K index `start`, as a column (..., rows, 1)."""
-        return self.scale[..., start:start + 1]
+    def tile_scales(self, start: int, end: int, width: int) -> torch.Tensor:
+        """The scale of each row's blocks of `width` from K index `start` to `end`, one tile a row of the result
+        (..., tiles, rows)."""
+        return self.scale[..., start:end:width].transpose(-1, -2)
 
 
 def format_matmul(a: FloatOperand, b: FloatOperand, product, hadamard: int = 1, tally=None) -> torch.Tensor:
@@ -50,13 +51,15 @@ def format_matmul(a: FloatOperand, b: FloatOperand, product, hadamard: int = 1, 
         return out * ((a.scale.reshape(()) * b.scale.reshape(())) / hadamard)
     out, saturated = 0, 0
     limit = product.acc_spec.largest if product.acc is not None else None
-    for start, partial in _tile_partials(a, b, width):
+    for start, end, partials in _tile_sum_chunks(a, b, width):
         if limit is not None:
-            saturated = saturated + (partial.abs() > limit).sum()
-            partial = authors_float(partial, product.acc.exp_bits, product.acc.man_bits)
+            saturated = saturated + (partials.abs() > limit).sum()
+            partials = authors_float(partials, product.acc.exp_bits, product.acc.man_bits)
         if a.block:
-            partial = partial * (a.block_scales(start) * b.block_scales(start).mT)
-        out = out + partial
+            partials = partials * (a.tile_scales(start, end, width).unsqueeze(-1)
+                                   * b.tile_scales(start, end, width).unsqueeze(-2))
+        for partial in partials.unbind(-3):
+            out = out + partial
     if tally is not None and product.acc is not None:
         tally[0].add_(saturated)
         tally[1].add_(out.numel() * math.ceil(k / width))
@@ -73,10 +76,22 @@ def _tile_width(a: FloatOperand, product, k: int) -> int | None:
     return min(width or k, max(k, 1))
 
 
-def _tile_partials(a: FloatOperand, b: FloatOperand, width: int):
-    """(start, the float32 sum of the value products of the K tile from `start`), for each tile in K order."""
-    for start in range(0, a.values.shape[-1], width):
-        yield start, torch.matmul(a.values[..., start:start + width], b.values[..., start:start + width].mT)
+TILE_SUMS_AT_ONCE = 1 << 26  # float32 tile sums one batched matmul forms: 256 MiB
+
+
+def _tile_sum_chunks(a: FloatOperand, b: FloatOperand, width: int):
+    """(start, end, the float32 sums of the value products of each K tile from `start` to `end`, (..., tiles, M,
+    N)), in K order: the whole tiles of a chunk are one batched matmul (not one matmul and its rounding a tile, a
+    product's launches many times over), chunks as many tiles as TILE_SUMS_AT_ONCE holds; a last, narrower tile
+    is a chunk of its own."""
+    k = a.values.shape[-1]
+    whole = k - k % width
+    batch = torch.broadcast_shapes(a.values.shape[:-2], b.values.shape[:-2]).numel()
+    step = width * max(TILE_SUMS_AT_ONCE // max(batch * a.values.shape[-2] * b.values.shape[-2], 1), 1)
+    chunks = [(start, min(start + step, whole), width) for start in range(0, whole, step)]
+    for start, end, tile in chunks + ([(whole, k, k - whole)] if whole < k else []):
+        left, right = (t.values[..., start:end].unflatten(-1, (-1, tile)).transpose(-3, -2) for t in (a, b))
+        yield start, end, torch.matmul(left, right.mT)
 
 
 def largest_format_tile_sum(a: FloatOperand, b: FloatOperand, product) -> torch.Tensor:
@@ -85,7 +100,7 @@ def largest_format_tile_sum(a: FloatOperand, b: FloatOperand, product) -> torch.
     width = _tile_width(a, product, a.values.shape[-1])
     if width is None or not (a.values.numel() and b.values.numel()):
         return torch.zeros((), dtype=torch.float64, device=a.values.device)
-    return torch.stack([largest_magnitude(partial) for _, partial in _tile_partials(a, b, width)]).amax().double()
+    return torch.stack([largest_magnitude(partials) for *_, partials in _tile_sum_chunks(a, b, width)]).amax().double()
 
 
 def float_matmul(a: FloatOperand, b: FloatOperand, product, backend: str, hadamard: int = 1, tally=None,
