@@ -6,7 +6,7 @@
 #   Usage: [JOBS_PER_GPU=N] [SWEEP_TIMEOUT=s] bash scripts/device_sweep.sh <run.py overrides...>
 # A sweep cut by SWEEP_TIMEOUT (or the call's limit) resumes its unfinished runs from their checkpoints when run
 # again: from the results root (/tmp/runs) while the machine stays warm, else from the checkpoints of its
-# unfinished runs, packed into ckpt_<k>.tgz files of at most 15 MiB each (a call returns at most 8 files of 16 MiB):
+# unfinished runs, packed into ckpt_<k>.tgz files of at most 9 MiB each (scripts/pack_checkpoints.py says why):
 # CKPT_FILES (default 5) of them a call, CKPT_SKIP=n leaves out the first n (for a second call that fetches the
 # rest). Carried back as .device_data/runs_*.tgz and .device_data/ckpt_*.tgz, they are unpacked under the results
 # root without overwriting: finished runs are skipped, so a sweep can name all seeds.

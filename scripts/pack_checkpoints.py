@@ -1,6 +1,7 @@
-"""Pack the checkpoints of the unfinished runs under a results root into ckpt_<k>.tgz files of at most 15 MiB
-each (a remote command returns at most 8 files of 16 MiB), so that a sweep cut by a call's end resumes on the next
-machine (scripts/device_sweep.sh unpacks .device_data/ckpt_*.tgz under the results root).
+"""Pack the checkpoints of the unfinished runs under a results root into ckpt_<k>.tgz files of at most 9 MiB
+each, so that a sweep cut by a call's end resumes on the next machine (scripts/device_sweep.sh unpacks
+.device_data/ckpt_*.tgz under the results root). 9 MiB: a remote command returns at most 8 files of 16 MiB, but a
+file goes back to a GPU node beside the working tree, within the 64 MiB a call carries: one ResNet-32 run a file.
 
     python3 scripts/pack_checkpoints.py OUT [FILES [SKIP]] [--root /tmp/runs] [--stage /tmp/ckpt_stage]
 FILES (default 5) files at most, after leaving out the first SKIP (for a later call that fetches the rest).
@@ -15,7 +16,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-LIMIT = 15 * 2**20
+LIMIT = 9 * 2**20  # bytes of checkpoint files an archive holds (one larger run alone)
 ENDED = ("complete", "diverged")
 
 

@@ -5,8 +5,11 @@ import sys
 import tarfile
 from pathlib import Path
 
+from scripts.pack_checkpoints import LIMIT
+
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
+LIMIT_MIB = LIMIT / MIB
 
 
 def _run_with_checkpoint(root: Path, name: str, mib: float) -> None:
@@ -24,7 +27,9 @@ def _pack(root: Path, out: Path, *counts: int) -> str:
 
 
 def test_checkpoints_are_grouped_within_the_limit_and_fetched_in_parts(tmp_path):
-    sizes = {"a/seed0": 6, "a/seed1": 6, "b/seed0": 9, "c/seed0": 20, "d/seed0": 1}  # MiB; c alone exceeds 15
+    # MiB: a's two runs fill one file, b one alone, c exceeds the limit alone, d follows c in a file of its own
+    sizes = {name: share * LIMIT_MIB for name, share in
+             {"a/seed0": 0.4, "a/seed1": 0.4, "b/seed0": 0.6, "c/seed0": 1.3, "d/seed0": 0.1}.items()}
     for name, mib in sizes.items():
         _run_with_checkpoint(tmp_path, name, mib)
     (tmp_path / "runs" / "e" / "seed0").mkdir(parents=True)  # a finished run: no checkpoints, nothing to pack
@@ -38,7 +43,7 @@ def test_checkpoints_are_grouped_within_the_limit_and_fetched_in_parts(tmp_path)
         with tarfile.open(archive) as tar:
             files = [m for m in tar.getmembers() if m.isfile()]
         runs = {m.name.split("/checkpoints")[0] for m in files}
-        assert len(runs) == 1 or sum(m.size for m in files) <= 15 * MIB
+        assert len(runs) == 1 or sum(m.size for m in files) <= LIMIT_MIB * MIB
         packed += sorted(runs)
     assert sorted(packed) == [f"runs/{name}" for name in sorted(sizes)]  # each run once, as the next machine unpacks
 
@@ -55,11 +60,11 @@ def test_a_later_part_comes_from_the_first_call_s_snapshot(tmp_path):
     """A run that finishes between the calls (its checkpoints removed) must not shift the numbering: the second
     call returns the runs the first call's numbering promised, none twice, none left out."""
     for name in ("a/seed0", "b/seed0", "c/seed0", "d/seed0"):
-        _run_with_checkpoint(tmp_path, name, 9)  # one run a file
+        _run_with_checkpoint(tmp_path, name, LIMIT_MIB)  # one run a file
     _pack(tmp_path, tmp_path / "out", 2, 0)
     for path in sorted((tmp_path / "runs" / "a").rglob("*"), reverse=True):  # a finishes, e starts
         path.unlink() if path.is_file() else path.rmdir()
-    _run_with_checkpoint(tmp_path, "e/seed0", 9)
+    _run_with_checkpoint(tmp_path, "e/seed0", LIMIT_MIB)
     second = _pack(tmp_path, tmp_path / "out", 5, 2)
     assert "ckpt_2.tgz: c/seed0" in second and "ckpt_3.tgz: d/seed0" in second
     assert _packed_runs(tmp_path / "out") == [f"runs/{n}/seed0" for n in "abcd"]
