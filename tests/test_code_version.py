@@ -2,7 +2,6 @@
 run."""
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,10 +9,7 @@ import pytest
 import hdqt_cil.experiment as experiment
 from hdqt_cil.code_version import fingerprint, processes_code
 from hdqt_cil.results.metrics import AccuracyHistory
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-from code_fingerprint import commit_fingerprint  # noqa: E402
+from scripts.code_fingerprint import commit_fingerprint
 
 
 def _tree(root: Path) -> Path:
