@@ -102,15 +102,30 @@ def test_sigkill_after_an_epoch_checkpoint_resumes_from_that_epoch(tmp_path, mak
     run (DER++, ER-ACE and A-GEM: with their memory batches drawn on from where they were,
     strategies/resumable_replay.py; dyn_der and memo: into a model expanded again before the epoch's weights are
     laid over it)."""
-    def past_epoch_4(checkpoints):
-        return any(int(p.name.rsplit("epoch", 1)[1]) >= 4 for p in checkpoints.glob(f"exp{experience:03d}_epoch*"))
-
     diagnosed = ["diagnostics=light", "diagnostics.every=9"] if strategy == "dyn_der" else []
     output = _kill_and_resume(tmp_path, make_cfg, strategy, quant,
                               _overrides(strategy, quant, "trainer.checkpoint_every=2", *diagnosed),
-                              past_epoch_4, f"after experience {experience}, epoch")
+                              _past_epoch_4(experience), f"after experience {experience}, epoch")
     # progress lines count each epoch of the experience's 8, the resumed one's too
     assert set(re.findall(r"epoch \d+/(\d+): mean training loss", output)) == {"8"}
+
+
+def test_a_resumed_experience_replays_at_higher_precision_once_after_its_last_epoch(tmp_path, make_cfg):
+    """strategy.hp_replay's phase follows the last of the experience's 8 epochs, in a run resumed at its epoch 4 too
+    (which trains the 4 left): once, with the uninterrupted run's loss."""
+    overrides = _overrides("icarl", "hdqt", "trainer.checkpoint_every=2", "strategy.hp_replay=20",
+                           "trainer.memory_size=60")
+    _kill_and_resume(tmp_path, make_cfg, "icarl", "hdqt", overrides, _past_epoch_4(2), "after experience 2, epoch")
+    phases = [json.loads(next((tmp_path / name).rglob("hp_replay.json")).read_text()) for name in ("ref", "killed")]
+    assert [p["experience"] for p in phases[1]] == [1, 2]
+    assert phases[1] == phases[0]
+
+
+def _past_epoch_4(experience):
+    """Whether the run's checkpoints hold one of `experience` after its epoch 4."""
+    def ready(checkpoints):
+        return any(int(p.name.rsplit("epoch", 1)[1]) >= 4 for p in checkpoints.glob(f"exp{experience:03d}_epoch*"))
+    return ready
 
 
 def test_divergence_is_recorded_and_optionally_lets_a_sweep_go_on(tmp_path, run_in_process):

@@ -19,6 +19,7 @@ import torch
 from avalanche.checkpointing import maybe_load_checkpoint, save_checkpoint
 from avalanche.core import SupervisedPlugin
 
+from . import plugin_of
 from ..quant import layer_steps, set_layer_steps
 from ..files import write_atomic
 from ..results.metrics import AccuracyHistory
@@ -138,8 +139,8 @@ class EpochCheckpoints(SupervisedPlugin):
     def after_training_epoch(self, strategy, **kwargs):
         clock = strategy.clock
         done = clock.train_exp_epochs + 1  # the clock counts this epoch after this hook
-        full = self.full_epochs or strategy.train_epochs
-        if not self.every or done % self.every or done >= full:  # the last epoch ends in a boundary checkpoint
+        # the last epoch ends in a boundary checkpoint
+        if not self.every or done % self.every or done >= experience_epochs(strategy):
             return
         counters = {name: getattr(clock, name) for name in _CLOCK_COUNTERS}
         counters["train_exp_epochs"] = done
@@ -155,6 +156,14 @@ class EpochCheckpoints(SupervisedPlugin):
     def after_training_exp(self, strategy, **kwargs):
         if self.full_epochs is not None:
             strategy.train_epochs, self.full_epochs = self.full_epochs, None
+
+
+def experience_epochs(strategy) -> int:
+    """The epochs of the experience in training, all of them. A resumed experience runs only those it has left
+    (`train_epochs` is cut to them) while the clock counts from the experience's start, so a hook that looks for the
+    experience's last epoch compares the clock with this, not with `train_epochs`."""
+    checkpoints = plugin_of(strategy, EpochCheckpoints)
+    return (checkpoints and checkpoints.full_epochs) or strategy.train_epochs
 
 
 def _write_folder(root: Path, name: str, fill) -> Path:

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from ..quant import quantize_model, scheme_from_config
 from ..quant.layers import QuantLayer
 from ..quant.schemes import SCHEMES
+from .checkpoint import experience_epochs
 from .cost import CostCounter
 from . import plugin_of
 from .cuda_graphs import CudaGraphPlugin
@@ -117,7 +118,7 @@ class HigherPrecisionReplay(SupervisedPlugin):
 
     def after_training_epoch(self, strategy, **kwargs):
         clock = strategy.clock
-        if clock.train_exp_counter == 0 or clock.train_exp_epochs + 1 < strategy.train_epochs:
+        if clock.train_exp_counter == 0 or clock.train_exp_epochs + 1 < experience_epochs(strategy):
             return
         memory = exemplar_memory(strategy)
         if memory is None or len(memory) == 0:

@@ -7,6 +7,8 @@ import time
 import torch
 from avalanche.core import SupervisedPlugin
 
+from .checkpoint import experience_epochs
+
 log = logging.getLogger(__name__)
 
 
@@ -41,14 +43,10 @@ class TrainingMonitor(SupervisedPlugin):
         self.losses: list[list[float]] = []
         self._sum = self._count = None
         self._since = self._epochs_since = None
-        self._epochs = None
 
     def before_training_exp(self, strategy, **kwargs):
         self.losses.append([])
         self._since, self._epochs_since = time.perf_counter(), 0
-        # the experience's whole count: read before the epoch checkpoints (placed after this plugin) cut
-        # train_epochs to the epochs a resumed experience has left
-        self._epochs = strategy.train_epochs
 
     def epoch_state(self):
         """What an epoch checkpoint keeps of this plugin (trainer/checkpoint.py)."""
@@ -83,6 +81,6 @@ class TrainingMonitor(SupervisedPlugin):
         if self.log_every and epoch % self.log_every == 0:
             now = time.perf_counter()
             log.info("%sexperience %d, epoch %d/%d: mean training loss %.4f (%.2f s an epoch)",
-                     f"{self.label}: " if self.label else "", experience + 1, epoch, self._epochs, mean,
+                     f"{self.label}: " if self.label else "", experience + 1, epoch, experience_epochs(strategy), mean,
                      (now - self._since) / self._epochs_since)
             self._since, self._epochs_since = now, 0
