@@ -244,7 +244,7 @@ def _higher_precision_replay(cfg) -> HigherPrecisionReplay | None:
     scheme = higher_precision_scheme(OmegaConf.to_container(cfg.quant, resolve=True), s.hp_replay_bits,
                                      s.hp_replay_acc_bits)
     return HigherPrecisionReplay(s.hp_replay, s.hp_replay_epochs, scheme, s.hp_replay_bits, s.hp_replay_acc_bits,
-                                 teachers(s.name))
+                                 teachers(s.name), s.hp_replay_bn)
 
 
 def _run(cfg, run_dir: Path, gpu: int) -> dict:

@@ -5,7 +5,10 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
+import torch
+from torch import nn
 
+from test_cifar import write_torchvision_cifar
 from hdqt_cil.config import comparable_config
 from hdqt_cil.experiment import run
 from hdqt_cil.graph_replay import CapturedInference
@@ -114,3 +117,41 @@ def test_the_replay_settings_count_only_when_it_is_on():
     assert comparable_config(off) == comparable_config(older)
     on = {"strategy": {"name": "icarl", "hp_replay": 20, "hp_replay_epochs": 2}}
     assert comparable_config(on)["strategy"]["hp_replay_epochs"] == 2
+    # the authors' BatchNorm mode is the replay's as it ran before the setting existed; eval is another run
+    as_before = {"strategy": {**on["strategy"], "hp_replay_bn": "train"}}
+    assert comparable_config(as_before) == comparable_config(on)
+    assert comparable_config({"strategy": {**on["strategy"], "hp_replay_bn": "eval"}}) != comparable_config(on)
+
+
+@pytest.mark.parametrize("bn", ["train", "eval"])
+def test_the_phase_trains_batchnorm_or_keeps_its_running_statistics(make_cfg, tmp_path, monkeypatch, bn):
+    """strategy.hp_replay_bn=train (the authors'): the phase's batches move BatchNorm's running statistics; eval:
+    the layers normalise by them and leave them as training left them. Either way they train again after it."""
+    write_torchvision_cifar(tmp_path / "data", "cifar10", per_class_train=4, per_class_test=2)
+    kept, modes, after = [], [], []
+    phase, iteration = HigherPrecisionReplay.after_training_epoch, HigherPrecisionReplay.after_training_iteration
+
+    def norms(strategy):
+        return [m for m in strategy.model.modules() if isinstance(m, nn.BatchNorm2d)]
+
+    def spy_phase(self, strategy, **kwargs):
+        before, count = [m.running_var.clone() for m in norms(strategy)], len(self.phases)
+        phase(self, strategy, **kwargs)
+        if len(self.phases) > count:
+            kept.append([torch.equal(b, m.running_var) for b, m in zip(before, norms(strategy))])
+            after.append({m.training for m in norms(strategy)})
+
+    def spy_iteration(self, strategy, **kwargs):
+        if self._losses is not None:
+            modes.append({m.training for m in norms(strategy)})
+        iteration(self, strategy, **kwargs)
+
+    monkeypatch.setattr(HigherPrecisionReplay, "after_training_epoch", spy_phase)
+    monkeypatch.setattr(HigherPrecisionReplay, "after_training_iteration", spy_iteration)
+    run(make_cfg("benchmark=cifar10", "model=resnet32", "strategy=icarl", "benchmark.verify=false",
+                 "benchmark.n_experiences=2", "trainer.epochs=1", "trainer.batch_size=8", "trainer.memory_size=20",
+                 "trainer.device=cpu", "strategy.hp_replay=10", f"strategy.hp_replay_bn={bn}"), tmp_path / "run")
+    assert len(kept) == 1 and len(kept[0]) == 31  # experience 2; ResNet-32's BatchNorm layers
+    assert {k for layers in kept for k in layers} == {bn == "eval"}
+    assert modes and all(m == {bn == "train"} for m in modes)
+    assert after == [{True}]

@@ -19,7 +19,7 @@ from omegaconf import MISSING
 
 from ..quant.schemes import ACC_BITS_MAX, BITS
 from ..registry import Registry, load_members
-from ..settings import POSITIVE_INT, Rule, optional, setting
+from ..settings import POSITIVE_INT, Rule, one_of, optional, setting
 
 STRATEGIES = Registry("strategy")
 
@@ -42,6 +42,9 @@ class StrategyConfig:
     hp_replay_acc_bits: Optional[int] = setting(16, Rule(
         lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 2 <= v <= ACC_BITS_MAX),
         f"an integer in 2..{ACC_BITS_MAX}, at least hp_replay_bits, or null (float accumulators)"))
+    # The BatchNorm layers during the phase: train (the authors': normalised by the phase's batch, whose statistics
+    # the running ones take up) or eval (normalised by the running statistics, which stay as training left them).
+    hp_replay_bn: str = setting("train", one_of("train", "eval"))
 
 
 @dataclass

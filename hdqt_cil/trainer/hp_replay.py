@@ -5,7 +5,9 @@ the new classes, the strategy trains `epochs` more epochs on `size` exemplars of
 class in it, the first in the memory's order; at least one a class), in one batch as the authors do, with every
 quantized layer, the old model's included, at `bits`-bit operands and `acc_bits`-bit accumulators; then training
 goes on at the scheme's own precision. The strategy's own training step runs (its loss, distillation included), at
-the learning rate of the experience's last epoch; the 8-bit weight storage rounds after these steps too. These
+the learning rate of the experience's last epoch; the 8-bit weight storage rounds after these steps too. The
+model's BatchNorm layers train as in any step (`bn="train"`, the authors'), or stay in eval mode (`bn="eval"`):
+normalising by their running statistics, which the phase's batches of old classes alone then leave unchanged. These
 steps replay eagerly (not from CUDA graphs, which hold the scheme's own kernels) and are not counted in the run's
 cost (docs/cost.md). Each phase's mean loss is logged and kept in `phases`.
 """
@@ -17,6 +19,7 @@ from dataclasses import fields
 import torch
 from avalanche.core import SupervisedPlugin
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader
 
 from ..quant import quantize_model, scheme_from_config
@@ -74,10 +77,10 @@ class HigherPrecisionReplay(SupervisedPlugin):
     """`teachers`: the strategy's plugin attributes that may hold an old model (strategies/base.py)."""
 
     def __init__(self, size: int, epochs: int, scheme, bits: int, acc_bits: int | None,
-                 teachers: tuple[str, ...] = ()):
+                 teachers: tuple[str, ...] = (), bn: str = "train"):
         super().__init__()
         self.size, self.epochs, self.scheme, self.bits, self.acc_bits = size, epochs, scheme, bits, acc_bits
-        self.teachers = teachers
+        self.teachers, self.bn = teachers, bn
         self.phases: list[dict] = []
         self._losses: list[torch.Tensor] | None = None
 
@@ -93,15 +96,19 @@ class HigherPrecisionReplay(SupervisedPlugin):
 
     @contextmanager
     def _phase(self, strategy, loader):
-        """The strategy on `loader`, its quantized layers at the higher precision, eager, uncounted; all restored.
-        The models are looked up once the graphs are set aside: until then an old model is its graphs' wrapper."""
+        """The strategy on `loader`, its quantized layers at the higher precision, its BatchNorm layers in `bn` mode,
+        eager, uncounted; all restored. The models are looked up once the graphs are set aside: until then an old
+        model is its graphs' wrapper."""
         graphs, cost = plugin_of(strategy, CudaGraphPlugin), plugin_of(strategy, CostCounter)
         with graphs.eager() if graphs else nullcontext(), cost.paused() if cost else nullcontext():
             models = self._models(strategy)
             schemes = [{m: m.scheme for m in model.modules() if isinstance(m, QuantLayer)} for model in models]
+            norms = {m: m.training for m in strategy.model.modules() if isinstance(m, _BatchNorm)}
             dataloader, self._losses = strategy.dataloader, []
             for model in models:
                 quantize_model(model, self.scheme)
+            for norm in norms:
+                norm.train(self.bn == "train")
             try:
                 strategy.dataloader = loader
                 yield
@@ -110,6 +117,8 @@ class HigherPrecisionReplay(SupervisedPlugin):
                 for layers in schemes:
                     for layer, scheme in layers.items():
                         layer.scheme = scheme
+                for norm, training in norms.items():
+                    norm.train(training)
                 self._losses = None
 
     def after_training_iteration(self, strategy, **kwargs):
