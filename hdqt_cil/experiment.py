@@ -247,11 +247,9 @@ def _higher_precision_replay(cfg) -> HigherPrecisionReplay | None:
                                  teachers(s.name), s.hp_replay_bn)
 
 
-def _run(cfg, run_dir: Path, gpu: int) -> dict:
-    RNGManager.set_random_seeds(cfg.seed)
-    device = resolve_device(cfg.trainer.device, gpu)
-    if device.type == "cuda":  # streams, graphs and kernels follow the current device: a sweep job's GPU
-        torch.cuda.set_device(device.index if device.index is not None else torch.cuda.current_device())
+def assemble(cfg, run_dir: Path, device: torch.device):
+    """The run's benchmark, strategy and plugins, built as the run builds them before it trains (a checkpoint of
+    the run loads into this strategy)."""
     bench = build_benchmark(cfg.benchmark, cfg.seed)
     check_fits(cfg.strategy, cfg.trainer, bench.num_classes, cfg.benchmark.scenario)
     model = build_model(cfg.model, bench.input_shape, bench.num_classes, bench.input_norm)
@@ -262,6 +260,15 @@ def _run(cfg, run_dir: Path, gpu: int) -> dict:
                                              DataFacts(len(bench.input_shape) == 3, bench.n_experiences)))
     if plugins.hp_replay is not None:
         plugins.hp_replay.check(strategy, cfg.strategy.name)
+    return bench, strategy, plugins
+
+
+def _run(cfg, run_dir: Path, gpu: int) -> dict:
+    RNGManager.set_random_seeds(cfg.seed)
+    device = resolve_device(cfg.trainer.device, gpu)
+    if device.type == "cuda":  # streams, graphs and kernels follow the current device: a sweep job's GPU
+        torch.cuda.set_device(device.index if device.index is not None else torch.cuda.current_device())
+    bench, strategy, plugins = assemble(cfg, run_dir, device)
 
     # Only a run that could be built claims its folder: bad input leaves nothing behind.
     folder = RunFolder(run_dir)
