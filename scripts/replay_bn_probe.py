@@ -15,7 +15,9 @@ phase did. Prints, as markdown, the accuracy by task on the test set (argmax ove
 trained-head run scores) and each variant's step losses.
 """
 import argparse
+import contextlib
 import copy
+import sys
 from pathlib import Path
 
 import torch
@@ -91,7 +93,8 @@ def main(argv=None) -> None:
         raise SystemExit(f"error: {args.run_folder} is not a run with strategy.hp_replay")
     device = resolve_device(cfg.trainer.device)
     bench, strategy, _ = assemble(cfg, args.run_folder, device)
-    strategy, experiences, _ = checkpoints.load(strategy, device)
+    with contextlib.redirect_stdout(sys.stderr):  # avalanche prints the devices it maps; stdout is the table
+        strategy, experiences, _ = checkpoints.load(strategy, device)
     model = strategy.model
     for module in model.modules():  # feature hooks a strategy's plugins registered, pickled with it
         module._forward_hooks.clear()
