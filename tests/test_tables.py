@@ -7,6 +7,7 @@ from omegaconf import OmegaConf
 
 from hdqt_cil.quant.schemes import preset_settings
 from hdqt_cil.files import write_json
+from hdqt_cil.results.style import SCHEME_ORDER, STRATEGY_ORDER, run_style
 from hdqt_cil.results.tables import aggregate, collect_runs, display_table, make_tables
 
 
@@ -293,7 +294,8 @@ def test_load_runs_gives_a_row_a_run_with_its_settings_and_accuracy_matrix(make_
 
 
 def test_plot_styles_follow_strategy_and_scheme_and_show_one_seed_as_such(tmp_path, monkeypatch):
-    """A colour per strategy and a marker per scheme, the same in every figure; one seed: no error bar, n=1."""
+    """A colour per strategy and a marker per scheme, the same in every figure, and in a figure of one strategy a
+    colour per scheme; one seed: no error bar, n=1."""
     import matplotlib.axes
     drawn = {}
     monkeypatch.setattr(matplotlib.axes.Axes, "errorbar",
@@ -308,6 +310,20 @@ def test_plot_styles_follow_strategy_and_scheme_and_show_one_seed_as_such(tmp_pa
     assert first["icarl / fp32 (n=1)"]["color"] == first["icarl / hdqt (n=1)"]["color"] != first["bic / fp32"]["color"]
     marker = {label: kw["marker"] for label, kw in first.items()}
     assert marker["icarl / fp32 (n=1)"] == marker["bic / fp32"] != marker["icarl / hdqt (n=1)"]
-    assert drawn["icarl / hdqt (n=1)"]["color"] == first["icarl / hdqt (n=1)"]["color"]  # another figure, alone
+    alone = run_style("icarl", "hdqt", list(STRATEGY_ORDER), list(SCHEME_ORDER), True)
+    assert drawn["icarl / hdqt (n=1)"]["color"] == alone["color"] != first["icarl / hdqt (n=1)"]["color"]
     assert drawn["icarl / hdqt (n=1)"]["marker"] == first["icarl / hdqt (n=1)"]["marker"]
     assert first["icarl / fp32 (n=1)"]["yerr"] is None and first["bic / fp32"]["yerr"] is not None
+
+
+def test_a_panel_of_one_strategy_colours_its_schemes():
+    """Across strategies a line takes its strategy's colour; in a panel of one strategy, its scheme's, the same in
+    every such panel; the marker is the scheme's either way."""
+    strategies, schemes = list(STRATEGY_ORDER), list(SCHEME_ORDER)
+    mixed = [run_style(s, q, strategies, schemes, False) for s in ("icarl", "bic") for q in ("fp32", "mxfp4")]
+    assert mixed[0]["color"] == mixed[1]["color"] != mixed[2]["color"] == mixed[3]["color"]
+    alone = [run_style("icarl", q, strategies, schemes, True) for q in ("fp32", "hdqt", "mxfp4", "a new scheme")]
+    assert len({style["color"] for style in alone}) == 4
+    assert run_style("bic", "hdqt", strategies, schemes, True) == alone[1]
+    assert [s["marker"] for s in alone] == [m["marker"] for m in (run_style("bic", q, strategies, schemes, False)
+                                                               for q in ("fp32", "hdqt", "mxfp4", "a new scheme"))]

@@ -9,7 +9,7 @@ import pandas as pd
 
 from ..trainer.diagnostics import COMPARED, GRADIENTS
 from ..trainer.landscape import slice_summary
-from .style import SCHEME_ORDER, STRATEGY_ORDER, scheme_marker, scheme_rank, strategy_color
+from .style import SCHEME_ORDER, STRATEGY_ORDER, run_style, scheme_rank
 
 # what tells runs apart in these tables, as in table.md's rows: a tag (`tag=acc12`) names a run set of its own
 RUN_KEYS = ["benchmark", "strategy", "variant", "scheme", "tag", "quant_variant"]
@@ -146,20 +146,21 @@ def plot_fidelity(fidelity: pd.DataFrame, path) -> None:
     strategies, schemes = list(STRATEGY_ORDER), list(SCHEME_ORDER)
     fig, axes = plt.subplots(len(benchmarks), 3, figsize=(17, 4.5 * len(benchmarks)), squeeze=False)
 
-    def style(label) -> dict:
-        """The strategy's colour; the scheme's marker, another for each tagged or varied run set of it."""
+    def style(label, one_strategy: bool) -> dict:
+        """run_style's, a tagged or varied run set of a scheme counting as a scheme of its own."""
         run = dict(zip(keys[1:], label))
         kind = " / ".join(str(run[k]) for k in keys[1:] if k not in ("strategy", "variant") and run[k])
-        return {"color": strategy_color(run["strategy"], strategies), "marker": scheme_marker(kind, schemes)}
+        return run_style(run["strategy"], kind, strategies, schemes, one_strategy)
 
     for row, bench in zip(axes, benchmarks):
         runs = fidelity[(fidelity.benchmark == bench) & fidelity.gradient.isin(GRADIENTS)]
+        one_strategy = runs.strategy.nunique() == 1
         layers = runs.drop_duplicates("position").sort_values("position")
         for ax, kind in zip(row[:2], GRADIENTS):
             chosen = runs[(runs.gradient == kind) & (runs.part == "all")]
             for label, group in chosen.groupby(keys[1:]):
                 curve = group.groupby("position").cosine.mean()
-                ax.plot(curve.index, curve.values, label=" / ".join(filter(None, label)), **style(label))
+                ax.plot(curve.index, curve.values, label=" / ".join(filter(None, label)), **style(label, one_strategy))
             ax.set_xticks(layers.position, layers.layer, rotation=90, fontsize=6)
             ax.set(title=f"{bench}: {kind} against FP32, by layer", ylabel="cosine similarity")
         ax = row[2]
@@ -167,7 +168,7 @@ def plot_fidelity(fidelity: pd.DataFrame, path) -> None:
         for label, group in split.groupby(keys[1:]):
             for part, line in (("old", "-"), ("new", "--")):
                 curve = group[group.part == part].groupby("experience").cosine.mean()
-                ax.plot(curve.index + 1, curve.values, line, **style(label))
+                ax.plot(curve.index + 1, curve.values, line, **style(label, one_strategy))
         experiences = sorted(split.experience.unique() + 1)
         ax.set_xticks(experiences)
         ax.set(title=f"{bench}: g_W against FP32, old (solid) and new (dashed) classes' logits", xlabel="experience",

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from ..config import RUN_INDEPENDENT_QUANT, SWITCHED_SETTINGS, comparable_config
 from ..quant.schemes import SCHEMES, preset_settings
 from ..files import read_json, write_atomic
-from .style import LINESTYLES, SCHEME_ORDER, STRATEGY_ORDER, scheme_marker, scheme_rank, strategy_color
+from .style import LINESTYLES, SCHEME_ORDER, STRATEGY_ORDER, run_style, scheme_rank
 from .diagnostics import (diagnostics_frame, fidelity_by_experience, fidelity_table, landscape_table, landscapes,
                           plot_fidelity, plot_landscapes, quantizer_table, statistics_table)
 
@@ -405,19 +405,23 @@ def plot_ablation(agg: pd.DataFrame, path, fp32: pd.DataFrame | None = None) -> 
 
 def plot_energy(agg: pd.DataFrame, path) -> None:
     """Average accuracy against the estimated training energy, one point per table row (scheme, ablation), one
-    panel per benchmark: what each scheme buys and costs."""
+    panel per benchmark, coloured and marked as style.run_style gives them: what each scheme buys and costs."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = agg[agg.energy_j_mean.notna()]
     benchmarks = sorted(rows.benchmark.unique())
+    strategies, schemes = list(STRATEGY_ORDER), list(SCHEME_ORDER)
     fig, axes = plt.subplots(1, len(benchmarks), figsize=(6.5 * len(benchmarks), 4.5), squeeze=False)
     for ax, bench in zip(axes[0], benchmarks):
-        for row in rows[rows.benchmark == bench].itertuples():
+        panel = rows[rows.benchmark == bench]
+        for row in panel.itertuples():
             detail = ", ".join(filter(None, (_short(row.variant), _short(row.quant_variant))))
-            ax.errorbar(row.energy_j_mean, row.avg_acc_mean, xerr=row.energy_j_std, yerr=row.avg_acc_std, marker="o",
-                        capsize=2, label=f"{row.strategy} / {row.quant}" + (f" ({detail})" if detail else ""))
+            ax.errorbar(row.energy_j_mean, row.avg_acc_mean, xerr=row.energy_j_std, yerr=row.avg_acc_std,
+                        capsize=2, **run_style(row.strategy, row.quant, strategies, schemes,
+                                               panel.strategy.nunique() == 1),
+                        label=f"{row.strategy} / {row.quant}" + (f" ({detail})" if detail else ""))
         ax.set(title=bench, xscale="log", xlabel="estimated training energy (J)", ylabel="avg accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -447,8 +451,9 @@ def _seeds(counts) -> str:
 
 def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
     """Seen-class accuracy after each experience vs number of classes seen, mean ± std over complete seeds (no
-    error bar for one seed: the legend says n=1); one line per table row (variants apart): colour by strategy,
-    marker by scheme, line style by variant; each panel titled with its benchmark, epochs a task and seeds."""
+    error bar for one seed: the legend says n=1); one line per table row (variants apart): colour and marker as
+    style.run_style gives them, line style by variant; each panel titled with its benchmark, epochs a task and
+    seeds."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -475,8 +480,7 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
                                              f"{epochs} epochs" if runs.epochs.nunique() > 1 else "",
                                              "n=1" if len(curves) == 1 else "")))
             ax.errorbar(classes, curves.mean(0), yerr=curves.std(0, ddof=1) if len(curves) > 1 else None,
-                        marker=scheme_marker(scheme, schemes), capsize=2,
-                        color=strategy_color(strategy, strategies),
+                        capsize=2, **run_style(strategy, scheme, strategies, schemes, runs.strategy.nunique() == 1),
                         linestyle=LINESTYLES[variants.index((epochs, variant, quant_variant)) % len(LINESTYLES)],
                         label=f"{strategy} / {quant}" + (f" ({detail})" if detail else ""))
         domain = bench.endswith("(domain)")
