@@ -85,7 +85,11 @@ def main(argv=None) -> None:
     if not checkpoints.exists():
         raise SystemExit(f"error: {args.run_folder} holds no experience checkpoint (an unfinished run's "
                          "checkpoints/ folder); a finished run has cleared its own")
-    run_overrides = yaml.safe_load((args.run_folder / ".hydra" / "overrides.yaml").read_text())
+    recorded = args.run_folder / ".hydra" / "overrides.yaml"
+    if not recorded.is_file():
+        raise SystemExit(f"error: {recorded} is missing: the probe rebuilds the run from the overrides its command "
+                         "recorded there (a run started by run.py)")
+    run_overrides = yaml.safe_load(recorded.read_text())
     register_schemas()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("config", overrides=[o for o in run_overrides if not o.startswith("hydra")] + args.overrides)

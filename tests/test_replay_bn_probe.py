@@ -66,8 +66,11 @@ def test_each_variant_changes_what_it_names(bn, step):
     assert len(losses) == 2 and model.training  # the model probed is a copy
 
 
-def test_a_finished_run_without_checkpoints_is_refused(checkpointed_run, capsys):
+def test_a_run_it_cannot_rebuild_is_refused_naming_what_is_missing(checkpointed_run):
     folder, _ = checkpointed_run
+    (folder / ".hydra" / "overrides.yaml").unlink()
+    with pytest.raises(SystemExit, match="overrides.yaml is missing"):
+        main([str(folder)])
     RunFolder(folder).clear_checkpoints()
     with pytest.raises(SystemExit, match="holds no experience checkpoint"):
         main([str(folder)])
