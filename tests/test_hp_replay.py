@@ -1,5 +1,6 @@
 """strategy.hp_replay: after each experience past the first, N exemplars trained on at 8-bit operands and 16-bit
 accumulators (the old model too), then training goes on at the scheme's own precision."""
+import pickle
 import random
 from collections import Counter
 from types import SimpleNamespace
@@ -155,3 +156,15 @@ def test_the_phase_trains_batchnorm_or_keeps_its_running_statistics(make_cfg, tm
     assert {k for layers in kept for k in layers} == {bn == "eval"}
     assert modes and all(m == {bn == "train"} for m in modes)
     assert after == [{True}]
+
+
+def test_a_checkpoint_written_before_the_batchnorm_setting_resumes_the_authors_phase():
+    """A plugin pickled without `bn` (an earlier version's checkpoint) replays with BatchNorm in train mode; one
+    pickled with it keeps its own."""
+    for bn in ("train", "eval"):
+        plugin = HigherPrecisionReplay(20, 2, preset("hdqt"), 8, 16, bn=bn)
+        assert pickle.loads(pickle.dumps(plugin)).bn == bn
+    earlier = {k: v for k, v in plugin.__dict__.items() if k != "bn"}
+    restored = HigherPrecisionReplay.__new__(HigherPrecisionReplay)
+    restored.__setstate__(earlier)
+    assert restored.bn == "train" and restored.size == 20

@@ -84,6 +84,10 @@ class HigherPrecisionReplay(SupervisedPlugin):
         self.phases: list[dict] = []
         self._losses: list[torch.Tensor] | None = None
 
+    def __setstate__(self, state):
+        """A checkpoint written before `bn` existed resumes the authors' phase, BatchNorm in train mode."""
+        self.__dict__.update({"bn": "train", **state})
+
     def check(self, strategy, name: str) -> None:
         if exemplar_memory(strategy) is None:
             raise ValueError(f"strategy.hp_replay={self.size}: strategy={name} keeps no exemplar memory to replay; "
