@@ -520,3 +520,12 @@ def test_memo_new_branch_and_heads_run_the_scheme_before_their_first_forward(nam
     layers = [m for m in net.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
     assert len(layers) == 1 + 2 * 2 * 5 + 2 * 2 * 5 + 2  # stem, stages 1-2, two stage 3s, classifier and aux head
     assert all(isinstance(m, QuantLayer) and m.scheme is scheme for m in layers)
+
+
+def test_bic_refuses_a_hold_out_that_leaves_a_class_nothing_to_train_on(make_cfg, tmp_path):
+    """BiC holds out val_percentage × memory_size samples over the classes seen for its bias layer, the first of each
+    new class; where that is all of a class, the run stops naming the settings, not inside avalanche's loader."""
+    cfg = make_cfg("strategy=bic", "trainer.epochs=1", "trainer.device=cpu", "trainer.memory_size=4000")
+    with pytest.raises(ValueError, match=r"BiC holds out 200 training samples of each class of experience 1 .*"
+                                         r"none would be left to train on; lower strategy.val_percentage"):
+        run(cfg, tmp_path / "run")

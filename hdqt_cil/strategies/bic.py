@@ -14,6 +14,7 @@ first experience on it also pushes down the logits of classes not yet seen; the 
 cross-entropy, and the bias stage's, runs over the classes seen so far. `ce_classes=seen` does that here (classes
 arrive relabelled in order: the first outputs); evaluation scores over the seen classes either way.
 """
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -60,6 +61,27 @@ class BiCPlugin(avalanche_bic.BiCPlugin):
     def __init__(self, *args, seen_only: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.seen_only = seen_only
+
+    def before_train_dataset_adaptation(self, strategy, **kwargs):
+        self._check_held_out(strategy)
+        super().before_train_dataset_adaptation(strategy, **kwargs)
+
+    def _check_held_out(self, strategy) -> None:
+        """avalanche's plugin holds out the first samples of each new class for the bias layer, as many as its share
+        of val_percentage × mem_size over the classes seen so far; a class with no more leaves nothing to train on
+        (and an experience of such classes ends in an IndexError inside avalanche's data loader)."""
+        counts = Counter(int(t) for t in strategy.experience.dataset.targets)
+        seen = set(self.seen_classes)
+        seen.update(counts)
+        held = dict(zip(seen, self.get_group_lengths(len(seen))))  # as the plugin pairs them
+        for label, count in counts.items():
+            if count <= held[label]:
+                raise ValueError(
+                    f"BiC holds out {held[label]} training samples of each class of experience "
+                    f"{strategy.clock.train_exp_counter + 1} for its bias layer (strategy.val_percentage × "
+                    f"trainer.memory_size = {int(self.val_percentage * self.mem_size)} over {len(seen)} classes "
+                    f"seen), but class {label} has {count}: none would be left to train on; lower "
+                    "strategy.val_percentage or trainer.memory_size")
 
     def cross_entropy(self, new_outputs, old_outputs):
         soft_targets = F.softmax(old_outputs / self.T, dim=1)

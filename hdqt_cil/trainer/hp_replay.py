@@ -75,6 +75,7 @@ def spread_over_classes(targets: list[int], size: int) -> list[int]:
 
 class HigherPrecisionReplay(SupervisedPlugin):
     """`teachers`: the strategy's plugin attributes that may hold an old model (strategies/base.py)."""
+    bn = "train"  # what a plugin restored from a checkpoint written before the setting existed did
 
     def __init__(self, size: int, epochs: int, scheme, bits: int, acc_bits: int | None,
                  teachers: tuple[str, ...] = (), bn: str = "train"):
@@ -83,10 +84,6 @@ class HigherPrecisionReplay(SupervisedPlugin):
         self.teachers, self.bn = teachers, bn
         self.phases: list[dict] = []
         self._losses: list[torch.Tensor] | None = None
-
-    def __setstate__(self, state):
-        """A checkpoint written before `bn` existed resumes the authors' phase, BatchNorm in train mode."""
-        self.__dict__.update({"bn": "train", **state})
 
     def check(self, strategy, name: str) -> None:
         if exemplar_memory(strategy) is None:
