@@ -106,7 +106,7 @@ def main(argv=None) -> None:
     exemplars = memory.subset(spread_over_classes([int(t) for t in memory.targets], cfg.strategy.hp_replay))
     x, y, *_ = next(iter(_batches(exemplars, len(exemplars))))
     x, y = x.to(device), y.to(device)
-    seen = sum(len(e.classes_in_this_experience) for e in bench.scenario.train_stream[:experiences])
+    seen = bench.task_classes()[experiences - 1][1]  # the end of the last trained task's classes
     tests = [e.dataset for e in bench.scenario.test_stream[:experiences]]
     rows = [("as checkpointed", task_accuracy(model, tests, seen, device), [])]
     for name, (bn, step) in VARIANTS.items():

@@ -416,11 +416,11 @@ def plot_energy(agg: pd.DataFrame, path) -> None:
     fig, axes = plt.subplots(1, len(benchmarks), figsize=(6.5 * len(benchmarks), 4.5), squeeze=False)
     for ax, bench in zip(axes[0], benchmarks):
         panel = rows[rows.benchmark == bench]
+        one_strategy = panel.strategy.nunique() == 1
         for row in panel.itertuples():
             detail = ", ".join(filter(None, (_short(row.variant), _short(row.quant_variant))))
             ax.errorbar(row.energy_j_mean, row.avg_acc_mean, xerr=row.energy_j_std, yerr=row.avg_acc_std,
-                        capsize=2, **run_style(row.strategy, row.quant, strategies, schemes,
-                                               panel.strategy.nunique() == 1),
+                        capsize=2, **run_style(row.strategy, row.quant, strategies, schemes, one_strategy),
                         label=f"{row.strategy} / {row.quant}" + (f" ({detail})" if detail else ""))
         ax.set(title=bench, xscale="log", xlabel="estimated training energy (J)", ylabel="avg accuracy (%)")
         ax.grid(alpha=0.3)
@@ -466,6 +466,7 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
     for ax, bench in zip(axes[0], benchmarks):
         runs = done[done.benchmark == bench]
         lines = runs.groupby(["strategy", "epochs", "variant", "scheme", "quant", "quant_variant"])
+        one_strategy = runs.strategy.nunique() == 1
         variants = sorted({(epochs, variant, quant_variant) for (_, epochs, variant, _, _, quant_variant), _ in lines})
         counts = []
         for (strategy, epochs, variant, scheme, quant, quant_variant), group in lines:
@@ -480,7 +481,7 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
                                              f"{epochs} epochs" if runs.epochs.nunique() > 1 else "",
                                              "n=1" if len(curves) == 1 else "")))
             ax.errorbar(classes, curves.mean(0), yerr=curves.std(0, ddof=1) if len(curves) > 1 else None,
-                        capsize=2, **run_style(strategy, scheme, strategies, schemes, runs.strategy.nunique() == 1),
+                        capsize=2, **run_style(strategy, scheme, strategies, schemes, one_strategy),
                         linestyle=LINESTYLES[variants.index((epochs, variant, quant_variant)) % len(LINESTYLES)],
                         label=f"{strategy} / {quant}" + (f" ({detail})" if detail else ""))
         domain = bench.endswith("(domain)")
