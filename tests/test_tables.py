@@ -205,6 +205,20 @@ def test_the_settings_of_a_feature_split_rows_only_where_they_differ_among_runs_
         "strategy.hp_replay=unset, strategy.hp_replay_epochs=unset"]
 
 
+def test_a_defaulted_setting_splits_rows_from_the_runs_at_its_default_and_shows_that_default(tmp_path):
+    """hp_replay_bn=train is the value before the setting existed, so it is left out of a run's identity: the runs
+    at train must still not share a row with those at eval, and say train, not unset."""
+    runs = tmp_path / "runs"
+    for name, hp, bn in (("plain", None, None), ("train", 200, "train"), ("old", 200, None), ("eval", 200, "eval")):
+        _run_with_config(runs, name, _summary("icarl", "hdqt", 0, 80.0 if bn == "eval" else 70.0),
+                         strategy={"name": "icarl", "hp_replay": hp, "hp_replay_bn": bn})
+    table = make_tables([runs], tmp_path / "out")
+    assert sorted(zip(table.variant, table["last acc"])) == [
+        ("strategy.hp_replay=200, strategy.hp_replay_bn=eval", "80.0 (n=1)"),
+        ("strategy.hp_replay=200, strategy.hp_replay_bn=train", "70.0 ± 0.0"),
+        ("strategy.hp_replay=unset, strategy.hp_replay_bn=unset", "70.0 (n=1)")]
+
+
 def test_tagged_runs_only_leave_the_main_table_empty_and_table_md_whole(tmp_path):
     runs = tmp_path / "runs"
     _run_with_config(runs, "fp", _summary("bic", "fp32", 0, 40.0, tag="short3"))

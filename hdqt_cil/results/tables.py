@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from ..config import RUN_INDEPENDENT_QUANT, SWITCHED_SETTINGS, comparable_config
+from ..config import DEFAULTED_SETTINGS, RUN_INDEPENDENT_QUANT, SWITCHED_SETTINGS, comparable_config
 from ..quant.schemes import SCHEMES, preset_settings
 from ..files import read_json, write_atomic
 from .style import LINESTYLES, SCHEME_ORDER, STRATEGY_ORDER, run_style, scheme_rank
@@ -90,11 +90,27 @@ def quant_setting(config: dict) -> str:
                      if k not in _NEUTRAL_SETTINGS and k in preset and preset[k] != v)
 
 
+def _switch(key: str) -> str | None:
+    """The dotted switch of a switched setting (config.SWITCHED_SETTINGS), None for any other setting."""
+    return next((f"{node}.{switch}" for node, switch, prefix in SWITCHED_SETTINGS if key.startswith(f"{node}.{prefix}")),
+                None)
+
+
+def _value(key: str, flat: dict):
+    """A run's value of a dotted setting as the variant column shows it. A defaulted setting
+    (config.DEFAULTED_SETTINGS) is left out of a run's identity at its default, which it then shows where it means
+    something (its switch, if it has one, on); any other setting a run lacks is 'unset'."""
+    if key in flat:
+        return flat[key]
+    default = next((d for node, name, d, _ in DEFAULTED_SETTINGS if key == f"{node}.{name}"), "unset")
+    return default if _switch(key) is None or _switch(key) in flat else "unset"
+
+
 def _set_alike_where_switched_on(key: str, flat: list[dict]) -> bool:
-    """Whether `key` is a switched setting (config.SWITCHED_SETTINGS) with one value in every run that has its
-    switch on: it then differs only with its switch, which the rows show already."""
-    switched = any(key.startswith(f"{node}.{prefix}") for node, _, prefix in SWITCHED_SETTINGS)
-    return switched and len({repr(f[key]) for f in flat if key in f}) == 1
+    """Whether `key` is a switched setting with one value in every run that has its switch on: it then differs
+    only with its switch, which the rows show already."""
+    switch = _switch(key)
+    return switch is not None and len({repr(_value(key, f)) for f in flat if switch in f}) == 1
 
 
 def _differences(df: pd.DataFrame, flat: list[dict], by: list[str]) -> list[str]:
@@ -103,10 +119,10 @@ def _differences(df: pd.DataFrame, flat: list[dict], by: list[str]) -> list[str]
     for _, group in df.groupby(by):
         rows = group.index.tolist()
         keys = sorted(set().union(*(flat[i] for i in rows)))
-        differing = [k for k in keys if len({repr(flat[i].get(k, "unset")) for i in rows}) > 1
+        differing = [k for k in keys if len({repr(_value(k, flat[i])) for i in rows}) > 1
                      and not _set_alike_where_switched_on(k, [flat[i] for i in rows])]
         for i in rows:
-            out[i] = ", ".join(f"{k}={flat[i].get(k, 'unset')}" for k in differing)
+            out[i] = ", ".join(f"{k}={_value(k, flat[i])}" for k in differing)
     return out
 
 
