@@ -92,8 +92,8 @@ def quant_setting(config: dict) -> str:
 
 def _switch(key: str) -> str | None:
     """The dotted switch of a switched setting (config.SWITCHED_SETTINGS), None for any other setting."""
-    return next((f"{node}.{switch}" for node, switch, prefix in SWITCHED_SETTINGS if key.startswith(f"{node}.{prefix}")),
-                None)
+    return next((f"{node}.{switch}" for node, switch, prefix in SWITCHED_SETTINGS
+                 if key.startswith(f"{node}.{prefix}")), None)
 
 
 def _value(key: str, flat: dict):
