@@ -265,6 +265,21 @@ def test_cost_columns_and_the_energy_plot_where_runs_report_their_cost(tmp_path)
     assert "energy J" not in make_tables([tmp_path / "old"], tmp_path / "out2", plot=False).columns
 
 
+def test_the_figures_keep_a_long_legend_beside_their_panels_whole(tmp_path):
+    """The legends stand outside the axes; the saved figure grows to hold them, so no label is cut at its edge."""
+    import matplotlib.image
+
+    tag = "a-long-tag-" * 24
+    _write(tmp_path / "runs", *({**_summary("icarl", quant, 0, 80.0, tag=tag),
+                                 "cost": {"training int GMACs": 1.0, "training energy J": {"total": 1.0}}}
+                                for quant in ("fp32", "hdqt")))
+    make_tables([tmp_path / "runs"], tmp_path / "out")
+    for figure in ("accuracy.png", "energy.png"):
+        pixels = matplotlib.image.imread(tmp_path / "out" / figure)[..., :3]
+        assert (pixels[:, -3:] == 1.0).all(), f"{figure}: something drawn at its right edge"
+        assert (pixels[:, -len(pixels[0]) // 4:] < 1.0).any(), f"{figure}: no legend beside the panel"
+
+
 def test_task_incremental_runs_are_rows_of_their_own_named_by_their_scenario(tmp_path):
     _write(tmp_path / "runs", _summary("icarl", "fp32", 0, 80.0), _summary("icarl", "fp32", 0, 95.0, scenario="task"),
            _summary("icarl", "hdqt", 0, 93.0, scenario="task"))

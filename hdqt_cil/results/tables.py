@@ -442,7 +442,7 @@ def plot_energy(agg: pd.DataFrame, path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # the legends beside the panels, which tight_layout leaves out
     plt.close(fig)
 
 
@@ -510,7 +510,7 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=150)
+    fig.savefig(path, dpi=150, bbox_inches="tight")  # the legends beside the panels, which tight_layout leaves out
     plt.close(fig)
 
 
