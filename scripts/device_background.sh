@@ -15,7 +15,8 @@
 #   [CHECKPOINTS=n] [STALL=s] bash scripts/device_background.sh wait SECONDS
 #       waits until every sweep has ended, SECONDS have passed or no run has logged anything for STALL seconds
 #       (default 300: a run logs every few epochs; one process's hung or faulted kernel stops every process on the
-#       GPU under CUDA MPS, and waiting on it wastes the machine), prints each one's progress, and leaves in $OUT
+#       GPU under CUDA MPS, and waiting on it wastes the machine), prints each sweep's progress and each unfinished
+#       run's last epoch line (its experience, epoch, loss and seconds an epoch), and leaves in $OUT
 #       (a call returns at most 8 files) logs.tgz (every sweep's logs), runs_now.tgz (every run folder so far,
 #       checkpoints left out) and, with CHECKPOINTS=n, up to n (at most 6) ckpt_<k>.tgz files of the unfinished runs'
 #       checkpoints (scripts/pack_checkpoints.py) for the next machine: packed once here for every sweep, so a
@@ -25,6 +26,7 @@
 # `start` and left running for the machine's life (a sweep's own daemon would stop with it, under the others).
 set -euo pipefail
 root=${SWEEPS:-/tmp/sweeps}  # SWEEPS: another folder (tests)
+runs=${RUNS:-/tmp/runs}  # the sweeps' results root (device_sweep.sh's HDQT_RESULTS); RUNS: another (tests)
 case ${1:-} in
   start)
     name=${2:?a sweep name}; shift 2
@@ -65,7 +67,7 @@ case ${1:-} in
     deadline=$(( $(date +%s) + ${2:?seconds to wait} ))
     alive() { for pid in "$root"/*/pid; do kill -0 "$(cat "$pid")" 2>/dev/null && return 0; done; return 1; }
     # seconds since any run or sweep last wrote to its log
-    quiet() { echo $(( $(date +%s) - $(find "$root" /tmp/runs -name checkout -prune -o -name '*.log' \
+    quiet() { echo $(( $(date +%s) - $(find "$root" "$runs" -name checkout -prune -o -name '*.log' \
                                            -printf '%T@\n' 2>/dev/null | sort -n | tail -n 1 | cut -d. -f1) )); }
     while alive && [ "$(date +%s)" -lt "$deadline" ]; do
       silent=$(quiet)
@@ -82,12 +84,17 @@ case ${1:-} in
       echo "== $(basename "$folder"): $state"
       grep -E "after experience" "$folder/sweep.log" 2>/dev/null | tail -n 2 || true
     done
+    unfinished=$(find "$runs" -name summary.json -exec grep -L -E '"(complete|diverged)"' {} + 2>/dev/null || true)
+    for summary in $unfinished; do  # a log line: [time][logger][LEVEL] - message
+      { grep -E ": experience [0-9]+, epoch [0-9]+/" "$(dirname "$summary")/run.log" 2>/dev/null || true; } |
+        tail -n 1 | sed 's/^\[[^]]*\]\[[^]]*\]\[[A-Z]*\] - //'
+    done
     tar czf "$out/logs.tgz" --exclude='*.tgz' --exclude=checkout -C "$(dirname "$root")" "$(basename "$root")"
-    echo "finished runs: $(find /tmp/runs -name summary.json -exec grep -l '"complete"' {} + 2>/dev/null | wc -l)"
-    [ -d /tmp/runs ] && tar czf "$out/runs_now.tgz" --exclude=checkpoints -C /tmp runs
+    echo "finished runs: $(find "$runs" -name summary.json -exec grep -l '"complete"' {} + 2>/dev/null | wc -l)"
+    [ -d "$runs" ] && tar czf "$out/runs_now.tgz" --exclude=checkpoints -C "$(dirname "$runs")" "$(basename "$runs")"
     # logs.tgz and runs_now.tgz take two of the 8 files a call returns: 6 checkpoint files at most
     files=$(( ${CHECKPOINTS:-0} < 6 ? ${CHECKPOINTS:-0} : 6 ))
-    [ "$files" -gt 0 ] && python3 scripts/pack_checkpoints.py "$out" "$files"
+    [ "$files" -gt 0 ] && python3 scripts/pack_checkpoints.py "$out" "$files" --root "$runs"
     if command -v nvidia-smi >/dev/null; then
       nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
     fi ;;

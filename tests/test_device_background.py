@@ -30,7 +30,7 @@ def background(checkout, tmp_path, *args, job_control=False):
     command = f"bash {SCRIPT} {' '.join(args)}"
     if job_control:
         command = f"set -m; {command}"
-    env = dict(os.environ, SWEEPS=str(tmp_path / "sweeps"), OUT=str(tmp_path / "out"))
+    env = dict(os.environ, SWEEPS=str(tmp_path / "sweeps"), RUNS=str(tmp_path / "runs"), OUT=str(tmp_path / "out"))
     done = subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -79,3 +79,25 @@ def test_a_sweep_runs_its_own_copy_of_the_code(checkout, tmp_path):
         assert Path(os.readlink(f"/proc/{pid}/cwd")) == copy
     finally:
         subprocess.run(["pkill", "-KILL", "-s", str(pid)])
+
+
+def test_wait_names_each_unfinished_runs_last_epoch(checkout, tmp_path):
+    def run(name, status, *epochs):
+        folder = tmp_path / "runs" / name
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(f'{{"status": "{status}"}}')
+        lines = [f"[2026-11-29 11:49:04,642][hdqt_cil.trainer.monitor][INFO] - {name}: experience 3, epoch {e}/60: "
+                 "mean training loss 0.70 (4.85 s an epoch)\n" for e in epochs]
+        (folder / "run.log").write_text("".join(lines) + "[2026-11-29][x][INFO] - after experience 3/5\n")
+
+    run("fp8/seed0", "running", 48, 54)
+    run("fp8/seed1", "complete", 60)
+    run("fp8/seed2", "running")  # nothing trained yet
+    background(checkout, tmp_path, "start", "probe")
+    try:
+        printed = background(checkout, tmp_path, "wait", "0")
+    finally:
+        subprocess.run(["pkill", "-KILL", "-s", (tmp_path / "sweeps" / "probe" / "pid").read_text().strip()])
+    assert "fp8/seed0: experience 3, epoch 54/60: mean training loss 0.70 (4.85 s an epoch)\n" in printed
+    assert "epoch 48/60" not in printed and "seed1" not in printed and "seed2" not in printed
+    assert "finished runs: 1" in printed
