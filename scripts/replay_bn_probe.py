@@ -24,13 +24,12 @@ import torch
 import torch.nn.functional as F
 import yaml
 from hydra import compose, initialize_config_dir
-from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader
 
 from hdqt_cil.config import register_schemas
 from hdqt_cil.experiment import assemble, resolve_device
 from hdqt_cil.trainer.checkpoint import ExperienceCheckpoints
-from hdqt_cil.trainer.hp_replay import exemplar_memory, spread_over_classes
+from hdqt_cil.trainer.hp_replay import batchnorm_mode, exemplar_memory, spread_over_classes
 
 CONFIGS = Path(__file__).resolve().parents[1] / "hdqt_cil" / "configs"
 STEPS = 2
@@ -59,19 +58,18 @@ def task_accuracy(model, tests, seen: int, device) -> list[float]:
 def phase(model, x, y, seen: int, lr: float, bn: str, step: bool, generator) -> tuple[object, list[float]]:
     """A copy of `model` after STEPS steps on (x, y): BatchNorm in `bn` mode, the weights updated if `step`."""
     model = copy.deepcopy(model).train()
-    for norm in (m for m in model.modules() if isinstance(m, _BatchNorm)):
-        norm.train(bn == "train")
     optimizer = torch.optim.SGD(model.parameters(), lr=lr if step else 0.0, momentum=0.9)  # lr 0: no step
     losses = []
-    for _ in range(STEPS):
-        order = torch.randperm(len(x), generator=generator).to(x.device)
-        flip = (torch.rand(len(x), generator=generator) < 0.5).to(x.device)
-        batch = torch.where(flip[:, None, None, None], x[order].flip(-1), x[order])
-        loss = F.cross_entropy(model(batch)[:, :seen], y[order])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    with batchnorm_mode(model, bn):
+        for _ in range(STEPS):
+            order = torch.randperm(len(x), generator=generator).to(x.device)
+            flip = (torch.rand(len(x), generator=generator) < 0.5).to(x.device)
+            batch = torch.where(flip[:, None, None, None], x[order].flip(-1), x[order])
+            loss = F.cross_entropy(model(batch)[:, :seen], y[order])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
     return model, losses
 
 

@@ -103,7 +103,8 @@ def _value(key: str, flat: dict):
     if key in flat:
         return flat[key]
     default = next((d for node, name, d, _ in DEFAULTED_SETTINGS if key == f"{node}.{name}"), "unset")
-    return default if _switch(key) is None or _switch(key) in flat else "unset"
+    switch = _switch(key)
+    return default if switch is None or switch in flat else "unset"
 
 
 def _set_alike_where_switched_on(key: str, flat: list[dict]) -> bool:

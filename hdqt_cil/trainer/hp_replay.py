@@ -73,6 +73,20 @@ def spread_over_classes(targets: list[int], size: int) -> list[int]:
     return picked
 
 
+@contextmanager
+def batchnorm_mode(model: nn.Module, bn: str):
+    """`model`'s BatchNorm layers in train mode (bn="train": normalised by each batch, whose statistics the running
+    ones take up) or in eval mode (by their running statistics, left unchanged), their own modes restored after."""
+    norms = {m: m.training for m in model.modules() if isinstance(m, _BatchNorm)}
+    for norm in norms:
+        norm.train(bn == "train")
+    try:
+        yield
+    finally:
+        for norm, training in norms.items():
+            norm.train(training)
+
+
 class HigherPrecisionReplay(SupervisedPlugin):
     """`teachers`: the strategy's plugin attributes that may hold an old model (strategies/base.py)."""
     bn = "train"  # what a plugin restored from a checkpoint written before the setting existed did
@@ -104,22 +118,18 @@ class HigherPrecisionReplay(SupervisedPlugin):
         with graphs.eager() if graphs else nullcontext(), cost.paused() if cost else nullcontext():
             models = self._models(strategy)
             schemes = [{m: m.scheme for m in model.modules() if isinstance(m, QuantLayer)} for model in models]
-            norms = {m: m.training for m in strategy.model.modules() if isinstance(m, _BatchNorm)}
             dataloader, self._losses = strategy.dataloader, []
             for model in models:
                 quantize_model(model, self.scheme)
-            for norm in norms:
-                norm.train(self.bn == "train")
             try:
                 strategy.dataloader = loader
-                yield
+                with batchnorm_mode(strategy.model, self.bn):
+                    yield
             finally:
                 strategy.dataloader = dataloader
                 for layers in schemes:
                     for layer, scheme in layers.items():
                         layer.scheme = scheme
-                for norm, training in norms.items():
-                    norm.train(training)
                 self._losses = None
 
     def after_training_iteration(self, strategy, **kwargs):
