@@ -32,3 +32,24 @@ def test_driver_copies_and_fills_are_not_counted_as_kernels():
              "intmm_kernel<2, 2, 2, 4, 3>": False, "void at::native::vectorized_elementwise_kernel<4>": False,
              "MemcpyLike_kernel": False}
     assert {n: memory_operation(SimpleNamespace(name=n)) for n in names} == names
+
+
+def test_a_profile_is_printed_and_written_whole(tmp_path, capsys, monkeypatch):
+    """A step's profile goes to its file as printed, title and every row (a remote command's output keeps only its
+    tail, which would cut the largest rows off)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from scripts.bench import record
+
+    rows = "\n".join(f"kernel_{i} {100 - i} us" for i in range(80))
+    prof = SimpleNamespace(key_averages=lambda: SimpleNamespace(table=lambda **_: rows))
+    events = [SimpleNamespace(device_time=1500.0), SimpleNamespace(device_time=500.0)]
+    path = tmp_path / "deep" / "profile_resnet32_fp.txt"
+    monkeypatch.setattr(record, "_kernel_events", lambda fn: (fn(), prof, events)[1:])
+    record.print_device_profile("two eager resnet32 fp steps", lambda: torch.zeros(1), rows=80, path=path)
+    written = path.read_text()
+    assert written.startswith("profile: two eager resnet32 fp steps: 2 device ops, 2.00 ms of device time\n")
+    assert "kernel_0 100 us" in written and "kernel_79 21 us" in written
+    assert written.strip() in capsys.readouterr().out

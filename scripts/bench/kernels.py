@@ -416,13 +416,14 @@ def one_stream_backward():
         streams.PARALLEL = True
 
 
-def profile_steps(schemes: list[str], model_name: str = "resnet32") -> None:
+def profile_steps(schemes: list[str], out: Path, model_name: str = "resnet32") -> None:
     """Where a step's device time goes: two eager steps by kernel, FP32 on torch and `schemes` on the kernels (the
-    float formats: on the tensor cores, quant.backend=auto)."""
+    float formats: on the tensor cores, quant.backend=auto), each table also in out/profile_<model>_<scheme>.txt."""
     for scheme in ["fp32", *schemes]:
         backend = "torch" if scheme == "fp32" else "auto" if isinstance(preset(scheme), FloatScheme) else "cupy"
         one, _ = training_step(model_name, scheme, backend)
-        print_device_profile(f"two eager {model_name} {scheme} steps", lambda: (one(), one()), rows=60)
+        print_device_profile(f"two eager {model_name} {scheme} steps", lambda: (one(), one()), rows=60,
+                             path=Path(out) / f"profile_{model_name}_{scheme}.txt")
 
 
 def tf32_off() -> None:
@@ -561,7 +562,7 @@ def main():
     if not (args.skip_steps or args.quantize_only or args.formats_only):
         training_steps(args.quick)
     if args.profile_steps is not None:
-        profile_steps(args.profile_steps or ["hdqt"])
+        profile_steps(args.profile_steps or ["hdqt"], args.out)
 
     path = save_rows(args.out, "bench_kernels", device, header, started, ROWS)
     print(f"\n{header}\n")

@@ -47,12 +47,17 @@ def device_work(fn, calls: int = 2, profile_title: str | None = None) -> tuple[f
     return (len(events) - copies) / calls, copies / calls, sum(e.device_time for e in events) / 1e6 / calls
 
 
-def print_device_profile(title: str, fn, rows: int = 30) -> None:
-    """Device time of fn() by kernel, largest first, and how many kernels it launched."""
-    _print_profile(title, *_kernel_events(fn), rows)
+def print_device_profile(title: str, fn, rows: int = 30, path: Path | None = None) -> None:
+    """Device time of fn() by kernel, largest first, and how many kernels it launched; also written to `path`
+    (a remote command's output keeps only its tail, where a profile's largest rows come first)."""
+    _print_profile(title, *_kernel_events(fn), rows, path)
 
 
-def _print_profile(title: str, prof, kernels, rows: int = 30) -> None:
+def _print_profile(title: str, prof, kernels, rows: int = 30, path: Path | None = None) -> None:
     busy = sum(e.device_time for e in kernels)
-    print(f"\nprofile: {title}: {len(kernels)} device ops, {busy / 1e3:.2f} ms of device time")
-    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows), flush=True)
+    text = (f"profile: {title}: {len(kernels)} device ops, {busy / 1e3:.2f} ms of device time\n"
+            + prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows))
+    print("\n" + text, flush=True)
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text + "\n")
