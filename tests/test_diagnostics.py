@@ -298,6 +298,9 @@ def test_a_run_records_fidelity_per_layer_and_experience_without_changing_its_nu
     assert float(second["experience"]) == 2 and float(second["seeds"]) == 1
     expected = np.nanmean([layer["g_W"]["old"]["cosine"] for layer in layers])
     assert float(second["g_W cosine old"]) == pytest.approx(expected, abs=5e-4)
+    higher = expected > np.nanmean([layer["g_W"]["new"]["cosine"] for layer in layers])
+    assert second["g_W old > new, seeds"].strip() == str(int(higher))  # a count of seeds, also of one
+    assert dict(zip(header, table[2].split("|")))["g_W old > new, seeds"].strip() == "–"  # no old classes yet
     assert float(second["logits cosine old"]) == pytest.approx(records[1]["logits"]["old"]["cosine"], abs=5e-4)
     reach = max(layer["tile_sums"]["forward"]["largest"] / layer["tile_sums"]["forward"]["limit"] for layer in layers)
     assert float(second["forward tile sum / limit"]) == pytest.approx(reach, abs=5e-4)

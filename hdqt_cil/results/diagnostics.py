@@ -100,8 +100,11 @@ def fidelity_by_experience(fidelity: pd.DataFrame, quantizers: pd.DataFrame) -> 
     per_seed.columns = [f"{kind} cosine {part}" for kind, part in per_seed.columns]
     table = per_seed.groupby(level=keys).mean()
     if "g_W cosine old" in per_seed:
-        higher = (per_seed["g_W cosine old"] > per_seed["g_W cosine new"]).where(per_seed["g_W cosine old"].notna())
-        table["g_W old > new, seeds"] = higher.groupby(level=keys).sum(min_count=1)
+        old, new = per_seed["g_W cosine old"], per_seed["g_W cosine new"]
+        counts = (old > new).astype(float).where(old.notna()).groupby(level=keys).sum(min_count=1)
+        # a count of seeds (one seed's too, not its comparison), none where no experience had old classes
+        table["g_W old > new, seeds"] = pd.Series([c if np.isnan(c) else int(c) for c in counts], counts.index,
+                                                  dtype=object)
     reach = quantizers[quantizers.measure.str.endswith("tile sum / limit")]
     if len(reach):
         table = table.join(reach.pivot_table(index=keys + ["seed"], columns="measure", values="value", aggfunc="max")
