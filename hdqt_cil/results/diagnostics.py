@@ -103,8 +103,7 @@ def fidelity_by_experience(fidelity: pd.DataFrame, quantizers: pd.DataFrame) -> 
         old, new = per_seed["g_W cosine old"], per_seed["g_W cosine new"]
         counts = (old > new).astype(float).where(old.notna()).groupby(level=keys).sum(min_count=1)
         # a count of seeds (one seed's too, not its comparison), none where no experience had old classes
-        table["g_W old > new, seeds"] = pd.Series([c if np.isnan(c) else int(c) for c in counts], counts.index,
-                                                  dtype=object)
+        table["g_W old > new, seeds"] = counts.astype("Int64").astype(object)
     reach = quantizers[quantizers.measure.str.endswith("tile sum / limit")]
     if len(reach):
         table = table.join(reach.pivot_table(index=keys + ["seed"], columns="measure", values="value", aggfunc="max")

@@ -59,5 +59,5 @@ def _print_profile(title: str, prof, kernels, rows: int = 30, path: Path | None 
             + prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows))
     print("\n" + text, flush=True)
     if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text + "\n")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
