@@ -1082,6 +1082,110 @@ def test_block_scaled_layers_equal_the_reference(scheme, monkeypatch):
     assert len(launches) == 6  # three products a layer
 
 
+# ---------------------------------------------------------------------------------- the authors' float quantizer
+
+AUTHORS_FORMATS = [(5, 2), (4, 3), (2, 1), (3, 0), (8, 23)]  # (exp_bits, man_bits): E5M2 first, quant=fp's
+
+
+def _authors_inputs(shape, seed):
+    """Magnitudes over 2^-120 .. 2^120 (past every format's range both ways), a quarter of the values one float32
+    step below a power of two (whose float32 log2 can round up to the power: the authors' exponent then is the
+    power's), zeros of both signs."""
+    t = torch.randn(shape, generator=gen(seed), device="cuda")
+    t *= torch.exp2(torch.randint(-120, 120, shape, generator=gen(seed + 1), device="cuda").float())
+    flat_t, n = t.view(-1), t.numel()
+    powers = torch.exp2(torch.randint(-100, 100, (n // 4,), generator=gen(seed + 2), device="cuda").float())
+    flat_t[:n // 4] = torch.nextafter(powers, torch.zeros_like(powers)) * flat_t[:n // 4].sign()
+    flat_t[n // 4:n // 4 + n // 16] = 0.0
+    flat_t[n // 4 + n // 16:n // 4 + n // 8] = -0.0
+    return t
+
+
+@pytest.mark.parametrize("fmt", AUTHORS_FORMATS, ids=str)
+@pytest.mark.parametrize("shape", [(1,), (7, 45), (3, 70, 561), (128, 16, 32, 32), (2, 1000003)], ids=str)
+def test_authors_float_bit_identical(shape, fmt):
+    """authors.cu's quantizer against floats.authors_float on the same GPU (its float32 log2 included)."""
+    from hdqt_cil.quant.floats import authors_float
+
+    t = _authors_inputs(shape, 31)
+    assert_same(kernels.authors_float(t, *fmt), authors_float(t, *fmt), f"{shape} e{fmt[0]}m{fmt[1]}")
+
+
+def test_authors_float_keeps_non_finite_values_as_the_reference():
+    """NaN and ±inf come out as the reference's on CUDA (NaN: the exponent of inf is past every power of two)."""
+    from hdqt_cil.quant.floats import authors_float
+
+    t = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.5, -3.0e38], device="cuda")
+    got, reference = kernels.authors_float(t, 5, 2), authors_float(t, 5, 2)
+    assert torch.equal(got.isnan(), reference.isnan()) and torch.equal(got.nan_to_num(), reference.nan_to_num())
+
+
+def _rounded_tile_sum(partials, start, fmt):
+    """The reference's accumulation of one chunk: start + authors_float of each tile, added in tile order."""
+    from hdqt_cil.quant.floats import authors_float
+
+    out = start
+    for partial in partials.unbind(-3):
+        out = out + authors_float(partial, *fmt)
+    return out
+
+
+@pytest.mark.parametrize("fmt", AUTHORS_FORMATS[:2], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 1), (5, 64, 16), (2, 9, 33, 17), (3, 18, 100, 64), (2, 3, 1, 4096, 144)],
+                         ids=str)
+def test_authors_tile_sum_bit_identical(shape, fmt):
+    """authors.cu's fused rounding and ordered sum of a chunk's tiles against the reference's loop, from zero and
+    from a running sum, with the count of tile sums past the accumulator's largest value added to a tally."""
+    from hdqt_cil.quant.floats import authors_format, authors_largest
+
+    limit = authors_largest(authors_format(*fmt))
+    partials = _authors_inputs(shape, 41).clamp(-4 * limit, 4 * limit)
+    over = (partials.abs() > limit).sum().item()
+    assert over > 0 or partials.numel() < 10
+    tally = torch.tensor([7, 0], dtype=torch.int64, device="cuda")
+    got = kernels.authors_tile_sum(partials, None, *fmt, limit, tally[0])
+    assert_same(got, _rounded_tile_sum(partials, 0, fmt), f"{shape} from zero")
+    assert tally.tolist() == [7 + over, 0]
+    start = torch.randn(got.shape, generator=gen(42), device="cuda")
+    expected = _rounded_tile_sum(partials, start, fmt)
+    running = start.clone()
+    assert kernels.authors_tile_sum(partials, running, *fmt, limit) is running
+    assert_same(running, expected, f"{shape} from a running sum")
+
+
+def test_fp_layers_equal_the_reference(monkeypatch):
+    """quant=fp with backend auto against torch on the same GPU: a conv's and a linear layer's outputs, every
+    gradient and the saturated tile sums' shares bit for bit, each product's tiles rounded and added by
+    authors.cu and every operand rounded by it."""
+    from hdqt_cil.quant import scheme_from_config
+
+    launches = {"authors_float": 0, "authors_tile_sum": 0}
+    for name in launches:
+        launch = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, _launch=launch, _name=name, **k:
+                            launches.__setitem__(_name, launches[_name] + 1) or _launch(*a, **k))
+    cases = ((lambda: torch.nn.Conv2d(16, 32, 3, padding=1), (8, 16, 16, 16), 0.3),
+             (lambda: torch.nn.Linear(561, 100), (64, 561), 1e3))  # large inputs: E5M2 weight-gradient sums saturate
+    saturated = []
+    for make, shape, magnitude in cases:
+        outputs, stats = {}, {}
+        for backend in ("auto", "torch"):
+            torch.manual_seed(3)
+            layer = torch.nn.Sequential(make()).cuda()
+            quantize_model(layer, scheme_from_config({"name": "fp", "backend": backend}))
+            x = (magnitude * torch.randn(shape, device="cuda", generator=gen(4))).requires_grad_()
+            y = layer(x)
+            (y * torch.randn(y.shape, device="cuda", generator=gen(5))).sum().backward()
+            outputs[backend] = [y.detach(), x.grad, *(p.grad for p in layer.parameters())]
+            stats[backend] = quant_stats(layer)
+        for got, reference in zip(outputs["auto"], outputs["torch"]):
+            assert_same(got, reference, f"fp {shape}")
+        assert stats["auto"] == stats["torch"]
+        saturated += [s["grad_weight_saturated"] for s in stats["auto"].values()]
+    assert saturated[0] == 0 < saturated[1]
+    assert launches["authors_tile_sum"] >= 6 and launches["authors_float"] >= 8  # three products, two operands each
+
+
 @pytest.mark.parametrize("n", [1, 255, 4097, 70_001, 2_500_000])
 def test_the_diagnostics_measures_agree_with_torchs_float64_ones(n):
     """kernels.fidelity and moments against diagnostics' torch measures (float64 sums in another order: agreement

@@ -9,6 +9,9 @@ One module a primitive, as in `hdqt_cil.quant`, over a small runtime:
                                                          -> quantize(block_hadamard(x)) fused (dim last)
                   advance_step(counter)                  -> the counter's value; the counter + 1
     floats.py     e2m1_quantize(t, block, tensor_scale, counter) -> MXFP4/NVFP4 rounding: int8 doubled values, scales
+    authors.py    authors_float(t, exp_bits, man_bits)  -> the HDQT authors' float quantizer, float32
+                  authors_tile_sum(partials, out, exp_bits, man_bits, limit, saturated)
+                                                         -> out + each K tile's sum rounded by it, in tile order
     hadamard.py   block_hadamard(x, dim, block)          -> float32
                   hla_compress(x, block, rank, slots)    -> the kept rows of its transform (HLA), float32
     intmm.py      tiled_int_matmul(a, b, tile, acc_bits, bounds, count_saturated, config, packed)
@@ -30,6 +33,7 @@ and `hdqt_cil.quant.backend` applies them, calls these functions and runs the re
 `NotCovered` (levels beyond int8, tiles that are not multiples of 32, Hadamard blocks above 8192, tensors of 2^31
 elements or more). This package never imports `hdqt_cil.quant`.
 """
+from .authors import authors_float, authors_tile_sum
 from .floats import e2m1_quantize
 from .hadamard import MAX_HADAMARD_BLOCK, block_hadamard, hla_compress
 from .compile import BLOCK_SCALED_SAT, COL2IM_PRODUCT_WIDTHS
@@ -41,6 +45,7 @@ from .runtime import NotCovered, available, unavailable_reason
 
 __all__ = ["available", "unavailable_reason", "NotCovered", "quantize", "forward_quantize", "Stats", "advance_step",
            "hadamard_quantize", "block_hadamard", "hla_compress", "tiled_int_matmul", "scaled_int_matmul",
-           "sum_entries", "block_scaled_matmul", "BLOCK_SCALED_SAT", "e2m1_quantize", "im2col", "col2im",
+           "sum_entries", "block_scaled_matmul", "BLOCK_SCALED_SAT", "e2m1_quantize", "authors_float",
+           "authors_tile_sum", "im2col", "col2im",
            "col2im_int_matmul", "COL2IM_PRODUCT_WIDTHS", "MAX_HADAMARD_BLOCK", "fidelity", "moments",
            "count_zero_levels"]

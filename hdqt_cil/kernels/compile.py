@@ -115,6 +115,7 @@ SOURCES = {"quant.cu": QUANT_KERNELS, "intmm.cu": ALL_GEMM_EXPRESSIONS,
            + tuple(f"col2im_int_matmul_{o}_c{cpt}{unit}" for o in COL2IM_PRODUCT_WIDTHS for cpt in (1, 4)
                    for unit in ("", "_unit")),
            "floats.cu": E2M1_KERNELS,
+           "authors.cu": ("authors_float", "authors_tile_sum"),
            "measures.cu": ("fidelity_partials", "fidelity_final", "moment_partials", "moment_final",
                            "zero_level_partials_i8", "zero_level_partials_f32", "zero_level_final")}
 # IEEE single precision throughout: no contraction into FMA, no flush of subnormals, correctly rounded division.
@@ -187,7 +188,7 @@ def shipped_modules(arch: str) -> list[tuple[str, tuple[str, ...]]]:
     instantiation is a module of its own (runtime.function), the extern "C" kernels of a source one together."""
     gemms = [e for e in ALL_GEMM_EXPRESSIONS if arch == "sm_90" or e not in WGMMA_EXPRESSIONS]
     return ([("intmm.cu", (e,)) for e in gemms] + [("floats.cu", (e,)) for e in E2M1_KERNELS]
-            + [(n, SOURCES[n]) for n in ("quant.cu", "im2col.cu", "measures.cu")])
+            + [(n, SOURCES[n]) for n in ("quant.cu", "im2col.cu", "measures.cu", "authors.cu")])
 
 
 def prebuilt_path(arch: str) -> Path:

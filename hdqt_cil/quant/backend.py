@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import torch
 
 from .. import kernels
-from .floats import E2M1, E4M3, FP8_DTYPES, nvfp4_tensor_scale
+from .floats import E2M1, E4M3, FP8_DTYPES, nvfp4_tensor_scale, quantize_float, unit_scale
 from .hadamard import block_hadamard, checked_block
 from .hla import hla_compress, hla_slots
 from .im2col import col2im, conv_output_size, im2col
@@ -266,15 +266,36 @@ def resolve_ops(backend: str, device: torch.device) -> SimpleNamespace:
 
 # ---------------------------------------------------------------------------------------------------------------
 # float formats (quant/float_product.py's FloatOperands): fp8's products on the FP8 tensor cores, MXFP4's and
-# NVFP4's on the int8 tensor cores
+# NVFP4's on the int8 tensor cores, the authors' quantizer (fp) and its rounded tile sums by the kernels
+
+def on_kernels(backend: str, device: torch.device) -> bool:
+    """Whether a float scheme's primitives run on the kernels: quant.backend=auto on a GPU where they run."""
+    return backend == "auto" and device.type == "cuda" and kernels.available()
+
 
 def on_int8_tensor_cores(product, backend: str, device: torch.device) -> bool:
-    """Whether a block-scaled E2M1 product (mxfp4, nvfp4) runs on the int8 tensor cores (quant.backend=auto where
-    the kernels run, no accumulator format): E2M1 values doubled are integers within ±12, so each block's sum is
-    exact there and its scale pair is applied in float as the reference does, bit for bit."""
-    return (backend == "auto" and device.type == "cuda" and product.acc is None and product.left.fmt == E2M1
-            and product.right.fmt == E2M1 and product.left.block in kernels.BLOCK_SCALED_SAT
-            and kernels.available())
+    """Whether a block-scaled E2M1 product (mxfp4, nvfp4) runs on the int8 tensor cores (where the kernels run, no
+    accumulator format): E2M1 values doubled are integers within ±12, so each block's sum is exact there and its
+    scale pair is applied in float as the reference does, bit for bit."""
+    return (product.acc is None and product.left.fmt == E2M1 and product.right.fmt == E2M1
+            and product.left.block in kernels.BLOCK_SCALED_SAT and on_kernels(backend, device))
+
+
+def float_values(t: torch.Tensor, spec, counter, backend: str):
+    """floats.quantize_float(t, spec, counter); the authors' quantizer (scaling none) by the kernels where they run."""
+    if spec.scaling == "none" and on_kernels(backend, t.device):
+        fmt = spec.fmt
+        return covered(lambda: (kernels.authors_float(t, fmt.exp_bits, fmt.man_bits), unit_scale(t)),
+                       lambda: quantize_float(t, spec, counter))
+    return quantize_float(t, spec, counter)
+
+
+def authors_tile_sum(partials: torch.Tensor, out, fmt, limit: float, saturated) -> torch.Tensor:
+    """`out` (0: none yet) plus authors_float(·, fmt) of each K tile's sums in `partials` (..., tiles, M, N) in tile
+    order, by the kernels (one pass where the reference makes some twenty); the count of |partial| > limit added to
+    `saturated` (an int64 element or None)."""
+    return kernels.authors_tile_sum(partials, None if isinstance(out, int) else out, fmt.exp_bits, fmt.man_bits,
+                                    limit, saturated)
 
 
 def e2m1_blocks(t, spec, counter=None):

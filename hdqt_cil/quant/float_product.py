@@ -12,9 +12,9 @@ import math
 
 import torch
 
-from .backend import (KERNEL_OPS, block_scaled_product, covered, e2m1_blocks, fp8_matmul,
-                      on_fp8_tensor_cores, on_int8_tensor_cores)
-from .floats import FloatFormat, FloatSpec, authors_float, quantize_float
+from .backend import (KERNEL_OPS, authors_tile_sum, block_scaled_product, covered, e2m1_blocks, float_values,
+                      fp8_matmul, on_fp8_tensor_cores, on_int8_tensor_cores, on_kernels)
+from .floats import FloatFormat, FloatSpec, authors_float
 from .hadamard import block_hadamard, hadamard_block_size
 from .intmm import largest_magnitude, sum_entries
 from .streams import layer_gradients
@@ -36,14 +36,16 @@ class FloatOperand:
         return self.scale[..., start:end:width].transpose(-1, -2)
 
 
-def format_matmul(a: FloatOperand, b: FloatOperand, product, hadamard: int = 1, tally=None) -> torch.Tensor:
+def format_matmul(a: FloatOperand, b: FloatOperand, product, hadamard: int = 1, tally=None,
+                  backend: str = "torch") -> torch.Tensor:
     """a (..., M, K) times bᵀ (b is (..., N, K)) as the format hardware sums it, / `hadamard` (the transform's n).
 
     Without block scales or an accumulator format: the values' products summed in float32 (torch.matmul), then
     scaled once. Otherwise K is cut into tiles (a block-scaled format's block, else `product.tile`, else the whole
     K); each tile's sum of value products is rounded to `product.acc` (the authors' quantizer) where there is one,
     scaled by the tile's scale pair where scales are per block, and the tiles are added in order. `tally`: an int64
-    (2,) view to which (tile sums past the accumulator's largest value, tile sums) are added."""
+    (2,) view to which (tile sums past the accumulator's largest value, tile sums) are added. Unscaled tiles under an
+    accumulator format are rounded and added by the kernels where `backend` runs them (backend.authors_tile_sum)."""
     k = a.values.shape[-1]
     width = _tile_width(a, product, k)
     if width is None:
@@ -51,7 +53,11 @@ def format_matmul(a: FloatOperand, b: FloatOperand, product, hadamard: int = 1, 
         return out * ((a.scale.reshape(()) * b.scale.reshape(())) / hadamard)
     out, saturated = 0, 0
     limit = product.acc_spec.largest if product.acc is not None else None
+    fused = limit is not None and not a.block and on_kernels(backend, a.values.device)
     for start, end, partials in _tile_sum_chunks(a, b, width):
+        if fused:
+            out = authors_tile_sum(partials, out, product.acc, limit, None if tally is None else tally[0])
+            continue
         if limit is not None:
             saturated = saturated + (partials.abs() > limit).sum()
             partials = authors_float(partials, product.acc.exp_bits, product.acc.man_bits)
@@ -110,7 +116,7 @@ def float_matmul(a: FloatOperand, b: FloatOperand, product, backend: str, hadama
     if on_fp8_tensor_cores(a, b, product, backend, sum_batch):
         out = fp8_matmul(a, b, sum_batch)
         return out / hadamard if hadamard != 1 else out
-    out = format_matmul(a, b, product, hadamard, tally)
+    out = format_matmul(a, b, product, hadamard, tally, backend)
     return sum_entries(out) if sum_batch else out
 
 
@@ -151,7 +157,7 @@ def quantize_operand(layer, t: torch.Tensor, spec: FloatSpec, role: str, step, b
     """`t` (..., rows, K) signed by `signs`, transformed along K by `block`, rounded to spec (its scales along K);
     the values it rounds to 0 reported to the layer's diagnostics watch where one is set (`ops_watch`)."""
     t = _transformed(t, block, signs)
-    values, scale = quantize_float(t, spec, _rounding_counter(layer, spec, role, step))
+    values, scale = float_values(t, spec, _rounding_counter(layer, spec, role, step), layer.scheme.backend)
     if layer.ops_watch is not None:
         layer.ops_watch.underflow(role, t, values)
     return FloatOperand(values, scale, spec.block, spec.fmt)

@@ -91,8 +91,9 @@ class FloatConfig(QuantConfig):
     acc: str = setting("none", one_of(*ACCUMULATORS))
     acc_exp_bits: int = setting(5, EXP_BITS)
     acc_man_bits: int = setting(2, MAN_BITS)
-    # auto: fp8's products on the GPU's FP8 tensor cores (sm_89+, torch._scaled_mm), the torch reference elsewhere
-    # and for the other formats; torch: the reference everywhere
+    # auto: the kernels where they run (fp8's products on the FP8 tensor cores of sm_89+ through torch._scaled_mm,
+    # mxfp4's and nvfp4's on the int8 ones, the authors' quantizer and its rounded tile sums on kernels of their
+    # own), the torch reference elsewhere; torch: the reference everywhere
     backend: str = setting("auto", one_of(*FLOAT_BACKENDS))
 
     def accumulator(self) -> FloatFormat | None:

@@ -225,11 +225,16 @@ class FloatSpec:
         return self.fmt.max if self.scaling != "none" else authors_largest(self.fmt)
 
 
+def unit_scale(t: torch.Tensor) -> torch.Tensor:
+    """The scale of an unscaled operand (the authors' quantizer): a float32 1 on t's device."""
+    return t.new_ones([], dtype=torch.float32)
+
+
 def quantize_float(t: torch.Tensor, spec: FloatSpec, counter: Counter | None = None):
     """(values on spec's grid, float32 scale broadcastable to them, per block along the last dimension where the
     scaling has blocks) with t ≈ values · scale."""
     if spec.scaling == "none":
-        return authors_float(t, spec.fmt.exp_bits, spec.fmt.man_bits), t.new_ones([], dtype=torch.float32)
+        return authors_float(t, spec.fmt.exp_bits, spec.fmt.man_bits), unit_scale(t)
     if spec.scaling == "tensor":
         return per_tensor(t, spec.fmt, spec.rounding, counter)
     if spec.scaling == "mx":

@@ -20,7 +20,7 @@ Rows (one table at the end, JSON with every number to OUT/bench_kernels_<device>
             eagerly and from CUDA graphs; the scheme on the torch reference backend, on the kernels, and on the
             kernels from CUDA graphs (trainer.cuda_graph=true; for ResNet-32 also with each layer's backward on one
             stream, and with the input gradient as the GEMM's rows + col2im); the float formats from CUDA graphs on
-            their torch reference and on the tensor cores (fp, the authors' quantizer: its reference alone)
+            their torch reference and on the tensor cores (fp, the authors' quantizer: on its rounding kernels)
 Times are medians of CUDA-event timings after warm-up; GEMM inputs rotate among several buffer sets (beyond L2).
 """
 import argparse
@@ -490,11 +490,12 @@ def training_steps(quick: bool):
 
 def float_format_steps(model_name: str, steps: int, fp32: float, fp32_graph: float) -> None:
     """The float formats' steps from CUDA graphs on their torch reference and on the tensor cores (fp8: the FP8
-    ones, mxfp4 and nvfp4: the int8 ones; fp, the authors' quantizer, has the reference alone), against FP32's."""
+    ones, mxfp4 and nvfp4: the int8 ones; fp, the authors' quantizer: its rounding kernels, the tile sums' products
+    float32 matmuls as in the reference), against FP32's."""
     cases = [("fp8", "FP8 tensor cores")] if has_fp8_tensor_cores() else []
-    for scheme, label in cases + [("mxfp4", "int8 tensor cores"), ("nvfp4", "int8 tensor cores"), ("fp", None)]:
-        paths = [("torch", "torch reference")] + ([("auto", label)] if label else [])
-        for backend, on in paths:
+    cases += [("mxfp4", "int8 tensor cores"), ("nvfp4", "int8 tensor cores"), ("fp", "authors' rounding kernels")]
+    for scheme, label in cases:
+        for backend, on in (("torch", "torch reference"), ("auto", label)):
             graphed = step_time(model_name, scheme, backend, steps, path="graph")
             row("step", f"{model_name} {scheme} on the {on}, CUDA graph", graphed, "x fp32", graphed / fp32,
                 "x fp32", baseline="vs fp32 CUDA graph", ratio=graphed / fp32_graph)
