@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .backend import (KERNEL_OPS, authors_tile_sum, block_scaled_product, covered, e2m1_blocks, float_values,
+from .backend import (authors_tile_sum, block_scaled_product, covered, e2m1_blocks, float_values,
                       fp8_matmul, on_fp8_tensor_cores, on_int8_tensor_cores, on_kernels)
 from .floats import FloatFormat, FloatSpec, authors_float
 from .hadamard import block_hadamard, hadamard_block_size
@@ -153,10 +153,10 @@ def _rounding_counter(layer, spec: FloatSpec, role: str, step):
 
 
 def quantize_operand(layer, t: torch.Tensor, spec: FloatSpec, role: str, step, block: int = 1,
-                     signs: torch.Tensor | None = None) -> FloatOperand:
+                     signs: torch.Tensor | None = None, transform=block_hadamard) -> FloatOperand:
     """`t` (..., rows, K) signed by `signs`, transformed along K by `block`, rounded to spec (its scales along K);
     the values it rounds to 0 reported to the layer's diagnostics watch where one is set (`ops_watch`)."""
-    t = _transformed(t, block, signs)
+    t = _transformed(t, block, signs, transform)
     values, scale = float_values(t, spec, _rounding_counter(layer, spec, role, step), layer.scheme.backend)
     if layer.ops_watch is not None:
         layer.ops_watch.underflow(role, t, values)
@@ -166,18 +166,21 @@ def quantize_operand(layer, t: torch.Tensor, spec: FloatSpec, role: str, step, b
 def _product(layer, left, right, product, roles, step, tally=None, sum_batch=False):
     """The product of float tensors left (..., M, K) and right (..., N, K) as `product` computes it: a block-scaled
     E2M1 product on the int8 tensor cores where `on_int8_tensor_cores` says so and no diagnostics watch wants the
-    values (the kernels' transform, rounding and GEMM, the reference's bits)."""
+    values (the kernels' transform, rounding and GEMM, the reference's bits); the Hadamard transform is the layer's
+    ops' (quant.backend) either way."""
+    ops = layer._ops(left.device)
     k = left.shape[-1]
     block = transform_block(product, k)
     signs = random_signs(layer, step, k, left.device) if product.random_signs and block > 1 else None
     operands = ((left, product.left, roles[0]), (right, product.right, roles[1]))
 
     def reference():
-        a, b = (quantize_operand(layer, t, spec, role, step, block, signs) for t, spec, role in operands)
+        a, b = (quantize_operand(layer, t, spec, role, step, block, signs, ops.block_hadamard)
+                for t, spec, role in operands)
         return _layer_matmul(layer, a, b, product, block, tally, sum_batch)
 
     def on_int8():
-        a, b = (e2m1_blocks(_transformed(t, block, signs, KERNEL_OPS.block_hadamard), spec,
+        a, b = (e2m1_blocks(_transformed(t, block, signs, ops.block_hadamard), spec,
                             _rounding_counter(layer, spec, role, step)) for t, spec, role in operands)
         return block_scaled_product(a, b, product.left.block, block, sum_batch)
     if layer.ops_watch is None and on_int8_tensor_cores(product, layer.scheme.backend, left.device):
