@@ -290,6 +290,14 @@ def float_values(t: torch.Tensor, spec, counter, backend: str):
     return quantize_float(t, spec, counter)
 
 
+def batch_sum(t: torch.Tensor, backend: str) -> torch.Tensor:
+    """sum_entries(t), the batch of (..., M, N) added in order from +0, by the kernels where they run (one launch,
+    where the reference adds one entry at a time)."""
+    if on_kernels(backend, t.device):
+        return covered(lambda: kernels.sum_entries(t), lambda: sum_entries(t))
+    return sum_entries(t)
+
+
 def authors_tile_sum(partials: torch.Tensor, out, fmt, limit: float, saturated) -> torch.Tensor:
     """`out` (0: none yet) plus authors_float(·, fmt) of each K tile's sums in `partials` (..., tiles, M, N) in tile
     order, by the kernels (one pass where the reference makes some twenty); the count of |partial| > limit added to

@@ -12,11 +12,11 @@ import math
 
 import torch
 
-from .backend import (authors_tile_sum, block_scaled_product, covered, e2m1_blocks, float_values,
+from .backend import (authors_tile_sum, batch_sum, block_scaled_product, covered, e2m1_blocks, float_values,
                       fp8_matmul, on_fp8_tensor_cores, on_int8_tensor_cores, on_kernels)
 from .floats import FloatFormat, FloatSpec, authors_float
 from .hadamard import block_hadamard, hadamard_block_size
-from .intmm import largest_magnitude, sum_entries
+from .intmm import largest_magnitude
 from .streams import layer_gradients
 
 
@@ -111,13 +111,13 @@ def largest_format_tile_sum(a: FloatOperand, b: FloatOperand, product) -> torch.
 
 def float_matmul(a: FloatOperand, b: FloatOperand, product, backend: str, hadamard: int = 1, tally=None,
                  sum_batch: bool = False) -> torch.Tensor:
-    """format_matmul (with sum_batch: summed over the batch by sum_entries), on the FP8 tensor cores where the
+    """format_matmul (with sum_batch: summed over the batch by backend.batch_sum), on the FP8 tensor cores where the
     backend's `on_fp8_tensor_cores` says they compute it."""
     if on_fp8_tensor_cores(a, b, product, backend, sum_batch):
         out = fp8_matmul(a, b, sum_batch)
         return out / hadamard if hadamard != 1 else out
     out = format_matmul(a, b, product, hadamard, tally, backend)
-    return sum_entries(out) if sum_batch else out
+    return batch_sum(out, backend) if sum_batch else out
 
 
 def _layer_matmul(layer, a: FloatOperand, b: FloatOperand, product, hadamard: int = 1, tally=None,
