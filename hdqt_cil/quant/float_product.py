@@ -71,7 +71,12 @@ def format_matmul(a: FloatOperand, b: FloatOperand, product, hadamard: int = 1, 
         tally[1].add_(out.numel() * math.ceil(k / width))
     if not a.block:
         out = out * (a.scale.reshape(()) * b.scale.reshape(()))
-    return out / hadamard
+    return _over(out, hadamard)
+
+
+def _over(out: torch.Tensor, hadamard: int) -> torch.Tensor:
+    """out / hadamard (the transform's n), without a pass over the product where n is 1 (x / 1 is x)."""
+    return out / hadamard if hadamard != 1 else out
 
 
 def _tile_width(a: FloatOperand, product, k: int) -> int | None:
@@ -114,8 +119,7 @@ def float_matmul(a: FloatOperand, b: FloatOperand, product, backend: str, hadama
     """format_matmul (with sum_batch: summed over the batch by backend.batch_sum), on the FP8 tensor cores where the
     backend's `on_fp8_tensor_cores` says they compute it."""
     if on_fp8_tensor_cores(a, b, product, backend, sum_batch):
-        out = fp8_matmul(a, b, sum_batch)
-        return out / hadamard if hadamard != 1 else out
+        return _over(fp8_matmul(a, b, sum_batch), hadamard)
     out = format_matmul(a, b, product, hadamard, tally, backend)
     return batch_sum(out, backend) if sum_batch else out
 
