@@ -107,6 +107,53 @@ def test_tile_sums_formed_together_equal_them_one_tile_at_a_time(kind, at_once, 
         assert tally[0].item() == (sums.abs() > product.acc_spec.largest).sum().item() > 0
 
 
+def test_fp_on_the_kernels_path_equals_the_reference(monkeypatch):
+    """quant=fp where the kernels run (here: their contract written in torch on the CPU) gives the reference's
+    outputs, gradients and saturation shares: each chunk of tile sums goes to kernels.authors_tile_sum with the
+    running sum and the layer's tally, each operand to kernels.authors_float, a weight gradient's batch to
+    kernels.sum_entries. What the kernels compute is tests/test_kernels_gpu.py's."""
+    from hdqt_cil import kernels
+    from hdqt_cil.quant import backend, float_product, quant_stats
+    from hdqt_cil.quant.intmm import sum_entries
+
+    calls = {"authors_float": 0, "authors_tile_sum": 0, "sum_entries": 0}
+
+    def tile_sum(partials, out, exp_bits, man_bits, limit, saturated=None):
+        calls["authors_tile_sum"] += 1
+        total = torch.zeros(partials.shape[:-3] + partials.shape[-2:]) if out is None else out.clone()
+        for partial in partials.unbind(-3):
+            total = total + authors_float(partial, exp_bits, man_bits)
+        if saturated is not None:
+            saturated += (partials.abs() > limit).sum()
+        return total if out is None else out.copy_(total)
+
+    def counted(name, fn):
+        return lambda *args: calls.__setitem__(name, calls[name] + 1) or fn(*args)
+
+    results = {}
+    for path in ("kernels", "reference"):
+        with monkeypatch.context() as patch:
+            if path == "kernels":
+                for module in (backend, float_product):
+                    patch.setattr(module, "on_kernels", lambda backend, device: backend == "auto")
+                patch.setattr(kernels, "authors_tile_sum", tile_sum)
+                patch.setattr(kernels, "authors_float", counted("authors_float", authors_float))
+                patch.setattr(kernels, "sum_entries", counted("sum_entries", sum_entries))
+            torch.manual_seed(2)
+            # the linear layer's K = 252: 7 tiles of 32 in one chunk, then one of 28 added to their running sum
+            model = nn.Sequential(nn.Conv2d(3, 7, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(7 * 36, 5))
+            quantize_model(model, scheme_from_config({"name": "fp", "backend": "auto"}))
+            x = (torch.randn(4, 3, 6, 6) * 3e3).requires_grad_()
+            y = model(x)
+            (y * torch.randn(y.shape) * 1e3).sum().backward()  # large: weight-gradient tile sums saturate E5M2
+            results[path] = ([y.detach(), x.grad, *(p.grad for p in model.parameters())], quant_stats(model))
+    for got, reference in zip(*(results[p][0] for p in ("kernels", "reference"))):
+        assert torch.equal(got, reference)
+    assert results["kernels"][1] == results["reference"][1]
+    assert any(share > 0 for stats in results["kernels"][1].values() for share in stats.values())
+    assert calls["authors_tile_sum"] >= 6 and calls["authors_float"] >= 12 and calls["sum_entries"] >= 1
+
+
 def test_the_authors_float_scheme_is_their_quantizer_in_hdqts_structure():
     layer = _linear("fp", inputs=64, outputs=8)
     x = torch.randn(4, 64) * 4
