@@ -1,5 +1,7 @@
 """The HDQT authors' float quantizer (authors.cu): `hdqt_cil.quant.floats.authors_float` bit for bit, alone and fused
 with the sums of the K tiles it rounds (`hdqt_cil.quant.float_product.format_matmul` under an accumulator format)."""
+import math
+
 import torch
 
 from . import runtime as rt
@@ -39,12 +41,11 @@ def authors_tile_sum(partials: torch.Tensor, out: torch.Tensor | None, exp_bits:
     if saturated is not None and (saturated.dtype != torch.int64 or saturated.numel() != 1):
         raise ValueError(f"saturated must be one int64 element; got {saturated.dtype} {tuple(saturated.shape)}")
     partials = partials.contiguous()
-    batch = partials.numel() // max(tiles * m * n, 1)
     result = rt.empty((*batch_shape, m, n), torch.float32, partials.device) if out is None else out
     if result.numel():
         with rt.on_device(partials):
             counter = saturated if saturated is not None else rt.ZEROS_I64.take(1, partials.device)
             rt.launch(rt.function("authors.cu", "authors_tile_sum"), _grid(result.numel()), (_THREADS,),
-                      (rt.ptr(partials), rt.u64(batch), rt.u32(tiles), rt.u64(m * n), rt.i32(exp_bits),
+                      (rt.ptr(partials), rt.u64(math.prod(batch_shape)), rt.u32(tiles), rt.u64(m * n), rt.i32(exp_bits),
                        rt.i32(man_bits), rt.f32(limit), rt.i32(out is not None), rt.ptr(result), rt.ptr(counter)))
     return result
