@@ -17,6 +17,7 @@ from hydra.types import RunMode  # noqa: E402
 
 from .config import register_schemas  # noqa: E402
 from .results.__main__ import main as tables  # noqa: E402
+from .trainer.monitor import Diverged  # noqa: E402
 
 register_schemas()
 # avalanche imports an optional QP solver it never needs here and deprecates its own internals: not the user's concern.
@@ -31,14 +32,18 @@ REFUSALS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError)
 
 
 def end_single_run(error: BaseException) -> None:
-    """A refused value or file, or Ctrl-C, ends the process with one message and no traceback (exit 2, 130);
-    anything else, and everything under HYDRA_FULL_ERROR=1, returns so that the caller re-raises it."""
+    """A refused value or file, a diverged run (`on_divergence=stop`) or Ctrl-C ends the process with one message
+    and no traceback (exit 2, 1, 130): each is an outcome the user acts on, not a fault in the code; anything else,
+    and everything under HYDRA_FULL_ERROR=1, returns so that the caller re-raises it."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return
     if isinstance(error, KeyboardInterrupt):
         print("interrupted: the run folder records it; the same command resumes from its last checkpoint",
               file=sys.stderr)
         sys.exit(130)
+    if isinstance(error, Diverged):
+        print(f"stopped: {error}; the run folder records it (status 'diverged')", file=sys.stderr)
+        sys.exit(1)
     if isinstance(error, REFUSALS):
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

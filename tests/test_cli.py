@@ -64,6 +64,15 @@ def test_bad_value_fails_before_writing_anything(tmp_path, cli, monkeypatch):
         cli("trainer.epochs=0")
 
 
+def test_a_diverged_run_stops_with_its_message_and_no_traceback(tmp_path):
+    out = run_cli("strategy=naive", "trainer.epochs=3", "trainer.lr=1e6", tmp_path=tmp_path)
+    assert out.returncode == 1 and "Traceback" not in out.stderr and "Error executing job" not in out.stderr
+    assert out.stderr.startswith("stopped: training diverged in experience 1, epoch 1: non-finite weights in ")
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    summary = json.loads(next(tmp_path.rglob("summary.json")).read_text())
+    assert summary["status"] == "diverged" and summary["error"]["experience"] == 0
+
+
 def test_an_added_key_no_schema_declares_is_refused_with_the_nearest_names(tmp_path, cli):
     out = cli("+trainer.epoch=5")
     assert out.returncode == 2 and "trainer.epoch is not a setting; did you mean trainer.epochs?" in out.stderr
