@@ -15,7 +15,7 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 
-from .config import register_schemas  # noqa: E402
+from .config import refuse_misspelt_overrides, register_schemas  # noqa: E402
 from .results.__main__ import main as tables  # noqa: E402
 from .trainer.monitor import Diverged  # noqa: E402
 
@@ -49,8 +49,18 @@ def end_single_run(error: BaseException) -> None:
         sys.exit(2)
 
 
+def main() -> None:
+    """The command: a misspelt setting is refused with its nearest names before Hydra composes (exit 2)."""
+    try:
+        refuse_misspelt_overrides(sys.argv[1:])
+    except ValueError as error:
+        end_single_run(error)
+        raise
+    run_or_sweep()
+
+
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
-def main(cfg):
+def run_or_sweep(cfg):
     import torch
 
     from .experiment import run, run_table

@@ -10,6 +10,9 @@ from difflib import get_close_matches
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
+from hydra.errors import HydraException
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
@@ -207,22 +210,50 @@ def register_schemas() -> None:
     load_members()
 
 
+def _refuse_unknown(key: str, path: str, schema) -> None:
+    """Refuse `path + key` unless `schema` (a dataclass) declares `key`, naming its nearest settings."""
+    known = [f.name for f in fields(schema)]
+    if key not in known:
+        near = get_close_matches(str(key), known, n=3, cutoff=0.5)
+        hint = f"did you mean {' or '.join(path + k for k in near)}? " if near else ""
+        raise ValueError(f"{path}{key} is not a setting; {hint}the settings of {path.rstrip('.') or 'a run'} "
+                         f"are {', '.join(known)}")
+
+
 def refuse_unknown_keys(node, path: str = "") -> None:
     """Refuse a key that no schema declares (an added `+trainer.epoch=5` would be stored and ignored), naming the
     nearest settings of its node."""
     declared = OmegaConf.get_type(node)
     if is_dataclass(declared):
-        known = [f.name for f in fields(declared)]
         for key in node.keys():
-            if key not in known:
-                near = get_close_matches(str(key), known, n=3, cutoff=0.5)
-                hint = f"did you mean {' or '.join(path + k for k in near)}? " if near else ""
-                raise ValueError(f"{path}{key} is not a setting; {hint}the settings of {path.rstrip('.') or 'a run'} "
-                                 f"are {', '.join(known)}")
+            _refuse_unknown(key, path, declared)
     for key in node.keys():
         child = node._get_node(key)
         if isinstance(child, DictConfig):
             refuse_unknown_keys(child, f"{path}{key}.")
+
+
+# The sections whose schema no group choice changes: a misspelt key there is named before Hydra composes.
+FIXED_SECTIONS = {"trainer": TrainerConfig, "diagnostics": DiagnosticsConfig, "cost": EnergyTable,
+                  "logging": LoggingConfig}
+
+
+def refuse_misspelt_overrides(overrides: list[str]) -> None:
+    """Refuse `trainer.epoch=5` (a key of a run or of a fixed section that its schema lacks) with its nearest
+    settings, where Hydra would only say the key is missing and offer to add it. Added (`+`), deleted and forced
+    keys, Hydra's own, the groups' members' keys and overrides Hydra cannot parse are left to Hydra."""
+    try:
+        parsed = OverridesParser.create().parse_overrides([o for o in overrides if "=" in o and o[0] != "-"])
+    except HydraException:
+        return
+    for override in parsed:
+        if override.type != OverrideType.CHANGE or override.package or "/" in override.key_or_group:
+            continue
+        section, _, key = override.key_or_group.partition(".")
+        if not key:
+            _refuse_unknown(section, "", RunConfig)
+        elif section in FIXED_SECTIONS:
+            _refuse_unknown(key.split(".")[0], f"{section}.", FIXED_SECTIONS[section])
 
 
 def validate(cfg) -> None:
