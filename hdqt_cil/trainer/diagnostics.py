@@ -463,6 +463,13 @@ def _measured(quantized: nn.Module, shadow: nn.Module, x: torch.Tensor, g: torch
         diagnosis.close()
 
 
+def diagnose_batch(quantized: nn.Module, x: torch.Tensor, g: torch.Tensor, seed: int = 0) -> dict:
+    """One batch's measures, as a diagnosed training batch records them (on the host), of `quantized` against its
+    float shadow at the same weights, G = `g` at the logits: scripts/fidelity_probe.py compares a scheme's settings
+    by them without training."""
+    return on_host(_measured(quantized, float_shadow(quantized), x, g, None, seed))
+
+
 class CapturedDiagnosis:
     """A diagnosed batch's copies, passes and measures replayed from CUDA graphs, beside the training that goes on
     (for a run whose steps are replayed: an eager diagnosis of a quantized ResNet is bound by the host's launches
