@@ -14,7 +14,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
 from hydra.errors import HydraException
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from .cost.energy import EnergyTable
 from .trainer.diagnostics import DiagnosticsConfig
@@ -233,27 +233,51 @@ def refuse_unknown_keys(node, path: str = "") -> None:
             refuse_unknown_keys(child, f"{path}{key}.")
 
 
-# The sections whose schema no group choice changes: a misspelt key there is named before Hydra composes.
+# The sections whose schema no group choice changes, and the groups whose chosen member brings its own.
 FIXED_SECTIONS = {"trainer": TrainerConfig, "diagnostics": DiagnosticsConfig, "cost": EnergyTable,
                   "logging": LoggingConfig}
+MEMBER_GROUPS = ("benchmark", "model", "strategy", "quant")
+
+
+def _composed_without(overrides: list[str]):
+    """The run's config composed from `overrides` (its members chosen), None where Hydra cannot compose them."""
+    from hydra import compose, initialize_config_module
+    try:
+        with initialize_config_module("hdqt_cil.configs", version_base="1.3"):
+            return compose("config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException):
+        return None
 
 
 def refuse_misspelt_overrides(overrides: list[str]) -> None:
-    """Refuse `trainer.epoch=5` (a key of a run or of a fixed section that its schema lacks) with its nearest
-    settings, where Hydra would only say the key is missing and offer to add it. Added (`+`), deleted and forced
-    keys, Hydra's own, the groups' members' keys and overrides Hydra cannot parse are left to Hydra."""
+    """Refuse `trainer.epoch=5` or `quant.acc_bit=12` (a key its section's schema lacks: the run's, a fixed
+    section's or the chosen member's) with its nearest settings, where Hydra would only say the key is missing and
+    offer to add it. Added (`+`), deleted and forced keys, Hydra's own, a member's keys where the member is swept
+    (`quant=fp,hdqt`) and overrides Hydra cannot parse or compose are left to Hydra."""
     try:
         parsed = OverridesParser.create().parse_overrides([o for o in overrides if "=" in o and o[0] != "-"])
     except HydraException:
         return
+    members, kept, choice_swept = [], [], False
     for override in parsed:
-        if override.type != OverrideType.CHANGE or override.package or "/" in override.key_or_group:
-            continue
         section, _, key = override.key_or_group.partition(".")
-        if not key:
-            _refuse_unknown(section, "", RunConfig)
-        elif section in FIXED_SECTIONS:
-            _refuse_unknown(key.split(".")[0], f"{section}.", FIXED_SECTIONS[section])
+        if override.is_sweep_override():
+            choice_swept |= not key and (section in (*MEMBER_GROUPS, "experiment") or "/" in section)
+        if override.type == OverrideType.CHANGE and not override.package and "/" not in section:
+            if not key:
+                _refuse_unknown(section, "", RunConfig)
+            elif section in FIXED_SECTIONS:
+                _refuse_unknown(key.split(".")[0], f"{section}.", FIXED_SECTIONS[section])
+            elif section in MEMBER_GROUPS:
+                members.append((section, key.split(".")[0]))
+                continue
+        if not override.is_sweep_override():
+            kept.append(override.input_line)
+    cfg = None if choice_swept or not members else _composed_without(kept)
+    for section, key in members if cfg is not None else ():
+        schema = OmegaConf.get_type(cfg[section])
+        if is_dataclass(schema):
+            _refuse_unknown(key, f"{section}.", schema)
 
 
 def validate(cfg) -> None:

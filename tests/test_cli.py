@@ -79,22 +79,29 @@ def test_an_added_key_no_schema_declares_is_refused_with_the_nearest_names(tmp_p
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("override, message", [
-    ("trainer.epoch=5", "trainer.epoch is not a setting; did you mean trainer.epochs?"),
-    ("sed=3", "sed is not a setting; did you mean seed?"),
-    ("logging.progres=off", "logging.progres is not a setting; did you mean logging.progress?"),
-    ("diagnostics.levl=light", "diagnostics.levl is not a setting; did you mean diagnostics.level?"),
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer.epoch=5"], "trainer.epoch is not a setting; did you mean trainer.epochs?"),
+    (["sed=3"], "sed is not a setting; did you mean seed?"),
+    (["logging.progres=off"], "logging.progres is not a setting; did you mean logging.progress?"),
+    (["diagnostics.levl=light"], "diagnostics.levl is not a setting; did you mean diagnostics.level?"),
+    (["quant=hdqt", "quant.acc_bit=12"], "quant.acc_bit is not a setting; did you mean quant.acc_bits"),
+    (["strategy=bic", "strategy.ce_clases=seen"], "strategy.ce_clases is not a setting; did you mean "
+                                                  "strategy.ce_classes?"),
+    (["+experiment=cifar10_paper", "benchmark.rot=x"], "benchmark.rot is not a setting; did you mean benchmark.root?"),
 ])
-def test_a_misspelt_setting_is_refused_with_the_nearest_names(tmp_path, cli, override, message):
-    out = cli("-m", override, "seed=0,1")  # a sweep's too: refused before Hydra composes or launches anything
+def test_a_misspelt_setting_is_refused_with_the_nearest_names(tmp_path, cli, overrides, message):
+    out = cli("-m", *overrides, "seed=0,1")  # a sweep's too: refused before Hydra composes or launches anything
     assert out.returncode == 2 and out.stderr.strip().startswith(f"error: {message}"), out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
 
 
 def test_the_misspelling_check_leaves_hydra_and_group_members_keys_to_hydra(tmp_path, cli):
-    """Hydra's own keys and a group member's pass the check (the value check after composition then speaks)."""
-    out = cli("hydra.job.chdir=false", "benchmark=digits", "benchmark.n_experiences=5", "trainer.epochs=0")
+    """Hydra's own keys and a chosen member's pass the check (the value check after composition then speaks); a
+    member's keys where the member is swept are Hydra's to check."""
+    out = cli("hydra.job.chdir=false", "+experiment=cifar10_paper", "benchmark.root=x", "trainer.epochs=0")
     assert out.returncode == 2 and "error: trainer.epochs=0 must be a positive integer" in out.stderr, out.stderr
+    out = cli("-m", "strategy=naive", "quant=fp,hdqt", "quant.acc_bits=12", "trainer.epochs=1")
+    assert "is not a setting" not in out.stderr and "Key 'acc_bits' not in 'FpConfig'" in out.stderr
 
 
 def test_ctrl_c_ends_a_run_with_one_line_and_records_it(tmp_path):
