@@ -7,6 +7,7 @@ module holds the settings that belong to the run itself. `register_schemas()` mu
 import re
 from dataclasses import dataclass, fields, is_dataclass
 from difflib import get_close_matches
+from pathlib import Path
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -237,6 +238,7 @@ def refuse_unknown_keys(node, path: str = "") -> None:
 FIXED_SECTIONS = {"trainer": TrainerConfig, "diagnostics": DiagnosticsConfig, "cost": EnergyTable,
                   "logging": LoggingConfig}
 MEMBER_GROUPS = ("benchmark", "model", "strategy", "quant")
+CONFIGS = Path(__file__).parent / "configs"
 
 
 def _composed_without(overrides: list[str]):
@@ -265,7 +267,8 @@ def refuse_misspelt_overrides(overrides: list[str]) -> None:
             choice_swept |= not key and (section in (*MEMBER_GROUPS, "experiment") or "/" in section)
         if override.type == OverrideType.CHANGE and not override.package and "/" not in section:
             if not key:
-                _refuse_unknown(section, "", RunConfig)
+                if not (CONFIGS / section).is_dir():  # a group (experiment=...) is Hydra's: it hints at `+`
+                    _refuse_unknown(section, "", RunConfig)
             elif section in FIXED_SECTIONS:
                 _refuse_unknown(key.split(".")[0], f"{section}.", FIXED_SECTIONS[section])
             elif section in MEMBER_GROUPS:

@@ -100,6 +100,8 @@ def test_the_misspelling_check_leaves_hydra_and_group_members_keys_to_hydra(tmp_
     member's keys where the member is swept are Hydra's to check."""
     out = cli("hydra.job.chdir=false", "+experiment=cifar10_paper", "benchmark.root=x", "trainer.epochs=0")
     assert out.returncode == 2 and "error: trainer.epochs=0 must be a positive integer" in out.stderr, out.stderr
+    out = cli("experiment=cifar10_paper")  # a group that is not in the defaults: Hydra says to add it with +
+    assert "is not a setting" not in out.stderr and "+experiment=cifar10_paper" in out.stderr, out.stderr
     out = cli("-m", "strategy=naive", "quant=fp,hdqt", "quant.acc_bits=12", "trainer.epochs=1")
     assert "is not a setting" not in out.stderr and "Key 'acc_bits' not in 'FpConfig'" in out.stderr
 
