@@ -5,6 +5,7 @@ import json
 import math
 import pickle
 import shutil
+import warnings
 import weakref
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hdqt_cil.experiment import run
+from hdqt_cil.models import build_model
 from hdqt_cil.quant import preset, quantize_model
 from hdqt_cil.results.tables import make_tables
 from hdqt_cil.quant import QuantSpec
@@ -21,7 +23,8 @@ from hdqt_cil.quant.backend import TORCH_OPS
 from hdqt_cil.quant.layers import ROLE_CODES, ROLE_STRIDE
 from hdqt_cil.quant.rounding import Counter
 from hdqt_cil.trainer.diagnostics import (GradientDiagnostics, ModelCopies, QuantizerWatch, _Diagnosis, _Pass,
-                                          fidelity, float_shadow, quantizer_steps, replayed, watched)
+                                          diagnose_batch, fidelity, float_shadow, quantizer_steps, replayed,
+                                          watched)
 from hdqt_cil.trainer.landscape import filter_normalised_direction, loss_landscape, slice_summary
 
 
@@ -426,3 +429,18 @@ def test_landscape_plots_scale_to_losses_apart_by_decades_and_contour_past_outli
     grid[0, 0] = 1e6  # one point far off: the levels stay among the others
     levels = _contour_levels(grid)
     assert len(levels) == 15 and np.all(np.diff(levels) > 0) and levels.max() <= 1.0
+
+
+def test_an_integer_batch_is_diagnosed_without_torch_warning_of_its_missing_input_gradient():
+    """Images augmented on the GPU reach the model as uint8 (normalised inside it): the first layer's full backward
+    hook fires without an input gradient, which the diagnosis expects (it keeps no g_x there) and does not warn of."""
+    torch.manual_seed(0)
+    model = quantize_model(build_model("resnet32", (3, 8, 8), 4, ((0.5,) * 3, (0.25,) * 3)), preset("fp"))
+    x = torch.randint(0, 255, (4, 3, 8, 8), dtype=torch.uint8)
+    logits = model(x)
+    g, = torch.autograd.grad(F.cross_entropy(logits, torch.arange(4)), logits)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        record = diagnose_batch(model, x, g)
+    first = next(iter(record["layers"].values()))
+    assert "g_W" in first and not first["g_x"] and 0 < first["g_W"]["all"]["cosine"] <= 1 + 1e-6

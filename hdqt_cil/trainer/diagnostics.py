@@ -21,6 +21,7 @@ experience on the old experiences' test loss along the same directions.
 import contextlib
 import copy
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -379,7 +380,9 @@ class _Pass:
         trained = {name: w for name, w in weights.items() if w.requires_grad}  # not frozen
         # the input among the differentiated tensors: the first layer's g_x is on no weight's path
         inputs = [self.x] if self.x.requires_grad else []
-        with self.precision():
+        with self.precision(), warnings.catch_warnings():
+            # the first layer's hook fires without an input gradient where the batch is integer: g_x is not kept
+            warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
             grads = torch.autograd.grad(self.logits, list(trained.values()) + inputs, g, retain_graph=True,
                                         allow_unused=True)
         g_weights = dict(zip(trained, grads))
