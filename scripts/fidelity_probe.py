@@ -5,11 +5,12 @@ model's initial weights, without training.
     python -m scripts.fidelity_probe [overrides...] [--vary "OVERRIDES"]... [--batch 128]
 
 The overrides compose the run as `python run.py` would (`+experiment=cifar10_paper quant=fp benchmark.root=...`);
-each `--vary` adds its own space-separated overrides to them (`--vary "quant.acc=none"`) and is one more row. Every
-row quantizes the same model (seeded by the run's seed) and takes the same batch of the first experience's
-training set, so the rows differ by their settings alone. G is the cross-entropy's gradient at the quantized
-model's logits. Prints a markdown table: the logits' cosine and the weight gradients' cosine of the first layer,
-of the layers between in three equal parts by depth, and of the last; the input gradients' mean cosine.
+each `--vary` adds its own space-separated overrides of the scheme to them (`--vary "quant.acc=none"`, `--vary
+quant=mxfp4`) and is one more row. Every row quantizes the same model (seeded by the run's seed) and takes the same
+batch of the first experience's training set, so the rows differ by their settings alone. G is the cross-entropy's
+gradient at the quantized model's logits. Prints a markdown table: the logits' cosine and the weight gradients'
+cosine of the first layer, of the layers between in three equal parts by depth, and of the last; the input
+gradients' mean cosine.
 """
 import argparse
 import contextlib
@@ -72,9 +73,13 @@ def row(record: dict) -> list[float]:
 def probe(overrides: list[str], variants: list[str], batch: int) -> list[tuple[str, list[float]]]:
     """(settings, COLUMNS) for the composed run and each variant of it."""
     register_schemas()
-    settings = [("as given", composed(overrides))]
-    settings += [(variant, composed(overrides + shlex.split(variant))) for variant in variants]
-    cfg = settings[0][1]
+    cfg = composed(overrides)
+    settings = [("as given", cfg)] + [(variant, composed(overrides + shlex.split(variant))) for variant in variants]
+    for variant, changed in settings[1:]:
+        others = [key for key in cfg if key != "quant" and cfg[key] != changed[key]]
+        if others:
+            raise ValueError(f"--vary {variant!r} changes {', '.join(others)}: a variant changes the scheme's "
+                             f"settings (quant.*, quant=...) alone, on the same model and batch")
     device = resolve_device(cfg.trainer.device)
     bench, x, y = first_batch(cfg, batch, device)
     torch.manual_seed(cfg.seed)

@@ -33,6 +33,7 @@ def test_rows_differ_by_their_settings_alone(capsys):
 @pytest.mark.parametrize("variant, message", [
     ("quant.acc=bogus", "error: quant.acc='bogus' must be one of"),
     ("quant.acc_bitz=3", "quant.acc_bitz"),
+    ("trainer.batch_size=8 quant.acc=none", "changes trainer: a variant changes the scheme's settings"),
 ])
 def test_a_bad_variant_is_refused_by_name(variant, message):
     with pytest.raises(SystemExit, match=message):
