@@ -1,4 +1,5 @@
 import math
+import tarfile
 
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ from omegaconf import OmegaConf
 
 from hdqt_cil.quant.schemes import preset_settings
 from hdqt_cil.files import write_json
+from hdqt_cil.results.__main__ import main
 from hdqt_cil.results.style import SCHEME_ORDER, STRATEGY_ORDER, run_style
 from hdqt_cil.results.tables import aggregate, collect_runs, display_table, make_tables
 
@@ -356,3 +358,19 @@ def test_a_panel_of_one_strategy_colours_its_schemes():
     assert run_style("bic", "hdqt", strategies, schemes, True) == alone[1]
     assert [s["marker"] for s in alone] == [m["marker"] for m in (run_style("bic", q, strategies, schemes, False)
                                                                for q in ("fp32", "hdqt", "mxfp4", "a new scheme"))]
+
+
+def test_tables_from_an_archive_of_run_folders_equal_the_folders(tmp_path, capsys):
+    """A root may be a tar archive of run folders (results/*/runs.tar.xz): the same tables as from the folders;
+    a member that would land outside the unpacked folder is refused."""
+    _write(tmp_path / "runs", _summary("icarl", "fp32", 0, 80.0), _summary("icarl", "hdqt", 1, 78.0))
+    with tarfile.open(tmp_path / "runs.tar.xz", "w:xz") as archive:
+        archive.add(tmp_path / "runs", arcname="runs")
+    main([str(tmp_path / "runs"), "--out", str(tmp_path / "from_folders"), "--no-plot"])
+    main([str(tmp_path / "runs.tar.xz"), "--out", str(tmp_path / "from_archive"), "--no-plot"])
+    for name in ("table.md", "table.csv", "main.md"):
+        assert (tmp_path / "from_archive" / name).read_text() == (tmp_path / "from_folders" / name).read_text()
+    with tarfile.open(tmp_path / "evil.tar", "w") as archive:
+        archive.add(tmp_path / "runs" / "run0" / "summary.json", arcname="../outside/summary.json")
+    with pytest.raises(tarfile.OutsideDestinationError):
+        main([str(tmp_path / "evil.tar"), "--out", str(tmp_path / "evil"), "--no-plot"])

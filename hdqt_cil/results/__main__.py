@@ -1,18 +1,35 @@
-"""`python -m hdqt_cil.results RUN_ROOT [RUN_ROOT ...] --out DIR`: aggregate run folders into tables."""
+"""`python -m hdqt_cil.results RUN_ROOT [RUN_ROOT ...] --out DIR`: aggregate run folders into tables. A root may be
+a tar archive of run folders (results/*/runs.tar.xz), read from a temporary copy."""
 import argparse
+import tarfile
+import tempfile
+from pathlib import Path
 
 from .tables import make_tables, to_markdown
 
 
+def unpacked(root: str, into: str) -> str:
+    """`root` itself, or where the tar archive `root` is unpacked under `into` (paths outside it refused)."""
+    if not Path(root).is_file() or not tarfile.is_tarfile(root):
+        return root
+    folder = tempfile.mkdtemp(dir=into)
+    with tarfile.open(root) as archive:
+        archive.extractall(folder, filter="data")
+    return folder
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("roots", nargs="+", help="folders searched recursively for run folders (summary.json)")
+    parser.add_argument("roots", nargs="+", help="folders searched recursively for run folders (summary.json), or "
+                        "tar archives of them")
     parser.add_argument("--out", required=True, help="where table.md/.csv/.tex and accuracy.png are written")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--published", metavar="CSV", help="published numbers to set beside the runs' "
                         "(columns benchmark, strategy, quant, avg_acc, last_acc, source): published.md")
     args = parser.parse_args(argv)
-    print(to_markdown(make_tables(args.roots, args.out, plot=not args.no_plot, published=args.published)))
+    with tempfile.TemporaryDirectory() as scratch:
+        roots = [unpacked(root, scratch) for root in args.roots]
+        print(to_markdown(make_tables(roots, args.out, plot=not args.no_plot, published=args.published)))
 
 
 if __name__ == "__main__":
