@@ -1,6 +1,7 @@
 """`python -m hdqt_cil.results RUN_ROOT [RUN_ROOT ...] --out DIR`: aggregate run folders into tables. A root may be
 a tar archive of run folders (results/*/runs.tar.xz), read from a temporary copy."""
 import argparse
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -28,8 +29,13 @@ def main(argv=None):
                         "(columns benchmark, strategy, quant, avg_acc, last_acc, source): published.md")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
-        roots = [unpacked(root, scratch) for root in args.roots]
-        print(to_markdown(make_tables(roots, args.out, plot=not args.no_plot, published=args.published)))
+        try:
+            roots = [unpacked(root, scratch) for root in args.roots]
+            table = make_tables(roots, args.out, plot=not args.no_plot, published=args.published)
+        except (FileNotFoundError, ValueError) as error:  # no run folders, a published CSV that does not fit
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
+    print(to_markdown(table))
 
 
 if __name__ == "__main__":
