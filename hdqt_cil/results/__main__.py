@@ -1,5 +1,5 @@
 """`python -m hdqt_cil.results RUN_ROOT [RUN_ROOT ...] --out DIR`: aggregate run folders into tables. A root may be
-a tar archive of run folders (results/*/runs.tar.xz), read from a temporary copy."""
+a tar archive of run folders (results/*/runs.tgz), read from a temporary copy."""
 import argparse
 import sys
 import tarfile
