@@ -241,14 +241,12 @@ MEMBER_GROUPS = ("benchmark", "model", "strategy", "quant")
 CONFIGS = Path(__file__).parent / "configs"
 
 
-def _composed_without(overrides: list[str]):
-    """The run's config composed from `overrides` (its members chosen), None where Hydra cannot compose them."""
-    from hydra import compose, initialize_config_module
-    try:
-        with initialize_config_module("hdqt_cil.configs", version_base="1.3"):
-            return compose("config", overrides=overrides)
-    except (HydraException, OmegaConfBaseException):
-        return None
+def compose_run(overrides: list[str]) -> DictConfig:
+    """The run's config as `python run.py OVERRIDES` composes it, outside a command (the probes, the check below);
+    register_schemas must have run."""
+    from hydra import compose, initialize_config_dir
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("config", overrides=overrides)
 
 
 def refuse_misspelt_overrides(overrides: list[str]) -> None:
@@ -276,8 +274,13 @@ def refuse_misspelt_overrides(overrides: list[str]) -> None:
                 continue
         if not override.is_sweep_override():
             kept.append(override.input_line)
-    cfg = None if choice_swept or not members else _composed_without(kept)
-    for section, key in members if cfg is not None else ():
+    if not members or choice_swept:
+        return
+    try:
+        cfg = compose_run(kept)
+    except (HydraException, OmegaConfBaseException):  # Hydra's to report, with the failing override
+        return
+    for section, key in members:
         schema = OmegaConf.get_type(cfg[section])
         if is_dataclass(schema):
             _refuse_unknown(key, f"{section}.", schema)

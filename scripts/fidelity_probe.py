@@ -17,30 +17,26 @@ import contextlib
 import copy
 import shlex
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from torch.utils.data import DataLoader
 
 from hdqt_cil.benchmarks import build_benchmark
-from hdqt_cil.config import register_schemas, validate
+from hdqt_cil.config import compose_run, register_schemas, validate
 from hdqt_cil.experiment import resolve_device
 from hdqt_cil.models import build_model
 from hdqt_cil.quant import quantize_model, scheme_from_config
 from hdqt_cil.trainer.diagnostics import diagnose_batch
 
-CONFIGS = Path(__file__).resolve().parents[1] / "hdqt_cil" / "configs"
 COLUMNS = ["logits", "g_W first", "g_W early", "g_W middle", "g_W late", "g_W last", "g_x mean"]
 
 
 def composed(overrides: list[str]):
     """The run's config from `overrides`, checked as a run checks it."""
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
+    cfg = compose_run(overrides)
     validate(cfg)
     return cfg
 

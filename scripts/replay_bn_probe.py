@@ -23,15 +23,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import yaml
-from hydra import compose, initialize_config_dir
 from torch.utils.data import DataLoader
 
-from hdqt_cil.config import register_schemas
+from hdqt_cil.config import compose_run, register_schemas
 from hdqt_cil.experiment import assemble, resolve_device
 from hdqt_cil.trainer.checkpoint import ExperienceCheckpoints
 from hdqt_cil.trainer.hp_replay import batchnorm_mode, exemplar_memory, spread_over_classes
 
-CONFIGS = Path(__file__).resolve().parents[1] / "hdqt_cil" / "configs"
 STEPS = 2
 VARIANTS = {"running statistics alone": ("train", False), "weight steps alone": ("eval", True),
             "both (the phase)": ("train", True)}
@@ -89,8 +87,7 @@ def main(argv=None) -> None:
                          "recorded there (a run started by run.py)")
     run_overrides = yaml.safe_load(recorded.read_text())
     register_schemas()
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("config", overrides=[o for o in run_overrides if not o.startswith("hydra")] + args.overrides)
+    cfg = compose_run([o for o in run_overrides if not o.startswith("hydra")] + args.overrides)
     if cfg.strategy.get("hp_replay") is None:
         raise SystemExit(f"error: {args.run_folder} is not a run with strategy.hp_replay")
     device = resolve_device(cfg.trainer.device)

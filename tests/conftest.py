@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from hdqt_cil.config import register_schemas
+from hdqt_cil.config import compose_run, register_schemas
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -37,9 +36,8 @@ def make_cfg(tmp_path):
     """Compose the project config with overrides, results and data under tmp_path."""
     def _make(*overrides):
         quant = [] if any(o.startswith("quant=") for o in overrides) else ["quant=fp32"]  # fast unless asked
-        with initialize_config_dir(config_dir=str(ROOT / "hdqt_cil" / "configs"), version_base="1.3"):
-            return compose("config", overrides=[f"results_root={tmp_path}/runs", f"data_root={tmp_path}/data",
-                                                "logging.progress=off", *quant, *overrides])
+        return compose_run([f"results_root={tmp_path}/runs", f"data_root={tmp_path}/data", "logging.progress=off",
+                            *quant, *overrides])
     return _make
 
 
