@@ -274,6 +274,19 @@ def test_cost_columns_and_the_energy_plot_where_runs_report_their_cost(tmp_path)
     assert "energy J" not in make_tables([tmp_path / "old"], tmp_path / "out2", plot=False).columns
 
 
+def test_energy_is_set_against_fp32_of_the_same_tag_where_it_ran_so(tmp_path):
+    def costed(quant, seed, joules, tag=""):
+        return {**_summary("bic", quant, seed, 80.0, tag=tag),
+                "cost": {"training int GMACs": 1.0, "training energy J": {"total": joules}}}
+
+    _write(tmp_path / "runs", costed("fp32", 0, 4.0), costed("hdqt", 0, 1.0),
+           costed("fp32", 0, 8.0, tag="ce_seen"), costed("mxfp4", 0, 6.0, tag="ce_seen"),
+           costed("hdqt", 0, 2.0, tag="w8"))  # no FP32 under w8: untagged FP32's
+    table = make_tables([tmp_path / "runs"], tmp_path / "out", plot=False).set_index("quant")
+    assert table["energy vs fp32"].to_dict() == {"fp32": "1.000", "fp32[ce_seen]": "1.000", "hdqt": "0.250",
+                                                 "hdqt[w8]": "0.500", "mxfp4[ce_seen]": "0.750"}
+
+
 def test_the_figures_keep_a_long_legend_beside_their_panels_whole(tmp_path):
     """The legends stand outside the axes; the saved figure grows to hold them, so no label is cut at its edge."""
     import matplotlib.image

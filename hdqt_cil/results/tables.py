@@ -9,7 +9,8 @@
   accuracy against each numeric setting; ablation_paired.md: each setting against its default and FP32, paired
   by seed, and the settings whose runs came out the same;
 - energy.png: accuracy against the estimated training energy on integer hardware (runs that report their cost;
-  table.* then adds the integer GMACs, the energy and its ratio to the FP32 row);
+  table.* then adds the integer GMACs, the energy and its ratio to the FP32 row, of the row's tag where
+  one ran);
 - fidelity.md / fidelity_by_experience.md / fidelity.png / gradient_stats.md / quantizers.md: runs with
   diagnostics=light or full;
   landscape.md / landscape_<strategy>.png: runs with diagnostics=full (results/diagnostics.py).
@@ -230,12 +231,16 @@ def aggregate(df: pd.DataFrame, keys=ROW_KEYS) -> pd.DataFrame:
 
 def energy_vs_fp32(agg: pd.DataFrame) -> list[str]:
     """Each row's mean estimated energy over that of the FP32 row of its benchmark, model, strategy, schedule and
-    variant."""
+    variant: FP32 under the row's own tag where it ran so (a tag's runs share a setting: 'mxfp4[ce_seen]' against
+    'fp32[ce_seen]'), else untagged FP32."""
     same = ["benchmark", "model", "strategy", *SCHEDULE, "variant"]
-    fp32 = agg[agg.quant == "fp32"].set_index(same).energy_j_mean
+    fp32 = agg[agg.quant.str.fullmatch(r"fp32(\[.*\])?")].set_index([*same, "quant"]).energy_j_mean
     out = []
     for row in agg.itertuples():
-        base = fp32.get(tuple(getattr(row, k) for k in same), math.nan)
+        key = tuple(getattr(row, k) for k in same)
+        _, bracket, tag = row.quant.partition("[")
+        tagged = f"fp32{bracket}{tag}"
+        base = fp32.get((*key, tagged), fp32.get((*key, "fp32"), math.nan))
         out.append("–" if math.isnan(base) or math.isnan(row.energy_j_mean) else f"{row.energy_j_mean / base:.3f}")
     return out
 
