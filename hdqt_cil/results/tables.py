@@ -445,11 +445,26 @@ def plot_energy(agg: pd.DataFrame, path) -> None:
                         capsize=2, **run_style(row.strategy, row.quant, strategies, schemes, one_strategy),
                         label=f"{row.strategy} / {row.quant}" + (f" ({detail})" if detail else ""))
         ax.set(title=bench, xscale="log", xlabel="estimated training energy (J)", ylabel="avg accuracy (%)")
+        _label_energy_axis(ax, panel.energy_j_mean)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")  # the legends beside the panels, which tight_layout leaves out
     plt.close(fig)
+
+
+def _label_energy_axis(ax, energies) -> None:
+    """Plain numbers on the log energy axis, at 1-2-5 steps where the panel spans under two decades: matplotlib's
+    own minor labels there ('3×10³ 4×10³') run into each other."""
+    from matplotlib import ticker
+
+    plain = ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}")
+    ax.xaxis.set_major_formatter(plain)
+    if np.log10(energies.max() / energies.min()) < 2:
+        ax.xaxis.set_minor_locator(ticker.LogLocator(subs=(2, 5)))
+        ax.xaxis.set_minor_formatter(plain)
+    else:
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
 
 
 def to_markdown(table: pd.DataFrame) -> str:
