@@ -287,6 +287,27 @@ def test_energy_is_set_against_fp32_of_the_same_tag_where_it_ran_so(tmp_path):
                                                  "hdqt[w8]": "0.500", "mxfp4[ce_seen]": "0.750"}
 
 
+def test_each_row_is_paired_by_seed_with_its_fp32_row(tmp_path):
+    _write(tmp_path / "runs", *(_summary("icarl", "fp32", seed, last) for seed, last in enumerate((80.0, 84.0, 70.0))),
+           _summary("icarl", "hdqt", 0, 79.0), _summary("icarl", "hdqt", 1, 83.96),  # -0.04: "+0.0", not "-0.0"
+           _summary("icarl", "hdqt", 2, 1.0, status="diverged"),  # not paired
+           _summary("icarl", "hdqt", 3, 90.0),  # no FP32 seed 3: not paired
+           _summary("icarl", "fp32", 0, 60.0, tag="ce"), _summary("icarl", "mxfp4", 0, 62.0, tag="ce"),
+           _summary("icarl", "luq", 0, 81.0, tag="acc4"),  # no FP32 under acc4: untagged FP32's
+           _summary("bic", "hdqt", 0, 50.0))  # no FP32 of its strategy: no row
+    make_tables([tmp_path / "runs"], tmp_path / "out", plot=False)
+    lines = (tmp_path / "out" / "paired.md").read_text().splitlines()
+    assert lines[0] == ("| benchmark | scenario | model | strategy | quant | against | seeds | avg acc − fp32 "
+                        "| avg acc − fp32 by seed | last acc − fp32 | last acc − fp32 by seed |")
+    assert lines[2:] == [
+        "| hapt | class | mlp | icarl | hdqt | fp32 | 0, 1 | -0.5 ± 0.7 | -1.0, +0.0 | -0.5 ± 0.7 | -1.0, +0.0 |",
+        "| hapt | class | mlp | icarl | luq[acc4] | fp32 | 0 | +1.0 (n=1) | +1.0 | +1.0 (n=1) | +1.0 |",
+        "| hapt | class | mlp | icarl | mxfp4[ce] | fp32[ce] | 0 | +2.0 (n=1) | +2.0 | +2.0 (n=1) | +2.0 |"]
+    _write(tmp_path / "alone", _summary("icarl", "hdqt", 0, 79.0))
+    make_tables([tmp_path / "alone"], tmp_path / "out2", plot=False)
+    assert not (tmp_path / "out2" / "paired.md").exists()
+
+
 def test_the_figures_keep_a_long_legend_beside_their_panels_whole(tmp_path):
     """The legends stand outside the axes; the saved figure grows to hold them, so no label is cut at its edge."""
     import matplotlib.image

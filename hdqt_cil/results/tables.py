@@ -11,6 +11,7 @@
 - energy.png: accuracy against the estimated training energy on integer hardware (runs that report their cost;
   table.* then adds the integer GMACs, the energy and its ratio to the FP32 row, of the row's tag where
   one ran);
+- paired.md: each row against its FP32 row, paired by seed (the differences' mean ± std and each seed's);
 - fidelity.md / fidelity_by_experience.md / fidelity.png / gradient_stats.md / quantizers.md: runs with
   diagnostics=light or full;
   landscape.md / landscape_<strategy>.png: runs with diagnostics=full (results/diagnostics.py).
@@ -200,8 +201,14 @@ def mean_std(values, form: str = ".1f") -> str:
     0); a '+' in `form` signs the mean only."""
     values = np.asarray(values, dtype=float)
     if len(values) == 1:
-        return f"{values[0]:{form}} (n=1)"
-    return f"{values.mean():{form}} ± {values.std(ddof=1):{form.lstrip('+')}}"
+        return f"{number(values[0], form)} (n=1)"
+    return f"{number(values.mean(), form)} ± {values.std(ddof=1):{form.lstrip('+')}}"
+
+
+def number(value: float, form: str = ".1f") -> str:
+    """`value` in `form`; one that rounds to zero without its sign ('+0.0', never '-0.0')."""
+    text = f"{value:{form}}"
+    return text if float(text) != 0 else f"{0.0:{form}}"
 
 
 def _cell(values, status, form: str = ".1f") -> str:
@@ -229,27 +236,70 @@ def aggregate(df: pd.DataFrame, keys=ROW_KEYS) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# the accuracies compared seed by seed (paired.md, ablation_paired.md)
+PAIRED = {"avg_acc": "avg acc", "last_acc": "last acc"}
+# What a row is set against FP32 by (energy vs fp32, paired.md): a row's FP32 shares these and, where it ran so, its tag
+REFERENCE_KEYS = ["benchmark", "model", "strategy", *SCHEDULE, "variant"]
+
+
+def fp32_labels(quant: str) -> tuple[str, str]:
+    """The quant labels of the FP32 rows a row is set against, the first that ran first: FP32 under the row's own
+    tag (a tag's runs share a setting: 'mxfp4[ce_seen]' against 'fp32[ce_seen]'), then untagged FP32."""
+    _, bracket, tag = quant.partition("[")
+    return f"fp32{bracket}{tag}", "fp32"
+
+
 def energy_vs_fp32(agg: pd.DataFrame) -> list[str]:
-    """Each row's mean estimated energy over that of the FP32 row of its benchmark, model, strategy, schedule and
-    variant: FP32 under the row's own tag where it ran so (a tag's runs share a setting: 'mxfp4[ce_seen]' against
-    'fp32[ce_seen]'), else untagged FP32."""
-    same = ["benchmark", "model", "strategy", *SCHEDULE, "variant"]
-    fp32 = agg[agg.quant.str.fullmatch(r"fp32(\[.*\])?")].set_index([*same, "quant"]).energy_j_mean
+    """Each row's mean estimated energy over that of its FP32 row (fp32_labels)."""
+    fp32 = agg.set_index([*REFERENCE_KEYS, "quant"]).energy_j_mean  # looked up by FP32's labels alone
     out = []
     for row in agg.itertuples():
-        key = tuple(getattr(row, k) for k in same)
-        _, bracket, tag = row.quant.partition("[")
-        tagged = f"fp32{bracket}{tag}"
-        base = fp32.get((*key, tagged), fp32.get((*key, "fp32"), math.nan))
+        key = tuple(getattr(row, k) for k in REFERENCE_KEYS)
+        base = next((fp32[(*key, label)] for label in fp32_labels(row.quant) if (*key, label) in fp32), math.nan)
         out.append("–" if math.isnan(base) or math.isnan(row.energy_j_mean) else f"{row.energy_j_mean / base:.3f}")
     return out
+
+
+def paired_vs_fp32(df: pd.DataFrame) -> pd.DataFrame:
+    """Each table row other than FP32 against its FP32 row (fp32_labels), paired by seed over the seeds both
+    completed: mean ± std of the per-seed differences (row − FP32) and the differences seed by seed. A seed fixes
+    the class order, so a paired difference leaves out what the order does to both runs."""
+    done = df[df.status == "complete"]
+    fp32 = done[done.scheme == "fp32"]
+    rows = []
+    for key, group in done[done.scheme != "fp32"].groupby(ROW_KEYS, sort=True):
+        row = dict(zip(ROW_KEYS, key))
+        candidates = fp32[(fp32[REFERENCE_KEYS] == pd.Series(row)[REFERENCE_KEYS]).all(axis=1)]
+        reference = next((candidates[candidates.quant == label] for label in fp32_labels(row["quant"])
+                          if (candidates.quant == label).any()), None)
+        if reference is None:
+            continue
+        pairs = group.merge(reference, on="seed", suffixes=("", "_ref")).sort_values("seed")
+        if pairs.empty:
+            continue
+        row["against"] = reference.quant.iloc[0]
+        row["seeds"] = ", ".join(str(seed) for seed in pairs.seed)
+        for m, title in PAIRED.items():
+            differences = pairs[m] - pairs[f"{m}_ref"]
+            row[f"{title} − fp32"] = mean_std(differences, "+.1f")
+            row[f"{title} − fp32 by seed"] = ", ".join(number(d, "+.1f") for d in differences)
+        rows.append(row)
+    if not rows:
+        return pd.DataFrame()
+    table = pd.DataFrame(rows)
+    return table[[*_known(table, ROW_KEYS), *table.columns[len(ROW_KEYS):]]]
+
+
+def _known(frame: pd.DataFrame, keys) -> list[str]:
+    """The key columns some row knows: variants ('' unknown) and the schedule ('–') only where a row has one."""
+    unknown = {k: "" for k in keys if k.endswith("variant")} | {k: "–" for k in SCHEDULE}
+    return [k for k in keys if k not in unknown or (frame[k] != unknown[k]).any()]
 
 
 def display_table(agg: pd.DataFrame, keys=ROW_KEYS) -> pd.DataFrame:
     """The human table: text cells 'mean ± std'; variant and schedule columns, the peak GPU memory and the cost
     columns only where some row has one."""
-    unknown = {k: "" for k in keys if k.endswith("variant")} | {k: "–" for k in SCHEDULE}
-    table = agg[[k for k in keys if k not in unknown or (agg[k] != unknown[k]).any()]].copy()
+    table = agg[_known(agg, keys)].copy()
     costed = agg["energy_j_mean"].notna().any()
     shown = {"int_gmacs": costed, "energy_j": costed, "peak_memory_mib": agg["peak_memory_mib_mean"].notna().any()}
     for m, title in METRICS.items():
@@ -341,9 +391,6 @@ def ablation_runs(df: pd.DataFrame) -> pd.DataFrame:
     runs = df.merge(ablated, on=["benchmark", "strategy", "scheme"])
     runs = runs.assign(setting=runs.setting.replace("", "default"))
     return runs.sort_values("tag").drop_duplicates([*ABLATION_KEYS, "seed"])
-
-
-PAIRED = {"avg_acc": "avg acc", "last_acc": "last acc"}
 
 
 def paired_ablation(ablation: pd.DataFrame, presets: pd.DataFrame) -> pd.DataFrame:
@@ -553,6 +600,9 @@ def make_tables(roots, out_dir, plot: bool = True, published=None) -> pd.DataFra
     write_atomic(out / "table.csv", agg.drop(columns=[c for c in agg if c.endswith("_text")]).to_csv(index=False))
     write_atomic(out / "table.tex", table.to_latex(index=False, escape=True))
     write_atomic(out / "main.md", to_markdown(main_table(df)))
+    paired = paired_vs_fp32(df)
+    if len(paired):
+        write_atomic(out / "paired.md", to_markdown(paired))
     ablation = ablation_runs(df)
     if len(ablation):
         ablation_agg = aggregate(ablation, keys=ABLATION_KEYS)
