@@ -218,8 +218,9 @@ def test_a_defaulted_setting_splits_rows_from_the_runs_at_its_default_and_shows_
     """hp_replay_bn=train is the value before the setting existed, so it is left out of a run's identity: the runs
     at train must still not share a row with those at eval, and say train, not unset."""
     runs = tmp_path / "runs"
-    for name, hp, bn in (("plain", None, None), ("train", 200, "train"), ("old", 200, None), ("eval", 200, "eval")):
-        _run_with_config(runs, name, _summary("icarl", "hdqt", 0, 80.0 if bn == "eval" else 70.0),
+    for seed, (name, hp, bn) in enumerate((("plain", None, None), ("train", 200, "train"), ("old", 200, None),
+                                           ("eval", 200, "eval"))):
+        _run_with_config(runs, name, _summary("icarl", "hdqt", seed, 80.0 if bn == "eval" else 70.0),
                          strategy={"name": "icarl", "hp_replay": hp, "hp_replay_bn": bn})
     table = make_tables([runs], tmp_path / "out")
     assert sorted(zip(table.variant, table["last acc"])) == [
@@ -415,3 +416,23 @@ def test_tables_from_an_archive_of_run_folders_equal_the_folders(tmp_path, capsy
         archive.add(tmp_path / "runs" / "run0" / "summary.json", arcname="../outside/summary.json")
     with pytest.raises(tarfile.OutsideDestinationError):
         main([str(tmp_path / "evil.tar"), "--out", str(tmp_path / "evil"), "--no-plot"])
+
+
+def test_a_run_found_twice_counts_once_and_two_runs_of_one_seed_are_refused(tmp_path, capsys):
+    """Overlapping roots or an archive beside its unpacked copy hold the same runs: each counts once. Two different
+    runs of one row and seed would be averaged as two seeds: refused, naming both (an archive's by its name)."""
+    _write(tmp_path / "runs", _summary("icarl", "fp32", 0, 80.0), _summary("icarl", "fp32", 1, 84.0))
+    with tarfile.open(tmp_path / "runs.tgz", "w:gz") as archive:
+        archive.add(tmp_path / "runs", arcname="runs")
+    main([str(tmp_path / "runs"), "--out", str(tmp_path / "once"), "--no-plot"])
+    main([str(tmp_path / "runs.tgz"), str(tmp_path / "runs"), str(tmp_path / "runs" / "run0"),
+          "--out", str(tmp_path / "twice"), "--no-plot"])
+    assert (tmp_path / "twice" / "table.md").read_text() == (tmp_path / "once" / "table.md").read_text()
+    assert "| 82.0 ± 2.8 | 5.0 ± 0.0 | 1.0 ± 0.0 | 2 |" in (tmp_path / "once" / "table.md").read_text()
+    capsys.readouterr()
+    _write(tmp_path / "rerun", _summary("icarl", "fp32", 1, 70.0))  # seed 1 again, another result
+    with pytest.raises(SystemExit) as end:
+        main([str(tmp_path / "runs.tgz"), str(tmp_path / "rerun"), "--out", str(tmp_path / "clash"), "--no-plot"])
+    err = capsys.readouterr().err
+    assert end.value.code == 2 and err.count("\n") == 1
+    assert f"{tmp_path / 'runs.tgz'}:runs/run1 and {tmp_path / 'rerun' / 'run0'}" in err

@@ -29,11 +29,15 @@ def main(argv=None):
                         "(columns benchmark, strategy, quant, avg_acc, last_acc, source): published.md")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
+        roots = [unpacked(root, scratch) for root in args.roots]
         try:
-            roots = [unpacked(root, scratch) for root in args.roots]
             table = make_tables(roots, args.out, plot=not args.no_plot, published=args.published)
-        except (FileNotFoundError, ValueError) as error:  # no run folders, a published CSV that does not fit
-            print(f"error: {error}", file=sys.stderr)
+        except (FileNotFoundError, ValueError) as error:  # no run folders, two runs of a seed, a CSV that does not fit
+            message = str(error)
+            for folder, root in zip(roots, args.roots):  # an archive's runs named by the archive, not the copy
+                if folder != root:
+                    message = message.replace(f"{folder}/", f"{root}:").replace(folder, root)
+            print(f"error: {message}", file=sys.stderr)
             sys.exit(2)
     print(to_markdown(table))
 

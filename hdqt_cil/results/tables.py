@@ -20,6 +20,7 @@ stopped early (fewer experiences than configured) are counted in a separate colu
 Outside table.*, a benchmark's label names its scenario unless it is class-incremental ("hapt (task)").
 """
 import functools
+import hashlib
 import math
 import re
 from pathlib import Path
@@ -168,7 +169,8 @@ def _collect(roots) -> tuple[pd.DataFrame, list[dict]]:
                          "peak_memory_mib": summary.get("peak_memory_mib") or math.nan,
                          "setting": quant_setting(config), "int_gmacs": cost.get("training int GMACs", math.nan),
                          **_schedule(config),
-                         "energy_j": cost.get("training energy J", {}).get("total", math.nan)})
+                         "energy_j": cost.get("training energy J", {}).get("total", math.nan),
+                         "digest": hashlib.sha256(path.read_bytes()).hexdigest()})
     if not rows:
         raise FileNotFoundError(f"no run folders (summary.json) under {', '.join(map(str, roots))}")
     df = pd.DataFrame(rows)
@@ -181,7 +183,22 @@ def _collect(roots) -> tuple[pd.DataFrame, list[dict]]:
     # runs on other data: rows apart (the data before the seed's split; runs that do not record it are told apart
     # by their configs alone)
     df["variant"], df["quant_variant"] = _variants(df, [{**c, "data": d} for c, d in zip(configs, sources)])
-    return df, configs
+    df = _each_run_once(df)
+    return df.reset_index(drop=True), [configs[i] for i in df.index]  # the configs of the runs kept
+
+
+def _each_run_once(df: pd.DataFrame) -> pd.DataFrame:
+    """A row's mean counts a seed once: a run folder found twice (roots that overlap, an archive beside its unpacked
+    copy: the same summary.json) is kept once, and two runs of one row and seed are refused (their mean would
+    count the seed twice and shrink the spread)."""
+    df = df[~df.duplicated([*ROW_KEYS, "seed", "digest"])]
+    clash = df[df.duplicated([*ROW_KEYS, "seed"], keep=False)]
+    if len(clash):
+        paths = next(iter(clash.groupby([*ROW_KEYS, "seed"]).path))[1]
+        raise ValueError(f"{len(clash)} run folders repeat a table row's seed (different summary.json files), e.g. "
+                         f"{' and '.join(paths)}: a row averages one run a seed, so pass only one of them (tag= "
+                         f"gives a run a row of its own)")
+    return df
 
 
 def load_runs(*roots) -> pd.DataFrame:
