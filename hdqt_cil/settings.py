@@ -32,15 +32,17 @@ def rule_of(cls: type, name: str) -> Rule | None:
 
 
 def check_settings(obj, path: str = "") -> None:
-    """Every Rule of the dataclass `obj` and of the dataclasses it holds, then their `check(path)` for rules
-    across settings; the first failure raises ValueError naming `path.key=value` and what is allowed."""
+    """Every Rule of the dataclass `obj`, then of the dataclasses it holds, then their `check(path)` for rules
+    across settings; the first failure raises ValueError naming `path.key=value` and what is allowed. An object's
+    own settings come before its sections', so a bad `seed=-1` is named as such, not as the `quant.seed` that
+    follows it."""
     for f in fields(obj):
-        value = getattr(obj, f.name)
-        rule = rule_of(type(obj), f.name)
+        value, rule = getattr(obj, f.name), rule_of(type(obj), f.name)
         if rule is not None and not rule.test(value):
             raise ValueError(f"{path}{f.name}={value!r} must be {rule.allowed}")
-        if is_dataclass(value):
-            check_settings(value, f"{path}{f.name}.")
+    for f in fields(obj):
+        if is_dataclass(getattr(obj, f.name)):
+            check_settings(getattr(obj, f.name), f"{path}{f.name}.")
     if hasattr(obj, "check"):
         obj.check(path)
 
