@@ -74,6 +74,11 @@ def test_empty_root_says_how_to_get_data(tmp_path):
         cifar.load("cifar10", str(tmp_path))
 
 
+def test_a_missing_archive_is_named_as_one(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"^benchmark.root={tmp_path}/cifar10_jpg.tar.xz: no such archive$"):
+        cifar.load("cifar10", str(tmp_path / "cifar10_jpg.tar.xz"))
+
+
 def _jpeg_bytes(rng):
     buf = io.BytesIO()
     Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buf, format="JPEG")

@@ -64,6 +64,8 @@ def load(name: str, root: str, download: bool = False, verify: bool = True):
     elif _image_root(root_path) is not None:
         (x_tr, y_tr), (x_te, y_te), names = decoded_once(_image_root(root_path), _read_image_folders, DECODER,
                                                          _IMAGE_SUFFIXES)
+    elif ".tar" in root_path.name:  # an archive named, not there: no folder under it to look for
+        raise FileNotFoundError(f"benchmark.root={root_path}: no such archive")
     else:
         raise FileNotFoundError(
             f"no {name} data under {root_path}: expected torchvision's folder {pickle_dir} "
