@@ -255,12 +255,12 @@ def aggregate(df: pd.DataFrame, keys=ROW_KEYS) -> pd.DataFrame:
 
 # the accuracies compared seed by seed (paired.md, ablation_paired.md)
 PAIRED = {"avg_acc": "avg acc", "last_acc": "last acc"}
-# What a row is set against FP32 by (energy vs fp32, paired.md): a row's FP32 shares these and, where it ran so, its tag
+# what a row shares with the FP32 row it is set against (energy vs fp32, paired.md); the tag too where FP32 ran so
 REFERENCE_KEYS = ["benchmark", "model", "strategy", *SCHEDULE, "variant"]
 
 
 def fp32_labels(quant: str) -> tuple[str, str]:
-    """The quant labels of the FP32 rows a row is set against, the first that ran first: FP32 under the row's own
+    """The quant labels of the FP32 rows a row is set against, in order of preference: FP32 under the row's own
     tag (a tag's runs share a setting: 'mxfp4[ce_seen]' against 'fp32[ce_seen]'), then untagged FP32."""
     _, bracket, tag = quant.partition("[")
     return f"fp32{bracket}{tag}", "fp32"
