@@ -63,10 +63,15 @@ def test_no_runs_is_an_error(tmp_path):
 
 
 def test_the_command_names_a_root_without_runs_in_one_line(tmp_path, capsys):
+    (tmp_path / "outputs").mkdir()
     with pytest.raises(SystemExit) as end:
         main([str(tmp_path / "outputs"), "--out", str(tmp_path / "tables")])
     err = capsys.readouterr().err
     assert end.value.code == 2 and err == f"error: no run folders (summary.json) under {tmp_path / 'outputs'}\n"
+    with pytest.raises(SystemExit) as end:
+        main([str(tmp_path / "outputs"), str(tmp_path / "typo"), "--out", str(tmp_path / "tables")])
+    err = capsys.readouterr().err
+    assert end.value.code == 2 and err == f"error: no such file or folder: {tmp_path / 'typo'}\n"
 
 
 def _run_with_config(root, name, summary, strategy=None, trainer=None, **quant):

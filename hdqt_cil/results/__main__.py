@@ -28,6 +28,10 @@ def main(argv=None):
     parser.add_argument("--published", metavar="CSV", help="published numbers to set beside the runs' "
                         "(columns benchmark, strategy, quant, avg_acc, last_acc, source): published.md")
     args = parser.parse_args(argv)
+    missing = [root for root in args.roots if not Path(root).exists()]
+    if missing:
+        print(f"error: no such file or folder: {', '.join(missing)}", file=sys.stderr)
+        sys.exit(2)
     with tempfile.TemporaryDirectory() as scratch:
         roots = [unpacked(root, scratch) for root in args.roots]
         try:
