@@ -43,9 +43,12 @@ def main(argv=None) -> int:
     parser.add_argument("b", type=Path)
     args = parser.parse_args(argv)
     runs = len(list(args.a.rglob("summary.json")))
+    if not runs:  # nothing compared is no evidence that the trees agree
+        print(f"no run folders (summary.json) under {args.a}", file=sys.stderr)
+        return 1
     found = differences(args.a, args.b)
     print("\n".join(found) if found else f"{runs} runs identical")
-    return 1 if found or not runs else 0
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

@@ -26,3 +26,10 @@ def test_equal_trees_pass_and_a_changed_loss_or_a_missing_run_is_named(tmp_path)
     assert compare_runs.differences(a, a) == []
     assert compare_runs.differences(a, b) == ["x/seed1: train_loss differ", f"x/seed2: missing in {b}"]
     assert compare_runs.main([str(a), str(b)]) == 1 and compare_runs.main([str(a), str(a)]) == 0
+
+
+def test_a_tree_without_runs_fails_and_says_so(tmp_path, capsys):
+    """'0 runs identical' read as a pass; a misspelt tree is no evidence that two trees agree."""
+    write_run(tmp_path / "b", "x/seed0")
+    assert compare_runs.main([str(tmp_path / "typo"), str(tmp_path / "b")]) == 1
+    assert capsys.readouterr().err == f"no run folders (summary.json) under {tmp_path / 'typo'}\n"
