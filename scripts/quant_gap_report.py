@@ -22,6 +22,7 @@ and FP32 is paired with the scheme within a variant; runs off their scheme's pre
 """
 import argparse
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -267,7 +268,11 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if len(args.compare) == 1:
         parser.error(f"--compare needs two strategies or none, got {args.compare}")
-    report(args.runs, args.out, args.compare, plot=not args.no_plot, scheme=args.scheme)
+    try:
+        report(args.runs, args.out, args.compare, plot=not args.no_plot, scheme=args.scheme)
+    except (FileNotFoundError, ValueError) as error:  # no run folders, runs that cannot be paired
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -149,11 +149,17 @@ def test_strategy_variants_are_paired_apart(tmp_path):
     assert means[both[0]][2] == "+0.0 (n=1)" and means[both[1]][2] == "-5.0 (n=1)"
 
 
-def test_runs_that_cannot_be_paired_are_refused(tmp_path):
+def test_runs_that_cannot_be_paired_are_refused(tmp_path, capsys):
     write_run(tmp_path, "lwf", "fp32", FP32)
     write_run(tmp_path, "lwf", "hdqt", HDQT, stats=lwf_saturation)
-    with pytest.raises(ValueError, match="no hdqt runs of bic; there are lwf"):
+    with pytest.raises(SystemExit) as end:  # one line, no traceback
         gap.main([str(tmp_path), "--out", str(tmp_path / "out"), "--no-plot", "--compare", "bic", "lwf"])
+    err = capsys.readouterr().err
+    assert end.value.code == 2 and err.startswith("error: ") and "no hdqt runs of bic; there are lwf" in err
+    assert err.count("\n") == 1
+    with pytest.raises(SystemExit) as end:
+        gap.main([str(tmp_path / "typo"), "--out", str(tmp_path / "out"), "--no-plot"])
+    assert end.value.code == 2 and capsys.readouterr().err.startswith("error: no run folders (summary.json) under")
     write_run(tmp_path, "lwf", "fp32", FP32, tag="again")  # the same settings and seed twice
     with pytest.raises(ValueError, match="same settings and seed.*fp32-again"):
         gap.load_runs(tmp_path)
