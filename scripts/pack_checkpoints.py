@@ -67,12 +67,13 @@ def main():
         stage(args.root, args.stage)
     contents = (args.stage / "contents.txt").read_text().splitlines()
     args.out.mkdir(parents=True, exist_ok=True)
-    for line in contents[args.skip:args.skip + args.files]:
+    returned = contents[args.skip:args.skip + args.files]
+    for line in returned:
         shutil.copy(args.stage / line.split(":")[0], args.out)
     runs = sum(len(line.split()) - 1 for line in contents)
-    print(f"{runs} unfinished runs in {len(contents)} checkpoint files; returned "
-          f"{args.skip}..{min(len(contents), args.skip + args.files) - 1}")
-    print("\n".join(contents[args.skip:args.skip + args.files]))
+    span = f"{args.skip}..{args.skip + len(returned) - 1}" if returned else "none"
+    print(f"{runs} unfinished runs in {len(contents)} checkpoint files; returned {span}")
+    print("\n".join(returned))
 
 
 if __name__ == "__main__":

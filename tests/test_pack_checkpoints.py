@@ -77,3 +77,9 @@ def test_a_run_that_ended_is_not_packed_even_with_checkpoints_unpacked_into_it(t
     (tmp_path / "runs" / "b" / "seed0" / "summary.json").write_text('{"status": "running"}')
     assert "2 unfinished runs in 1 checkpoint files" in _pack(tmp_path, tmp_path / "out", 5, 0)
     assert _packed_runs(tmp_path / "out") == ["runs/b/seed0", "runs/c/seed0"]
+
+
+def test_nothing_to_pack_returns_none_and_says_so(tmp_path):
+    (tmp_path / "runs").mkdir()
+    assert _pack(tmp_path, tmp_path / "out", 2, 0).startswith("0 unfinished runs in 0 checkpoint files; returned none")
+    assert not list((tmp_path / "out").glob("ckpt_*.tgz"))
