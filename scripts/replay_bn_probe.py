@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import yaml
+from hydra.errors import HydraException
 from torch.utils.data import DataLoader
 
-from hdqt_cil.config import compose_run, register_schemas
+from hdqt_cil.config import compose_run, refuse_misspelt_overrides, register_schemas
 from hdqt_cil.experiment import assemble, resolve_device
 from hdqt_cil.trainer.checkpoint import ExperienceCheckpoints
 from hdqt_cil.trainer.hp_replay import batchnorm_mode, exemplar_memory, spread_over_classes
@@ -87,7 +88,12 @@ def main(argv=None) -> None:
                          "recorded there (a run started by run.py)")
     run_overrides = yaml.safe_load(recorded.read_text())
     register_schemas()
-    cfg = compose_run([o for o in run_overrides if not o.startswith("hydra")] + args.overrides)
+    overrides = [o for o in run_overrides if not o.startswith("hydra")] + args.overrides
+    try:
+        refuse_misspelt_overrides(overrides)
+        cfg = compose_run(overrides)
+    except (ValueError, HydraException) as error:
+        raise SystemExit(f"error: {error}")
     if cfg.strategy.get("hp_replay") is None:
         raise SystemExit(f"error: {args.run_folder} is not a run with strategy.hp_replay")
     device = resolve_device(cfg.trainer.device)

@@ -32,12 +32,17 @@ def test_rows_differ_by_their_settings_alone(capsys):
 
 @pytest.mark.parametrize("variant, message", [
     ("quant.acc=bogus", "error: quant.acc='bogus' must be one of"),
-    ("quant.acc_bitz=3", "quant.acc_bitz"),
+    ("quant.acc_bitz=3", "^error: quant.acc_bitz is not a setting; did you mean quant.acc_man_bits"),
     ("trainer.batch_size=8 quant.acc=none", "changes trainer: a variant changes the scheme's settings"),
 ])
 def test_a_bad_variant_is_refused_by_name(variant, message):
     with pytest.raises(SystemExit, match=message):
         main(["quant=fp", "trainer.device=cpu", "--vary", variant])
+
+
+def test_a_misspelt_setting_is_named_with_its_nearest():
+    with pytest.raises(SystemExit, match="^error: trainer.epoch is not a setting; did you mean trainer.epochs"):
+        main(["quant=fp", "trainer.epoch=3"])
 
 
 def test_a_batch_of_one_is_refused():

@@ -74,3 +74,9 @@ def test_a_run_it_cannot_rebuild_is_refused_naming_what_is_missing(checkpointed_
     RunFolder(folder).clear_checkpoints()
     with pytest.raises(SystemExit, match="holds no experience checkpoint"):
         main([str(folder)])
+
+
+def test_a_misspelt_setting_is_refused_with_its_nearest(checkpointed_run):
+    folder, _ = checkpointed_run
+    with pytest.raises(SystemExit, match="^error: trainer.lr_ is not a setting; did you mean trainer.lr"):
+        main([str(folder), "trainer.lr_=0.1"])
