@@ -242,11 +242,18 @@ CONFIGS = Path(__file__).parent / "configs"
 
 
 def compose_run(overrides: list[str]) -> DictConfig:
-    """The run's config as `python run.py OVERRIDES` composes it, outside a command (the probes, the check below);
-    register_schemas must have run."""
+    """The run's config as `python run.py OVERRIDES` composes it, outside a command (the check below, the tests;
+    a command's own overrides go through compose_command); register_schemas must have run."""
     from hydra import compose, initialize_config_dir
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         return compose("config", overrides=overrides)
+
+
+def compose_command(overrides: list[str]) -> DictConfig:
+    """compose_run for a command's own overrides (the probes'): a misspelt key is refused with its nearest names
+    first, as `python run.py` refuses it."""
+    refuse_misspelt_overrides(overrides)
+    return compose_run(overrides)
 
 
 def refuse_misspelt_overrides(overrides: list[str]) -> None:

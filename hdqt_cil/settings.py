@@ -41,8 +41,9 @@ def check_settings(obj, path: str = "") -> None:
         if rule is not None and not rule.test(value):
             raise ValueError(f"{path}{f.name}={value!r} must be {rule.allowed}")
     for f in fields(obj):
-        if is_dataclass(getattr(obj, f.name)):
-            check_settings(getattr(obj, f.name), f"{path}{f.name}.")
+        section = getattr(obj, f.name)
+        if is_dataclass(section):
+            check_settings(section, f"{path}{f.name}.")
     if hasattr(obj, "check"):
         obj.check(path)
 

@@ -25,7 +25,7 @@ from hydra.errors import HydraException
 from torch.utils.data import DataLoader
 
 from hdqt_cil.benchmarks import build_benchmark
-from hdqt_cil.config import compose_run, refuse_misspelt_overrides, register_schemas, validate
+from hdqt_cil.config import compose_command, register_schemas, validate
 from hdqt_cil.experiment import resolve_device
 from hdqt_cil.models import build_model
 from hdqt_cil.quant import quantize_model, scheme_from_config
@@ -36,8 +36,7 @@ COLUMNS = ["logits", "g_W first", "g_W early", "g_W middle", "g_W late", "g_W la
 
 def composed(overrides: list[str]):
     """The run's config from `overrides`, checked as a run checks it (a misspelt key named with its nearest)."""
-    refuse_misspelt_overrides(overrides)
-    cfg = compose_run(overrides)
+    cfg = compose_command(overrides)
     validate(cfg)
     return cfg
 

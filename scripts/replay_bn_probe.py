@@ -26,7 +26,7 @@ import yaml
 from hydra.errors import HydraException
 from torch.utils.data import DataLoader
 
-from hdqt_cil.config import compose_run, refuse_misspelt_overrides, register_schemas
+from hdqt_cil.config import compose_command, register_schemas
 from hdqt_cil.experiment import assemble, resolve_device
 from hdqt_cil.trainer.checkpoint import ExperienceCheckpoints
 from hdqt_cil.trainer.hp_replay import batchnorm_mode, exemplar_memory, spread_over_classes
@@ -90,8 +90,7 @@ def main(argv=None) -> None:
     register_schemas()
     overrides = [o for o in run_overrides if not o.startswith("hydra")] + args.overrides
     try:
-        refuse_misspelt_overrides(overrides)
-        cfg = compose_run(overrides)
+        cfg = compose_command(overrides)
     except (ValueError, HydraException) as error:
         raise SystemExit(f"error: {error}")
     if cfg.strategy.get("hp_replay") is None:

@@ -21,6 +21,7 @@ Outside table.*, a benchmark's label names its scenario unless it is class-incre
 """
 import functools
 import hashlib
+import json
 import math
 import re
 from pathlib import Path
@@ -31,7 +32,7 @@ from omegaconf import OmegaConf
 
 from ..config import DEFAULTED_SETTINGS, RUN_INDEPENDENT_QUANT, SWITCHED_SETTINGS, comparable_config
 from ..quant.schemes import SCHEMES, preset_settings
-from ..files import read_json, write_atomic
+from ..files import write_atomic
 from .style import LINESTYLES, SCHEME_ORDER, STRATEGY_ORDER, run_style, scheme_rank
 from .diagnostics import (diagnostics_frame, fidelity_by_experience, fidelity_table, landscape_table, landscapes,
                           plot_fidelity, plot_landscapes, quantizer_table, statistics_table)
@@ -158,7 +159,8 @@ def _collect(roots) -> tuple[pd.DataFrame, list[dict]]:
     rows, configs, sources = [], [], []
     for root in roots:
         for path in sorted(Path(root).rglob("summary.json")):
-            summary, config = read_json(path), _run_config(path.parent)
+            raw = path.read_bytes()  # read once: parsed, and its digest tells a run found twice (_each_run_once)
+            summary, config = json.loads(raw), _run_config(path.parent)
             configs.append(config)
             sources.append(summary.get("data_source"))
             cost = summary.get("cost") or {}  # training's cost on integer hardware (trainer/cost.py)
@@ -170,7 +172,7 @@ def _collect(roots) -> tuple[pd.DataFrame, list[dict]]:
                          "setting": quant_setting(config), "int_gmacs": cost.get("training int GMACs", math.nan),
                          **_schedule(config),
                          "energy_j": cost.get("training energy J", {}).get("total", math.nan),
-                         "digest": hashlib.sha256(path.read_bytes()).hexdigest()})
+                         "digest": hashlib.sha256(raw).hexdigest()})
     if not rows:
         raise FileNotFoundError(f"no run folders (summary.json) under {', '.join(map(str, roots))}")
     df = pd.DataFrame(rows)
