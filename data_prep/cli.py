@@ -40,6 +40,13 @@ class Dataset:
     n_features: int
 
 
+def npz_path(text: str) -> Path:
+    """`--out`: the feature file is an NPZ archive whatever its name, and the benchmarks read a file by its suffix."""
+    if Path(text).suffix != ".npz":
+        raise argparse.ArgumentTypeError(f"{text}: a feature file is a NumPy .npz archive; name it .npz")
+    return Path(text)
+
+
 def parser(dataset: Dataset, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m data_prep.{dataset.name}", description=description)
     source = p.add_mutually_exclusive_group(required=True)
@@ -49,7 +56,7 @@ def parser(dataset: Dataset, description: str) -> argparse.ArgumentParser:
                         + (" (size and sha256 checked)" if dataset.archive_sha256 else ""))
     p.add_argument("--checksums", type=Path, help="a per-file sha256 list (`sha256sum` lines, paths as in the "
                    "archive) to check the raw files against [NAME.contents.sha256 beside --archive NAME.tar.xz]")
-    p.add_argument("--out", type=Path, required=True, help="the feature file to write (.npz)")
+    p.add_argument("--out", type=npz_path, required=True, help="the feature file to write (.npz)")
     p.add_argument("--download-dir", type=Path, help="where --download stores the archive [beside --out]")
     p.add_argument("--force", action="store_true", help="recompute even if --out is present and valid")
     return p

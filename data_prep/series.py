@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from . import feature_file, hapt, position_features, uci_features
+from .cli import npz_path
 
 EXTRACTOR = "data_prep.series v1"
 
@@ -242,7 +243,7 @@ def main(argv=None) -> int:
     p.add_argument("--step", type=int, help="samples between window starts [--window]")
     p.add_argument("--features", choices=("uci", "position"), default="position")
     p.add_argument("--roles", nargs="+", help="name=i,j,k channel indices (uci: acc= and gyro=)")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=npz_path, required=True, help="the feature file to write (.npz)")
     args = p.parse_args(argv)
     try:
         arrays = build(args)

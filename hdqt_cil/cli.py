@@ -27,8 +27,9 @@ warnings.filterwarnings("ignore", category=DeprecationWarning, module="avalanche
 
 __all__ = ["main", "tables"]
 
-# What a user's input can be refused with: the message names the bad value or file and what is allowed.
-REFUSALS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError)
+# What a user's input can be refused with: the message names the bad value or file and what is allowed (a run
+# folder that holds another config's or other data's run: FileExistsError, saying what to set).
+REFUSALS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError)
 
 
 def end_single_run(error: BaseException) -> None:

@@ -131,7 +131,8 @@ def test_a_config_refused_while_building_leaves_nothing_but_a_claimed_folder_sta
     (tmp_path / "keep.txt").write_text("the user's")
     assert cli("strategy=naive", "trainer.epochs=1").returncode == 0
     out = cli("strategy=naive", "trainer.epochs=2")  # refused: the folder holds another run
-    assert out.returncode != 0 and "holds a run with a different config" in out.stderr
+    assert out.returncode == 2 and "error: " in out.stderr and "holds a run with a different config" in out.stderr
+    assert "Traceback" not in out.stderr
     assert (tmp_path / "digits-mlp/naive/fp32/seed0/summary.json").exists() and (tmp_path / "keep.txt").exists()
 
 

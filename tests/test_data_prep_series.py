@@ -75,6 +75,17 @@ def test_refusals_write_nothing_and_name_the_cause(tmp_path, capsys, channels, a
     assert not (tmp_path / "f.npz").exists()
 
 
+def test_an_out_file_not_named_npz_is_refused(tmp_path, capsys):
+    """The feature file is an NPZ archive, and the benchmarks read a file by its suffix: `--out walk.csv` would
+    make a file that `benchmark.path=walk.csv` then fails to read as CSV."""
+    write_ts(tmp_path / "t.ts", *recordings())
+    with pytest.raises(SystemExit) as ended:
+        run("--train", tmp_path / "t.ts", "--rate", 50, "--out", tmp_path / "walk.csv")
+    assert ended.value.code == 2 and "walk.csv: a feature file is a NumPy .npz archive; name it .npz" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "walk.csv").exists()
+
+
 def test_unequal_cases_and_unknown_formats_are_named(tmp_path):
     bad = tmp_path / "b.ts"
     bad.write_text("@classLabel true a b\n@data\n1,2,3:a\n1,2:b\n")

@@ -52,6 +52,10 @@ def test_class_names_and_no_subject(tmp_path):
     (lambda f: f.assign(label=f.label + 0.5), "label must hold whole numbers"),
     (lambda f: f.assign(label=f.label.astype(object).where(f.index != 9, "x")),
      r"the `label` column holds numbers and also \['x'\] \(first in row 10\)"),
+    (lambda f: f.assign(label=f.label.where(f.index != 5)), "label is empty in row 6; every row needs one"),
+    (lambda f: _named(f, "abc").pipe(lambda g: g.assign(label=g.label.where(g.index != 4))),
+     "the `label` column is empty in row 5"),
+    (lambda f: f.assign(subject=f.subject.where(f.index != 2)), "subject is empty in row 3"),
 ])
 def test_bad_csv_is_refused(tmp_path, edit, message):
     edit(_frame()).to_csv(tmp_path / "bad.csv", index=False)
@@ -74,6 +78,47 @@ def test_bad_npz_and_missing_file_are_refused(tmp_path):
     (tmp_path / "d.xlsx").write_text("")
     with pytest.raises(ValueError, match="unknown feature table format"):
         features.load_feature_table(tmp_path / "d.xlsx")
+
+
+def test_an_unnamed_column_such_as_a_saved_index_is_refused(tmp_path):
+    """pandas writes the row index as a first column without a header unless index=False: with rows sorted by class
+    it is a feature that gives the classes away."""
+    _frame().to_csv(tmp_path / "with_index.csv")
+    with pytest.raises(ValueError, match=r"column 'Unnamed: 0' has no header name; .*index=False"):
+        features.load_feature_table(tmp_path / "with_index.csv")
+
+
+def test_npz_class_names_are_numbered_as_a_csvs(tmp_path):
+    frame = _named(_frame(), ("walk", "sit", "run"))
+    np.savez(tmp_path / "t.npz", X=frame[["acc_mean", "gyro_std"]].to_numpy(), y=frame.label.to_numpy(str))
+    npz, csv = features.load_feature_table(tmp_path / "t.npz"), features.load_feature_table(_save(frame, tmp_path))
+    assert npz.class_names == csv.class_names == {0: "run", 1: "sit", 2: "walk"} and (npz.y == csv.y).all()
+
+
+@pytest.mark.parametrize("arrays, message", [
+    (dict(X=np.zeros((4, 2)), y=np.array([0, 1, None, 1], object)), r"y is an array of Python objects"),
+    (dict(X=np.zeros((4, 2)), y=np.arange(4), feature_names=np.array(["a", "a"])),
+     r"feature name\(s\) \['a'\] occur more than once"),
+])
+def test_npz_contents_that_cannot_be_a_table_are_named(tmp_path, arrays, message):
+    np.savez(tmp_path / "t.npz", **arrays)
+    with pytest.raises(ValueError, match=message):
+        features.load_feature_table(tmp_path / "t.npz")
+
+
+def test_files_that_are_not_csv_text_are_named(tmp_path):
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("f1,label\ncaf\xe9,1\n".encode("latin-1"))
+    np.savez(tmp_path / "saved.npz", X=np.zeros((2, 1)), y=np.arange(2))
+    (tmp_path / "saved.npz").rename(tmp_path / "npz_named.csv")
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "folder.csv").mkdir()
+    for name, message in (("latin.csv", r"latin.csv is not UTF-8 text \(byte 0xe9 in line 2\)"),
+                          ("npz_named.csv", r"npz_named.csv is not CSV text but a zip archive \(an NPZ\?\)"),
+                          ("empty.csv", "empty.csv is empty"),
+                          ("folder.csv", "folder.csv is a folder; a feature table is one")):
+        with pytest.raises(ValueError, match=message):
+            features.load_feature_table(tmp_path / name)
 
 
 def test_parquet_without_engine_says_what_to_install(tmp_path, monkeypatch):
@@ -114,10 +159,16 @@ def test_a_class_without_test_samples_is_refused(tmp_path):
     table = features.load_feature_table(_save(frame, tmp_path))
     seed = next(s for s in range(100) if 1 in features.subject_split(
         features.filter_table(table, drop_classes=(3,)), 0.8, s)[0].subject)
-    with pytest.raises(ValueError, match=r"class\(es\) \[3\] have no test samples with the subject split of seed"):
+    with pytest.raises(ValueError, match=r"^class 3: no test samples with the subject split of seed .*; drop them "
+                                         r"\(benchmark.drop_classes=\[3\]\) or choose another seed"):
         features.subject_split(table, 0.8, seed)
-    lonely = features.FeatureTable(np.zeros((5, 1), np.float32), np.array([1, 1, 1, 1, 2]), None, ["f"])
-    with pytest.raises(ValueError, match=r"\[2\] have no (training|test) samples with the random split"):
+
+
+def test_a_class_of_one_row_cannot_be_split_at_random_whatever_the_seed():
+    lonely = features.FeatureTable(np.zeros((6, 1), np.float32), np.array([1, 1, 1, 1, 2, 3]), None, ["f"],
+                                   class_names={1: "walk", 2: "emu", 3: "sit"})
+    with pytest.raises(ValueError, match=r"^classes 2 \('emu'\), 3 \('sit'\): one row; a random split needs two of "
+                                         r"a class .*benchmark.drop_classes=\[2, 3\]"):
         features.random_split(lonely)
 
 
@@ -223,7 +274,8 @@ def test_the_datas_own_split_is_kept_exactly_for_every_seed(make_cfg, tmp_path, 
 @pytest.mark.parametrize("change, message", [
     (lambda f: f.assign(split=np.where(f.subject == 2, "val", "train")), r"holds \['val'\]; it must say train or test"),
     (lambda f: f.drop(columns="split"), "benchmark.split=given needs a `split` column"),
-    (lambda f: f.assign(split="train"), r"class\(es\) .* have no test samples with the table's `split` column"),
+    (lambda f: f.assign(split="train"), r"^classes 1, 2: no test samples with the table's `split` column; drop them "
+                                        r"\(benchmark.drop_classes=\[1, 2\]\) or mark some of their rows"),
 ])
 def test_a_given_split_that_is_not_one_is_refused(make_cfg, tmp_path, change, message):
     frame = _frame(n_subjects=2, classes=(1, 2))
@@ -240,9 +292,17 @@ def test_a_test_table_must_match_the_training_table(make_cfg, tmp_path):
     unseen = _save(frame[frame.subject == 2].assign(label="c"), tmp_path, "unseen.csv")
     with pytest.raises(ValueError, match=r"classes the training table has not: \['c'\]"):
         har.load(make_cfg(*cfg, f"benchmark.test_path={unseen}").benchmark, 0)
-    other = _save(frame[frame.subject == 2].rename(columns={"gyro_std": "other"}), tmp_path, "other.csv")
-    with pytest.raises(ValueError, match="differ from the training table's"):
-        har.load(make_cfg(*cfg, f"benchmark.test_path={other}").benchmark, 0)
+    test = frame[frame.subject == 2]
+    for edited, differs in ((test.rename(columns={"gyro_std": "other"}),
+                             r"lacks \['gyro_std'\]; has \['other'\] the training table has not"),
+                            (test.drop(columns="gyro_std"), r"lacks \['gyro_std'\]; it needs"),
+                            (test[["gyro_std", "acc_mean", "label", "subject"]],
+                             r"holds them in another order \(column 1: 'gyro_std', training table: 'acc_mean'\)")):
+        with pytest.raises(ValueError, match=rf"^the test table {differs}"):
+            har.load(make_cfg(*cfg, f"benchmark.test_path={_save(edited, tmp_path, 'other.csv')}").benchmark, 0)
+    with pytest.raises(FileNotFoundError, match=r"^benchmark.test_path=.*absent.csv: no such file .*point "
+                                                r"benchmark.test_path at"):
+        har.load(make_cfg(*cfg, f"benchmark.test_path={tmp_path / 'absent.csv'}").benchmark, 0)
     with pytest.raises(ValueError, match=r"test_path='x.csv' is the data's own test set: it needs "
                                          r"benchmark.split=given or auto \(got benchmark.split=random\)"):
         validate(make_cfg("benchmark=features", f"benchmark.path={train}", "benchmark.test_path=x.csv",
@@ -274,7 +334,9 @@ def test_a_split_that_discards_the_tables_own_is_said(make_cfg, tmp_path, caplog
     assert f"{path} has its own `split` column; benchmark.split=random ignores it" in caplog.text
     caplog.clear()
     har.load(make_cfg("benchmark=features", f"benchmark.path={path}", "benchmark.split=given").benchmark, 0)
-    assert "ignores it" not in caplog.text
+    assert "ignores it" not in caplog.text and "not used" not in caplog.text
+    har.load(make_cfg("benchmark=features", f"benchmark.path={path}", "benchmark.train_fraction=0.5").benchmark, 0)
+    assert "benchmark.train_fraction=0.5 is not used: the data's own split decides" in caplog.text
 
 
 def test_a_feature_file_without_subjects_but_with_its_split_is_saved_and_read(tmp_path):

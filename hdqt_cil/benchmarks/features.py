@@ -55,6 +55,8 @@ class FeatureTable:
 def load_feature_table(path) -> FeatureTable:
     """Read an NPZ (keys X, y, optional subject), CSV or Parquet feature table and check it."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; a feature table is one .csv, .csv.gz, .parquet or .npz file")
     if not path.is_file():
         raise FileNotFoundError(f"feature table {path} not found; {MAKE_HINT.format(path=path)}")
     suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
@@ -68,11 +70,29 @@ def load_feature_table(path) -> FeatureTable:
     return table
 
 
+# What a file's first bytes say it is, for a table whose suffix promises another format.
+_MAGIC = {b"PK\x03\x04": "a zip archive (an NPZ?): name it .npz", b"PAR1": "a Parquet file: name it .parquet",
+          b"\x93NUMPY": "a single NumPy array (.npy), not a table"}
+
+
 def _read_frame(path: Path, suffix: str):
     import pandas as pd
 
     if suffix.startswith(".csv"):
-        return pd.read_csv(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+        found = next((what for magic, what in _MAGIC.items() if head.startswith(magic)), None)
+        if found and suffix == ".csv":
+            raise ValueError(f"{path} is not CSV text but {found}")
+        try:
+            return pd.read_csv(path)
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path} is not UTF-8 text ({_first_undecodable(path)}); save it as UTF-8, e.g. "
+                             "pandas.read_csv(path, encoding=...).to_csv(new, index=False)") from err
+        except pd.errors.EmptyDataError as err:
+            raise ValueError(f"{path} is empty: a feature table needs a header line and rows") from err
+        except pd.errors.ParserError as err:
+            raise ValueError(f"{path} is not a well-formed CSV table: {err}") from err
     try:
         return pd.read_parquet(path)
     except ImportError as err:
@@ -81,6 +101,19 @@ def _read_frame(path: Path, suffix: str):
 
 # What a damaged or cut-short archive raises while it is opened or its arrays are read.
 _DAMAGED = (zipfile.BadZipFile, EOFError, zlib.error)
+
+
+def _first_undecodable(path: Path) -> str:
+    """Where a CSV stops being UTF-8 (pandas reports an offset within the chunk it was decoding)."""
+    import gzip
+
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    try:
+        raw.decode("utf-8")
+        return "its encoding"
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        return f"byte {raw[err.start]:#04x} in line {line}"
 
 
 def _from_npz(path: Path) -> FeatureTable:
@@ -98,6 +131,8 @@ def _from_npz(path: Path) -> FeatureTable:
         raise ValueError(f"{path} is damaged or cut short ({type(err).__name__}: {err}); write it again") from err
     if X.ndim != 2:
         raise ValueError(f"{path}: X must be 2-D (windows × features), found shape {X.shape}")
+    if np.asarray(y).dtype.kind in "SU":  # class names, numbered as a CSV's are
+        y, classes = _class_ids(np.asarray(y), path, "y")
     y = _integer_labels(y, path, "y")
     subject = None if subject is None else _integer_labels(subject, path, "subject")
     return FeatureTable(X.astype(np.float32), y, subject, names or [f"f{i}" for i in range(X.shape[1])], classes,
@@ -111,16 +146,23 @@ def _npz_arrays(npz, path):
         if missing:
             raise ValueError(f"{path} lacks the key(s) {missing} (it has {sorted(npz.files)}); a feature NPZ holds "
                              "X (N, d), y (N,) and optionally subject (N,) and feature_names (d,)")
-        X, y = npz["X"], npz["y"]
+
+        def array(key):
+            if key not in npz.files:
+                return None
+            try:
+                return npz[key]
+            except ValueError as err:  # numpy refuses to unpickle an array of Python objects
+                raise ValueError(f"{path}: {key} is an array of Python objects (dtype=object); save numbers, or "
+                                 f"names as text (numpy.asarray(values, str))") from err
+
+        X, y = array("X"), array("y")
         if X.dtype.kind not in "iuf":
             raise ValueError(f"{path}: X must be numeric, found dtype {X.dtype}")
-        subject = npz["subject"] if "subject" in npz.files else None
-        split = npz["split"] if "split" in npz.files else None
-        names = [str(n) for n in npz["feature_names"]] if "feature_names" in npz.files else None
-        classes = None
-        if "class_ids" in npz.files and "class_names" in npz.files:
-            classes = {int(i): str(n) for i, n in zip(npz["class_ids"], npz["class_names"])}
-    return X, y, subject, split, names, classes
+        names = array("feature_names")
+        ids, class_names = array("class_ids"), array("class_names")
+        classes = None if ids is None or class_names is None else {int(i): str(n) for i, n in zip(ids, class_names)}
+        return X, y, array("subject"), array("split"), None if names is None else [str(n) for n in names], classes
 
 
 def _integer_labels(values, path, what):
@@ -129,22 +171,31 @@ def _integer_labels(values, path, what):
         raise ValueError(f"{path}: {what} must be 1-D, found shape {values.shape}")
     if values.dtype.kind in "iu":
         return values.astype(np.int64)
+    if values.dtype.kind == "f" and np.isnan(values).any():
+        raise ValueError(f"{path}: {what} is empty in row {np.flatnonzero(np.isnan(values))[0] + 1}; every row needs "
+                         "one")
     if values.dtype.kind == "f" and np.isfinite(values).all() and (values == np.round(values)).all():
         return values.astype(np.int64)
     raise ValueError(f"{path}: {what} must hold whole numbers, found dtype {values.dtype} (e.g. {values[:3]})")
 
 
-def _refuse_mixed_labels(labels, path) -> None:
-    """A label column holds class numbers or class names: numbers with a few other entries (a typo, a stray
-    header line) would otherwise become classes of their own, with a sample or two each."""
+def _class_ids(labels, path, what: str):
+    """Class names numbered in sorted order, and the names by number. Labels hold class numbers or class names:
+    numbers with a few other entries (a typo, a stray header line) would otherwise become classes of their own,
+    with a sample or two each, and an empty entry a class named 'nan'."""
     import pandas as pd
 
+    empty = pd.isna(pd.Series(labels)).to_numpy()
+    if empty.any():
+        raise ValueError(f"{path}: {what} is empty in row {np.flatnonzero(empty)[0] + 1}; every row needs a label")
     numeric = pd.to_numeric(pd.Series(labels), errors="coerce").notna().to_numpy()
     if numeric.any() and not numeric.all():
         rows = np.flatnonzero(~numeric)
         odd = sorted({str(labels[r]) for r in rows})
-        raise ValueError(f"{path}: the `{LABEL}` column holds numbers and also {odd[:5]} (first in row {rows[0] + 1}); "
-                         "a label column holds class numbers or class names, not both")
+        raise ValueError(f"{path}: {what} holds numbers and also {odd[:5]} (first in row {rows[0] + 1}); labels are "
+                         "class numbers or class names, not both")
+    names, ids = np.unique(np.asarray(labels).astype(str), return_inverse=True)
+    return ids, dict(enumerate(names.tolist()))
 
 
 def _test_rows(values, path) -> np.ndarray:
@@ -166,6 +217,11 @@ def _from_frame(frame, path: Path) -> FeatureTable:
         raise ValueError(f"{path} has no `{LABEL}` column (columns: {list(frame.columns)[:10]}...); name the class "
                          f"column `{LABEL}` (and the subject column, if any, `{SUBJECT}`)")
     features = frame.drop(columns=[c for c in (LABEL, SUBJECT, SPLIT) if c in frame.columns])
+    unnamed = [c for c in features.columns if str(c).startswith("Unnamed: ")]
+    if unnamed:  # pandas' name for a column without a header: most often the index that to_csv writes first
+        raise ValueError(f"{path}: column {unnamed[0]!r} has no header name; if it is the row index that "
+                         "DataFrame.to_csv writes (a row number, which can give the classes away), write the table "
+                         "with index=False; if it is a feature, name it")
     bad = [c for c in features.columns if not pd.api.types.is_numeric_dtype(features[c])]
     if bad:
         column = features[bad[0]]
@@ -174,10 +230,8 @@ def _from_frame(frame, path: Path) -> FeatureTable:
         raise ValueError(f"{path}: feature column(s) {bad[:5]} are not numeric; e.g. column {bad[0]!r} row "
                          f"{row + 1} holds {column.iloc[row]!r}")
     labels, class_names = frame[LABEL].to_numpy(), None
-    if labels.dtype.kind in "OSU":  # class names: number them in sorted order
-        _refuse_mixed_labels(labels, path)
-        names, labels = np.unique(labels.astype(str), return_inverse=True)
-        class_names = dict(enumerate(names.tolist()))
+    if labels.dtype.kind in "OSU":
+        labels, class_names = _class_ids(labels, path, f"the `{LABEL}` column")
     y = _integer_labels(labels, path, LABEL)
     subject = _integer_labels(frame[SUBJECT].to_numpy(), path, SUBJECT) if SUBJECT in frame.columns else None
     is_test = _test_rows(frame[SPLIT].to_numpy(), path) if SPLIT in frame.columns else None
@@ -194,6 +248,10 @@ def _check(table: FeatureTable, path: Path):
             raise ValueError(f"{path}: {n} feature rows but {len(values)} {what}")
     if len(table.feature_names) != d:
         raise ValueError(f"{path}: {d} feature columns but {len(table.feature_names)} feature names")
+    names, counts = np.unique(table.feature_names, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(f"{path}: feature name(s) {names[counts > 1].tolist()[:5]} occur more than once; each "
+                         "feature needs a name of its own")
     finite = np.isfinite(table.X)
     if not finite.all():
         row, col = np.argwhere(~finite)[0]
@@ -223,14 +281,20 @@ def paper_filter(table: FeatureTable, dataset: str) -> FeatureTable:
     return filter_table(table, **PAPER_FILTERS[dataset])
 
 
-def _check_split(train: FeatureTable, test: FeatureTable, how: str):
+def _check_split(train: FeatureTable, test: FeatureTable, how: str, remedy: str):
     """Every class must be learnable and testable: a class missing on either side is an error, not a silent gap."""
     classes = set(train.y.tolist()) | set(test.y.tolist())
     for side, part in (("training", train), ("test", test)):
         missing = sorted(classes - set(part.y.tolist()))
         if missing:
-            raise ValueError(f"class(es) {missing} have no {side} samples with {how}; drop them "
-                             "(benchmark.drop_classes) or choose another seed or split")
+            raise ValueError(f"{_classes(missing, train)}: no {side} samples with {how}; drop them "
+                             f"(benchmark.drop_classes={missing}) or {remedy}")
+
+
+def _classes(ids, table: FeatureTable) -> str:
+    """Class ids as a message names them: with their names where the table has names."""
+    named = [f"{i} ({table.class_names[i]!r})" if table.class_names else str(i) for i in ids]
+    return f"class{'es' if len(ids) > 1 else ''} {', '.join(named)}"
 
 
 def subject_split(table: FeatureTable, train_fraction: float = 0.8, seed: int = 0):
@@ -247,7 +311,8 @@ def subject_split(table: FeatureTable, train_fraction: float = 0.8, seed: int = 
     in_train = np.isin(table.subject, train_subjects)
     train, test = table.take(in_train), table.take(~in_train)
     _check_split(train, test, f"the subject split of seed {seed} (test subjects "
-                              f"{sorted(set(subjects.tolist()) - set(train_subjects.tolist()))})")
+                              f"{sorted(set(subjects.tolist()) - set(train_subjects.tolist()))})",
+                 "choose another seed, or split at random (benchmark.split=random)")
     return train, test
 
 
@@ -258,14 +323,28 @@ def given_split(table: FeatureTable, test: FeatureTable | None = None):
         if table.is_test is None:
             raise ValueError(f"benchmark.split=given needs a `{SPLIT}` column (train/test) in the table, or a "
                              "separate test table: benchmark.test_path=FILE")
-        train, test, how = table.take(~table.is_test), table.take(table.is_test), f"the table's `{SPLIT}` column"
+        train, test = table.take(~table.is_test), table.take(table.is_test)
+        how, remedy = f"the table's `{SPLIT}` column", "mark some of their rows `train` and some `test` there"
     else:
-        if test.feature_names != table.feature_names:
-            raise ValueError(f"the test table's features {test.feature_names[:5]}... differ from the training "
-                             f"table's {table.feature_names[:5]}...: both need the same feature columns in order")
-        train, test, how = table, _labelled_as(test, table), "the separate test table"
-    _check_split(train, test, how)
+        _refuse_other_features(table.feature_names, test.feature_names)
+        train, test = table, _labelled_as(test, table)
+        how, remedy = "the separate test table", "give each table rows of them"
+    _check_split(train, test, how, remedy)
     return train, test
+
+
+def _refuse_other_features(train: list, test: list) -> None:
+    """The test table must hold the training table's feature columns in the same order; say how it differs."""
+    if test == train:
+        return
+    lacks, extra = [n for n in train if n not in test], [n for n in test if n not in train]
+    if lacks or extra:
+        differs = "; ".join(part for part in (f"lacks {lacks[:5]}" if lacks else "",
+                                             f"has {extra[:5]} the training table has not" if extra else "") if part)
+    else:
+        at = next(i for i, (a, b) in enumerate(zip(train, test)) if a != b)
+        differs = f"holds them in another order (column {at + 1}: {test[at]!r}, training table: {train[at]!r})"
+    raise ValueError(f"the test table {differs}; it needs the training table's feature columns, in order")
 
 
 def _labelled_as(test: FeatureTable, train: FeatureTable) -> FeatureTable:
@@ -286,6 +365,11 @@ def _labelled_as(test: FeatureTable, train: FeatureTable) -> FeatureTable:
 
 def random_split(table: FeatureTable, train_fraction: float = 0.8, seed: int = 0):
     """A split stratified by class: round(train_fraction × n) rows of each class train (at least one each side)."""
+    ids, counts = np.unique(table.y, return_counts=True)
+    if (counts < 2).any():
+        single = ids[counts < 2].tolist()
+        raise ValueError(f"{_classes(single, table)}: one row; a random split needs two of a class (one to train, one "
+                         f"to test); drop them (benchmark.drop_classes={single}) or add rows")
     rng = np.random.default_rng(seed)
     in_train = np.zeros(len(table), bool)
     for c in np.unique(table.y):
@@ -293,7 +377,7 @@ def random_split(table: FeatureTable, train_fraction: float = 0.8, seed: int = 0
         n_train = min(max(round(train_fraction * len(rows)), 1), len(rows) - 1)
         in_train[rows[:n_train]] = True
     train, test = table.take(in_train), table.take(~in_train)
-    _check_split(train, test, f"the random split of seed {seed}")
+    _check_split(train, test, f"the random split of seed {seed}", "choose another seed")
     return train, test
 
 

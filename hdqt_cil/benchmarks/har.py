@@ -51,14 +51,16 @@ def benchmark(cfg, seed: int):
     return load(cfg, seed)
 
 
-def _table(cfg, path: Path):
-    """The feature table at `path`, filtered by the config's drop lists."""
+def _table(cfg, key: str):
+    """The feature table that setting `key` (path, test_path) names, filtered by the config's drop lists."""
     from . import features
 
+    path = Path(getattr(cfg, key))
     if not path.exists():
         how = (f"make it with `{_MAKERS[cfg.loader]} --raw-dir RAW --out {path}` (or --download)"
-               if cfg.loader in _MAKERS else "point benchmark.path at a CSV, Parquet or NPZ feature table")
-        raise FileNotFoundError(f"feature file {path} not found for benchmark {cfg.name}; {how}")
+               if cfg.loader in _MAKERS and key == "path" else
+               f"point benchmark.{key} at a CSV, Parquet or NPZ feature table")
+        raise FileNotFoundError(f"benchmark.{key}={path}: no such file (benchmark {cfg.name}); {how}")
     table = features.load_feature_table(path)
     return features.filter_table(table, drop_classes=tuple(cfg.drop_classes), drop_subjects=tuple(cfg.drop_subjects))
 
@@ -68,7 +70,7 @@ def load(cfg, seed: int) -> Loaded:
     they were split."""
     from . import features
 
-    table = _table(cfg, Path(cfg.path))
+    table = _table(cfg, "path")
     split = _split_of(cfg, table)
     if split == "subject":
         train, test = features.subject_split(table, train_fraction=cfg.train_fraction, seed=seed)
@@ -77,7 +79,7 @@ def load(cfg, seed: int) -> Loaded:
         train, test = features.random_split(table, train_fraction=cfg.train_fraction, seed=seed)
         how = f"at random, stratified by class, drawn by seed {seed} ({cfg.train_fraction:g} train)"
     else:
-        separate = None if cfg.test_path is None else _table(cfg, Path(cfg.test_path))
+        separate = None if cfg.test_path is None else _table(cfg, "test_path")
         train, test = features.given_split(table, separate)
         how = "the data's own: " + (f"the test table {cfg.test_path}" if separate is not None else
                                     f"the `{features.SPLIT}` column")
@@ -106,11 +108,16 @@ def _split_of(cfg, table) -> str:
     own = cfg.test_path is not None or table.is_test is not None
     if cfg.split == "auto":  # a domain-incremental run needs every subject on both sides: never by subject
         by_subject = table.subject is not None and cfg.scenario != "domain"
-        return "given" if own else "subject" if by_subject else "random"
-    if own and cfg.split != "given":
-        log.warning("%s has its own `%s` column; benchmark.split=%s ignores it (benchmark.split=given or auto keeps "
-                    "it)", cfg.path, features.SPLIT, cfg.split)
-    return cfg.split
+        split = "given" if own else "subject" if by_subject else "random"
+    else:
+        split = cfg.split
+        if own and split != "given":
+            log.warning("%s has its own `%s` column; benchmark.split=%s ignores it (benchmark.split=given or auto "
+                        "keeps it)", cfg.path, features.SPLIT, split)
+    if split == "given" and cfg.train_fraction != FeatureTableConfig.train_fraction:
+        log.warning("benchmark.train_fraction=%g is not used: the data's own split decides which rows train",
+                    cfg.train_fraction)
+    return split
 
 
 def _subject_domains(cfg, split: str, train, test):

@@ -61,7 +61,8 @@ class BenchmarkConfig:
             raise ValueError(f"{path}scenario=domain splits by domain, not by class: set {path}n_experiences (the "
                              f"number of domains) instead of {path}classes_per_exp={self.classes_per_exp}")
         if sum(v is not None for v in split.values()) != 1:
-            raise ValueError(f"set exactly one of {path}n_experiences and {path}classes_per_exp (got {split})")
+            raise ValueError(f"set exactly one of {path}n_experiences and {path}classes_per_exp (got {split}); "
+                             f"null clears one: {path}n_experiences=null {path}classes_per_exp=K")
 
 
 @dataclass
@@ -117,7 +118,8 @@ def experience_sizes(n_classes: int, n_experiences, classes_per_exp, name: str) 
         return [classes_per_exp] * full + ([rest] if rest else [])
     if not n_experiences or n_experiences < 1 or n_classes % n_experiences:
         raise ValueError(f"benchmark.n_experiences={n_experiences} does not divide the {n_classes} classes of "
-                         f"{name}; choose a divisor of {n_classes}, or set benchmark.classes_per_exp")
+                         f"{name}; choose a divisor of {n_classes}, or tasks of K classes, the last taking the "
+                         "remainder: benchmark.classes_per_exp=K benchmark.n_experiences=null")
     return [n_classes // n_experiences] * n_experiences
 
 
