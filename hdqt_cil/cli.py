@@ -3,6 +3,7 @@ or a sweep from the configs shipped in the package (hdqt_cil/configs), from any 
 --out DIR` makes the tables (hdqt_cil.results)."""
 import logging
 import os
+import signal
 import sys
 import warnings
 
@@ -17,6 +18,8 @@ from hydra.types import RunMode  # noqa: E402
 
 from .config import refuse_misspelt_overrides, register_schemas  # noqa: E402
 from .results.__main__ import main as tables  # noqa: E402
+from .run_folder import RunInUse  # noqa: E402
+from .sweep.preemption import Redelivered  # noqa: E402
 from .trainer.monitor import Diverged  # noqa: E402
 
 register_schemas()
@@ -28,20 +31,31 @@ warnings.filterwarnings("ignore", category=DeprecationWarning, module="avalanche
 __all__ = ["main", "tables"]
 
 # What a user's input can be refused with: the message names the bad value or file and what is allowed (a run
-# folder that holds another config's or other data's run: FileExistsError, saying what to set).
-REFUSALS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError)
+# folder that holds another config's or other data's run: FileExistsError, saying what to set; one that another
+# process is writing: RunInUse).
+REFUSALS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError, RunInUse)
+
+
+class Terminated(BaseException):
+    """SIGTERM (`timeout`, `docker stop`, a scheduler that does not requeue) ends a run as Ctrl-C does: recorded in
+    its folder, resumable. A BaseException, as KeyboardInterrupt, so that no `except Exception` swallows it."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
 
 
 def end_single_run(error: BaseException) -> None:
-    """A refused value or file, a diverged run (`on_divergence=stop`) or Ctrl-C ends the process with one message
-    and no traceback (exit 2, 1, 130): each is an outcome the user acts on, not a fault in the code; anything else,
-    and everything under HYDRA_FULL_ERROR=1, returns so that the caller re-raises it."""
+    """A refused value or file, a diverged run (`on_divergence=stop`), Ctrl-C or SIGTERM ends the process with one
+    message and no traceback (exit 2, 1, 130, 143): each is an outcome the user acts on, not a fault in the code;
+    anything else, and everything under HYDRA_FULL_ERROR=1, returns so that the caller re-raises it."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return
-    if isinstance(error, KeyboardInterrupt):
-        print("interrupted: the run folder records it; the same command resumes from its last checkpoint",
-              file=sys.stderr)
-        sys.exit(130)
+    for ending, name, code in ((KeyboardInterrupt, "interrupted", 130), (Terminated, "terminated (SIGTERM)", 143)):
+        if isinstance(error, ending):
+            print(f"{name}: the run folder records it; the same command resumes from its last checkpoint",
+                  file=sys.stderr)
+            sys.exit(code)
     if isinstance(error, Diverged):
         print(f"stopped: {error}; the run folder records it (status 'diverged')", file=sys.stderr)
         sys.exit(1)
@@ -73,6 +87,7 @@ def run_or_sweep(cfg):
     hydra_cfg = HydraConfig.get()
     run_dir = hydra_cfg.runtime.output_dir
     if hydra_cfg.mode != RunMode.MULTIRUN:
+        signal.signal(signal.SIGTERM, Redelivered(_terminate))
         try:
             run(cfg, run_dir)
         except BaseException as error:

@@ -221,6 +221,19 @@ def _refuse_unknown(key: str, path: str, schema) -> None:
                          f"are {', '.join(known)}")
 
 
+def _refuse_unknown_members(group: str, override) -> None:
+    """Refuse `strategy=icrl` (or one such choice of a sweep) naming the nearest members, where Hydra prints its
+    config search path (`group=null`, which leaves a group out, stays Hydra's)."""
+    members = sorted(path.stem for path in (CONFIGS / group).glob("*.yaml"))
+    chosen = (list(override.sweep_string_iterator()) if override.is_sweep_override()
+              else [override.get_value_element_as_str()])
+    for member in chosen:
+        if member not in (*members, "null"):
+            near = get_close_matches(member, members, n=3, cutoff=0.5)
+            hint = f"did you mean {' or '.join(f'{group}={m}' for m in near)}? " if near else ""
+            raise ValueError(f"{group}={member} is not a member of {group}; {hint}its members are {', '.join(members)}")
+
+
 def refuse_unknown_keys(node, path: str = "") -> None:
     """Refuse a key that no schema declares (an added `+trainer.epoch=5` would be stored and ignored), naming the
     nearest settings of its node."""
@@ -274,6 +287,8 @@ def refuse_misspelt_overrides(overrides: list[str]) -> None:
             if not key:
                 if not (CONFIGS / section).is_dir():  # a group (experiment=...) is Hydra's: it hints at `+`
                     _refuse_unknown(section, "", RunConfig)
+                else:
+                    _refuse_unknown_members(section, override)
             elif section in FIXED_SECTIONS:
                 _refuse_unknown(key.split(".")[0], f"{section}.", FIXED_SECTIONS[section])
             elif section in MEMBER_GROUPS:

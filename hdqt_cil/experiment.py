@@ -275,8 +275,7 @@ def _run(cfg, run_dir: Path, gpu: int) -> dict:
     state = folder.claim(OmegaConf.to_container(cfg, resolve=True), cfg.overwrite, bench.data_fingerprint)
     try:
         if state == "done":
-            log.info("%s already holds this run, finished; overwrite=true reruns it", run_dir)
-            return read_json(folder.summary_file)
+            return _finished(cfg, folder)
         start = Start(history=AccuracyHistory(bench.n_experiences, bench.num_classes))
         if state == "again" and cfg.resume:
             strategy, start = folder.resume(strategy, device, start.history, cfg.trainer.checkpoint_every)
@@ -294,6 +293,26 @@ def _run(cfg, run_dir: Path, gpu: int) -> dict:
         for logger in strategy.evaluator.loggers:
             if isinstance(logger, ScalarWandBLogger):
                 logger.finish()
+
+
+def _finished(cfg, folder: RunFolder) -> dict:
+    """The summary of the run the folder holds, finished, with what asking again does not change said: a diverged
+    run is still an outcome (`on_divergence=stop` ends the command as the run did), and diagnostics it was made
+    without are not measured (they are not part of a run's identity, so the finished folder is this run's)."""
+    summary = read_json(folder.summary_file)
+    asked = cfg.diagnostics.level
+    made = OmegaConf.select(OmegaConf.load(folder.path / "config.yaml"), "diagnostics.level", default="off")
+    if asked not in ("off", made):
+        log.warning("%s holds this run, finished with diagnostics=%s: diagnostics=%s was not measured; "
+                    "overwrite=true reruns it with them, or tag=<name> writes it elsewhere", folder.path, made, asked)
+    if summary["status"] == "diverged":
+        error = summary["error"]
+        if cfg.on_divergence == "stop":
+            raise Diverged(error["experience"], error["epoch"], error["where"])
+        log.warning("%s holds this run, which diverged (%s); overwrite=true reruns it", folder.path, error["message"])
+    else:
+        log.info("%s already holds this run, finished; overwrite=true reruns it", folder.path)
+    return summary
 
 
 def _train(cfg, bench, strategy, plugins: RunPlugins, folder: RunFolder, start: Start, device) -> dict:

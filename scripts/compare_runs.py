@@ -5,7 +5,8 @@ refactoring, another machine, another backend) changed no number.
 
 For every run folder of RUNS_A (by its path below the root) the same folder must exist in RUNS_B with an equal
 accuracy matrix, per-class accuracies, per-epoch training losses, status and class order, and equal per-epoch
-quantization statistics (quant_stats.json) where either has them. Exit 1 on the first tree that differs.
+quantization statistics (quant_stats.json) where either has them (folders that only RUNS_B holds are not compared).
+Each folder that differs or is missing is listed; the exit status is then 1.
 """
 import argparse
 import json
@@ -38,7 +39,7 @@ def differences(a: Path, b: Path) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("a", type=Path)
     parser.add_argument("b", type=Path)
     args = parser.parse_args(argv)

@@ -48,10 +48,15 @@ def test_multirun_sweeps_into_one_results_tree(tmp_path):
     assert runs == [f"digits-mlp/{s}/fp32/seed{k}" for s in ("lwf", "naive") for k in (0, 1)]
 
 
-def test_unknown_strategy_lists_the_choices(cli):
-    out = cli("strategy=ewcc")
-    assert out.returncode != 0
-    assert "Could not find 'strategy/ewcc'" in out.stderr and "icarl" in out.stderr
+@pytest.mark.parametrize("overrides, message", [
+    (("strategy=ewcc",), "strategy=ewcc is not a member of strategy; did you mean strategy=ewc? its members are agem, "
+                         "bic,"),
+    (("-m", "quant=fp32,hdq"), "quant=hdq is not a member of quant; did you mean quant=hdqt?"),
+])
+def test_an_unknown_member_is_refused_in_one_line_with_the_nearest(cli, overrides, message):
+    out = cli(*overrides)
+    assert out.returncode == 2 and out.stderr.strip() == out.stderr.strip().splitlines()[0], out.stderr
+    assert out.stderr.startswith(f"error: {message}")
 
 
 def test_bad_value_fails_before_writing_anything(tmp_path, cli, monkeypatch):
@@ -71,6 +76,23 @@ def test_a_diverged_run_stops_with_its_message_and_no_traceback(tmp_path):
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     summary = json.loads(next(tmp_path.rglob("summary.json")).read_text())
     assert summary["status"] == "diverged" and summary["error"]["experience"] == 0
+
+
+def test_asking_again_for_a_finished_run_says_what_its_folder_does_not_hold(tmp_path, cli):
+    """A diverged run asked for again ends as it did (exit 1, not a success a script would count); diagnostics
+    that are not part of a run's identity are said not to be measured rather than silently missing."""
+    diverging = ("strategy=naive", "trainer.epochs=3", "trainer.lr=1e6")
+    assert cli(*diverging).returncode == 1
+    again = cli(*diverging)
+    assert again.returncode == 1 and again.stderr.startswith("stopped: training diverged in experience 1, epoch 1: ")
+    going_on = cli(*diverging, "on_divergence=continue")
+    assert going_on.returncode == 0 and "holds this run, which diverged (training diverged in experience 1" in \
+        going_on.stdout + going_on.stderr
+    assert cli("strategy=naive", "trainer.epochs=1", "tag=plain").returncode == 0
+    light = cli("strategy=naive", "trainer.epochs=1", "tag=plain", "diagnostics=light")
+    assert light.returncode == 0 and "finished with diagnostics=off: diagnostics=light was not measured; " \
+        "overwrite=true reruns it" in light.stdout + light.stderr
+    assert not list(tmp_path.rglob("diagnostics.json"))
 
 
 def test_an_added_key_no_schema_declares_is_refused_with_the_nearest_names(tmp_path, cli):
@@ -106,7 +128,9 @@ def test_the_misspelling_check_leaves_hydra_and_group_members_keys_to_hydra(tmp_
     assert "is not a setting" not in out.stderr and "Key 'acc_bits' not in 'FpConfig'" in out.stderr
 
 
-def test_ctrl_c_ends_a_run_with_one_line_and_records_it(tmp_path):
+@pytest.mark.parametrize("signum, code, said", [(signal.SIGINT, 130, "interrupted"),
+                                                (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+def test_ctrl_c_or_sigterm_ends_a_run_with_one_line_and_records_it(tmp_path, signum, code, said):
     args = cli_args("strategy=naive", "trainer.epochs=500", tmp_path=tmp_path)
     proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True,
@@ -116,10 +140,10 @@ def test_ctrl_c_ends_a_run_with_one_line_and_records_it(tmp_path):
     while not summary.exists() and time.time() < deadline:
         time.sleep(0.2)
     time.sleep(2)  # into training
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err and "interrupted" in err.strip().splitlines()[-1], err
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(f"{said}: the run folder records it")
     status = json.loads((summary.parent / "summary.json").read_text())["status"]
     assert status == "interrupted"
 

@@ -441,3 +441,6 @@ def test_a_run_found_twice_counts_once_and_two_runs_of_one_seed_are_refused(tmp_
     err = capsys.readouterr().err
     assert end.value.code == 2 and err.count("\n") == 1
     assert f"{tmp_path / 'runs.tgz'}:runs/run1 and {tmp_path / 'rerun' / 'run0'}" in err
+    from hdqt_cil.results import load_runs  # a notebook's view lists every run folder, each once
+
+    assert sorted(load_runs(tmp_path / "runs", tmp_path / "runs" / "run0", tmp_path / "rerun").seed) == [0, 1, 1]

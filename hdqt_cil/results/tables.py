@@ -150,8 +150,16 @@ def _schedule(config: dict) -> dict:
 
 
 def collect_runs(*roots) -> pd.DataFrame:
-    """One row per run folder (a folder holding summary.json) found under `roots`."""
-    return _collect(roots)[0]
+    """One row per run folder (a folder holding summary.json) found under `roots`, for the tables: two runs of one
+    row and seed are refused (a row's mean counts a seed once; its spread would shrink)."""
+    df = _collect(roots)[0]
+    clash = df[df.duplicated([*ROW_KEYS, "seed"], keep=False)]
+    if len(clash):
+        paths = next(iter(clash.groupby([*ROW_KEYS, "seed"]).path))[1]
+        raise ValueError(f"{len(clash)} run folders repeat a table row's seed (different summary.json files), e.g. "
+                         f"{' and '.join(paths)}: a row averages one run a seed, so pass only one of them (tag= "
+                         f"gives a run a row of its own)")
+    return df
 
 
 def _collect(roots) -> tuple[pd.DataFrame, list[dict]]:
@@ -185,22 +193,10 @@ def _collect(roots) -> tuple[pd.DataFrame, list[dict]]:
     # runs on other data: rows apart (the data before the seed's split; runs that do not record it are told apart
     # by their configs alone)
     df["variant"], df["quant_variant"] = _variants(df, [{**c, "data": d} for c, d in zip(configs, sources)])
-    df = _each_run_once(df)
-    return df.reset_index(drop=True), [configs[i] for i in df.index]  # the configs of the runs kept
-
-
-def _each_run_once(df: pd.DataFrame) -> pd.DataFrame:
-    """A row's mean counts a seed once: a run folder found twice (roots that overlap, an archive beside its unpacked
-    copy: the same summary.json) is kept once, and two runs of one row and seed are refused (their mean would
-    count the seed twice and shrink the spread)."""
+    # a run folder found twice (roots that overlap, an archive beside its unpacked copy: the same summary.json) is
+    # one run
     df = df[~df.duplicated([*ROW_KEYS, "seed", "digest"])]
-    clash = df[df.duplicated([*ROW_KEYS, "seed"], keep=False)]
-    if len(clash):
-        paths = next(iter(clash.groupby([*ROW_KEYS, "seed"]).path))[1]
-        raise ValueError(f"{len(clash)} run folders repeat a table row's seed (different summary.json files), e.g. "
-                         f"{' and '.join(paths)}: a row averages one run a seed, so pass only one of them (tag= "
-                         f"gives a run a row of its own)")
-    return df
+    return df.reset_index(drop=True), [configs[i] for i in df.index]  # the configs of the runs kept
 
 
 def load_runs(*roots) -> pd.DataFrame:
