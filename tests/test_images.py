@@ -95,14 +95,102 @@ def test_sizes_and_channels_brought_to_one(make_cfg, tmp_path):
 @pytest.mark.parametrize("change, message", [
     (lambda r: (r / "train" / "bee").mkdir(), r"class folders \['train/bee'\] hold no images"),
     (lambda r: make_tree(r, {"test/bee/0.png": png()}), r"test classes \['bee'\] have no training images"),
-    (lambda r: make_tree(r, {"train/cat/9.png": b"not a png"}), r"train/cat/9.png: not an image Pillow can read"),
+    (lambda r: make_tree(r, {"train/cat/9.png": b"not a png"}), r"set: train/cat/9.png is not an image Pillow can "
+                                                                  r"read; remove or replace it$"),
+    (lambda r: make_tree(r, {"train/cat/sub/9.png": png()}), r"set: train/cat/sub/9.png is not directly in a class "
+                                                             r"folder: images are read from <class>/\*, or train/"),
     (lambda r: (r / "classes.txt").write_text("cat kitty\n"), r"classes.txt names no class for the folders \['ant'"),
+    (lambda r: (r / "classes.txt").write_text("ant a\ncat,kitty\n"), r"classes.txt line 2 is 'cat,kitty': each "
+                                                                      r"line is `<folder> <name>`"),
+    (lambda r: (r / "classes.txt").write_text("ant a\ncat c\ndog d\nowl o\nemu e\n"),
+     r"classes.txt names the folders \['emu'\], which are not class folders of"),
 ])
 def test_refusals_name_what_is_wrong(make_cfg, tmp_path, change, message):
     root = make_tree(tmp_path / "set", two_splits())
     change(root)
     with pytest.raises(ValueError, match=message):
         bench(make_cfg, root)
+
+
+@pytest.mark.parametrize("test_image, message", [
+    (png(mode="RGB"), r"mixed channels: train/ant/0.png is \(1, 6, 5\), test/ant/0.png is \(3, 6, 5\)"),
+    (png(size=(7, 5)), r"mixed sizes: train/ant/0.png is \(1, 6, 5\), test/ant/0.png is \(1, 7, 5\)"),
+], ids=["channels", "sizes"])
+def test_train_and_test_images_must_agree(make_cfg, tmp_path, test_image, message):
+    files = two_splits()
+    files.update({n: test_image for n in files if n.startswith("test/")})
+    with pytest.raises(ValueError, match=message + r" .* set benchmark.channels and benchmark.size"):
+        bench(make_cfg, make_tree(tmp_path / "set", files))
+
+
+def test_alpha_is_no_channel(make_cfg, tmp_path):
+    files = two_splits()
+    files["train/cat/a.png"] = png(mode="LA")  # grey with alpha, among grey images
+    assert bench(make_cfg, make_tree(tmp_path / "grey", files)).input_shape == (1, 6, 5)
+    files = two_splits(mode="RGB")
+    files["train/cat/a.png"] = png(mode="RGBA")
+    assert bench(make_cfg, make_tree(tmp_path / "rgb", files)).input_shape == (3, 6, 5)
+
+
+def test_a_folder_beside_train_is_refused_without_test_and_said_with_it(make_cfg, tmp_path, caplog):
+    files = {n.replace("test/", "val/"): d for n, d in two_splits().items()}
+    with pytest.raises(ValueError, match=r"has train/ and val/ but no test/: rename val/ to test/"):
+        bench(make_cfg, make_tree(tmp_path / "noted", files))
+    root = make_tree(tmp_path / "both", {**two_splits(), **files})
+    with caplog.at_level("WARNING", logger="hdqt_cil.benchmarks.images"):
+        b = bench(make_cfg, root, "benchmark.test_fraction=0.5")
+    assert b.split == "the source's train/ and test/ trees"
+    assert "the folders ['val/'] beside train/ and test/ are not read" in caplog.text
+    assert "has its own test/ tree; benchmark.test_fraction=0.5 is not used" in caplog.text
+
+
+def test_a_class_of_one_image_is_named_by_its_folder(make_cfg, tmp_path):
+    files = {f"{name}/{i}.png": png() for name in ("ant", "cat") for i in range(3)}
+    with pytest.raises(ValueError, match=r"class 'emu' has 1 image: a held-out test image needs at least 2"):
+        bench(make_cfg, make_tree(tmp_path / "set", {**files, "emu/0.png": png()}))
+
+
+def test_os_metadata_beside_the_images_is_not_read(make_cfg, tmp_path):
+    archive = tmp_path / "set.zip"  # as macOS zips a folder: every file's metadata in __MACOSX/, named ._<file>
+    with zipfile.ZipFile(archive, "w") as zf:
+        for name, data in two_splits().items():
+            zf.writestr(f"myset/{name}", data)
+            zf.writestr(f"__MACOSX/myset/{name.rsplit('/', 1)[0]}/._{name.rsplit('/', 1)[1]}", b"metadata")
+    assert bench(make_cfg, archive).class_names == ["ant", "cat", "dog", "owl"]
+
+
+def damaged(tmp_path, kind):
+    """A cut-short .tar.gz or .zip, or a zip whose image's bytes changed after it was packed."""
+    files = two_splits(per=20)
+    archive = tmp_path / f"set.{kind}"
+    if kind == "tar.gz":
+        with tarfile.open(archive, "w:gz") as tf:
+            for name, data in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    else:
+        with zipfile.ZipFile(archive, "w") as zf:  # stored: the image's bytes appear as they are
+            for name, data in files.items():
+                zf.writestr(name, data)
+    raw = archive.read_bytes()
+    if kind == "zip-crc":
+        at = raw.index(files["test/ant/0.png"]) + 20
+        archive.write_bytes(raw[:at] + bytes([raw[at] ^ 1]) + raw[at + 1:])
+    else:
+        archive.write_bytes(raw[:len(raw) // 2])
+    return archive
+
+
+@pytest.mark.parametrize("kind, where", [
+    ("tar.gz", r" \(reading stopped at [a-z]+/[a-z]+/\d+.png\): Compressed file ended"),
+    ("zip", r": its end, the zip's list of files, is missing"),
+    ("zip-crc", r" \(reading stopped at test/ant/0.png\): Bad CRC-32"),
+])
+def test_a_damaged_archive_is_named(make_cfg, tmp_path, kind, where):
+    archive = damaged(tmp_path, kind)
+    with pytest.raises(ValueError, match=rf"set.{kind} is damaged or cut short{where}.*; download or pack it again$"):
+        bench(make_cfg, archive)
 
 
 def test_a_short_run_with_an_image_model(make_cfg, tmp_path):
