@@ -101,11 +101,11 @@ def run_or_sweep(cfg):
         with job_gpu(hydra_cfg.job.num, torch.cuda.device_count()) as gpu:
             run(cfg, run_dir, gpu=gpu)
         print(run_table(run_dir))
-        record_job(hydra_cfg.sweep.dir, run_dir, hydra_cfg.overrides.task, None)
+        record_job(hydra_cfg.sweep.dir, hydra_cfg.job.num, run_dir, hydra_cfg.overrides.task, None)
     except Exception as error:  # noqa: BLE001  (recorded, logged and reported at the sweep's end)
         logging.getLogger("run").exception("job failed")
         discard_unclaimed(run_dir, cfg.results_root)
-        record_job(hydra_cfg.sweep.dir, run_dir, hydra_cfg.overrides.task, error)
+        record_job(hydra_cfg.sweep.dir, hydra_cfg.job.num, run_dir, hydra_cfg.overrides.task, error)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 """A sweep goes on past a failed job and ends by telling which jobs failed and why.
 
-Hydra's launchers re-raise the first failed job's exception when they collect results, which skips the
-remaining bookkeeping. So in a sweep, run.py records each job's outcome under the sweep folder (`.jobs/<run
-folder>.json`, outside the run folders: a job refused before it claimed its folder leaves no run folder) and
+Hydra's launchers re-raise the first failed job's exception when they collect results, which skips the remaining
+bookkeeping. So in a sweep, run.py records each job's outcome under the sweep folder (`.jobs/<digest of the job's
+overrides>.json`, outside the run folders: a job refused before it claimed its folder leaves no run folder) and
 returns normally; this callback collects them at the sweep's end into `<sweep dir>/sweep_summary.md`, one section
-a sweep, added below those of earlier sweeps into the same folder; it logs the failures and exits non-zero if
-there were any.
+a sweep, added below those of earlier sweeps into the same folder; it logs the failures and exits non-zero if there
+were any.
 """
+import hashlib
+import json
 import logging
 import sys
 import time
@@ -21,12 +23,15 @@ log = logging.getLogger(__name__)
 JOBS = ".jobs"
 
 
-def record_job(sweep_dir, folder, overrides, error: BaseException | None) -> None:
-    """Record the outcome of the job whose run folder is `folder` (inside `sweep_dir`)."""
-    sweep_dir = Path(sweep_dir)
-    name = Path(folder).resolve().relative_to(sweep_dir.resolve()).as_posix()
-    write_json(sweep_dir / JOBS / f"{name.replace('/', '__')}.json",
-               {"folder": name, "overrides": list(overrides), "status": "failed" if error else "completed",
+def record_job(sweep_dir, job: int, folder, overrides, error: BaseException | None) -> None:
+    """Record the outcome of job number `job`, whose run folder is `folder` (inside `sweep_dir`), under its
+    overrides: the same job run again (requeued, restarted, its sweep started again) replaces its record, and no
+    other job's: not one that shares its folder, nor one of its number in a sweep beside it into one results root."""
+    sweep_dir, overrides = Path(sweep_dir), list(overrides)
+    key = hashlib.sha256(json.dumps(overrides).encode()).hexdigest()[:16]
+    write_json(sweep_dir / JOBS / f"{key}.json",
+               {"job": job, "folder": Path(folder).resolve().relative_to(sweep_dir.resolve()).as_posix(),
+                "overrides": overrides, "status": "failed" if error else "completed",
                 "error": f"{type(error).__name__}: {error}" if error else None})
 
 
@@ -39,17 +44,18 @@ class SweepReport(Callback):
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        records = sorted((sweep_dir / JOBS).glob("*.json")) if (sweep_dir / JOBS).is_dir() else []
-        jobs = [read_json(p) for p in records if p.stat().st_mtime >= self.started]
+        records = (sweep_dir / JOBS).glob("*.json") if (sweep_dir / JOBS).is_dir() else []
+        jobs = sorted((read_json(p) for p in records if p.stat().st_mtime >= self.started), key=lambda j: j["job"])
         failed = [j for j in jobs if j["status"] == "failed"]
         lines = [f"# Sweep of {time.strftime('%Y-%m-%d %H:%M', time.localtime(self.started))}: "
                  f"{len(jobs) - len(failed)} of {len(jobs)} jobs completed", "",
-                 "| folder | overrides | status | error |", "|---|---|---|---|"]
-        lines += [f"| {j['folder']} | {' '.join(j['overrides'])} | {j['status']} | {j['error'] or ''} |" for j in jobs]
+                 "| job | folder | overrides | status | error |", "|---|---|---|---|---|"]
+        lines += [f"| #{j['job']} | {j['folder']} | {' '.join(j['overrides'])} | {j['status']} | {j['error'] or ''} |"
+                  for j in jobs]
         summary = sweep_dir / "sweep_summary.md"
         earlier = summary.read_text() + "\n" if summary.exists() else ""
         write_atomic(summary, earlier + "\n".join(lines) + "\n")
         for j in failed:
-            log.error("failed: %s → %s", " ".join(j["overrides"]), j["error"])
+            log.error("job #%d failed: %s → %s", j["job"], " ".join(j["overrides"]), j["error"])
         if failed:
             sys.exit(f"{len(failed)} of {len(jobs)} jobs failed; see {summary}")
