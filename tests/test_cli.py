@@ -117,7 +117,7 @@ def test_a_misspelt_setting_is_refused_with_the_nearest_names(tmp_path, cli, ove
     assert len(out.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
 
 
-def test_the_misspelling_check_leaves_hydra_and_group_members_keys_to_hydra(tmp_path, cli):
+def test_the_misspelling_check_leaves_hydra_and_group_members_keys_to_hydra(tmp_path, cli, recwarn):
     """Hydra's own keys and a chosen member's pass the check (the value check after composition then speaks); a
     member's keys where the member is swept are Hydra's to check."""
     out = cli("hydra.job.chdir=false", "+experiment=cifar10_paper", "benchmark.root=x", "trainer.epochs=0")
@@ -126,6 +126,7 @@ def test_the_misspelling_check_leaves_hydra_and_group_members_keys_to_hydra(tmp_
     assert "is not a setting" not in out.stderr and "+experiment=cifar10_paper" in out.stderr, out.stderr
     out = cli("-m", "strategy=naive", "quant=fp,hdqt", "quant.acc_bits=12", "trainer.epochs=1")
     assert "is not a setting" not in out.stderr and "Key 'acc_bits' not in 'FpConfig'" in out.stderr
+    assert not [w for w in recwarn if "Callback" in str(w.message)]  # the sweep's checks leave it to Hydra alone
 
 
 @pytest.mark.parametrize("signum, code, said", [(signal.SIGINT, 130, "interrupted"),
@@ -176,6 +177,21 @@ def test_failed_job_does_not_stop_the_sweep_and_is_reported(tmp_path, cli):
     assert again.returncode == 0, again.stderr
     sections = (tmp_path / "sweep_summary.md").read_text().split("# Sweep of ")
     assert len(sections) == 3 and "1 of 2 jobs completed" in sections[1] and "1 of 1 jobs completed" in sections[2]
+
+
+@pytest.mark.parametrize("launcher", ["basic", "gpus", "submitit_local"])
+def test_a_sweep_whose_jobs_would_share_a_run_folder_is_refused_before_any_starts(tmp_path, cli, launcher, monkeypatch):
+    """Whichever launcher: trainer.weight_bits is not part of a run folder's path, so both jobs would write one."""
+    out = cli("-m", f"hydra/launcher={launcher}", "strategy=naive", "trainer.weight_bits=null,8", "trainer.epochs=1")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith("error: jobs #0 and #1 of this sweep would write one run folder, "
+                                 "digits-mlp/naive/fp32/seed0: they differ only in trainer.weight_bits=null and "
+                                 "trainer.weight_bits=8, which a run folder's path does not include")
+    assert "each with its own tag=NAME" in out.stderr and not list(tmp_path.iterdir())
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # the traceback too, and still no job
+    out = cli("-m", f"hydra/launcher={launcher}", "strategy=naive", "trainer.weight_bits=null,8", "trainer.epochs=1")
+    assert out.returncode == 2 and "Traceback" in out.stderr and "ValueError: jobs #0 and #1" in out.stderr
+    assert not list(tmp_path.iterdir())
 
 
 def test_submitit_local_launcher_runs_the_sweep(tmp_path):

@@ -1,6 +1,7 @@
-"""A sweep goes on past a failed job and ends by telling which jobs failed and why.
+"""A sweep is checked before its jobs start, goes on past a failed job and ends by telling which jobs failed and why.
 
-Hydra's launchers re-raise the first failed job's exception when they collect results, which skips the remaining
+Two jobs whose runs would share one run folder are refused before any starts, whichever launcher runs them. Hydra's
+launchers re-raise the first failed job's exception when they collect results, which skips the remaining
 bookkeeping. So in a sweep, run.py records each job's outcome under the sweep folder (`.jobs/<digest of the job's
 overrides>.json`, outside the run folders: a job refused before it claimed its folder leaves no run folder) and
 returns normally; this callback collects them at the sweep's end into `<sweep dir>/sweep_summary.md`, one section
@@ -12,8 +13,13 @@ import json
 import logging
 import sys
 import time
+import traceback
 from pathlib import Path
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 
 from ..files import read_json, write_atomic, write_json
@@ -35,12 +41,48 @@ def record_job(sweep_dir, job: int, folder, overrides, error: BaseException | No
                 "error": f"{type(error).__name__}: {error}" if error else None})
 
 
+def sweep_jobs(config) -> list[list[str]]:
+    """Each job's overrides, as Hydra's basic sweeper expands the command's (its params first)."""
+    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
+    parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+    overrides = parser.parse_overrides(params + list(config.hydra.overrides.task))
+    return BasicSweeper.split_arguments(overrides, None)[0]
+
+
+def refuse_shared_folders(config) -> None:
+    """Two jobs whose runs would share one folder (they differ only in settings that are not part of its path)
+    are refused before any starts: in turn the second would find a different config in it, in parallel the folder
+    held. A job that does not compose is left to the sweeper, which refuses the sweep with Hydra's message."""
+    loader, seen = GlobalHydra.instance().config_loader(), {}
+    for num, overrides in enumerate(sweep_jobs(config)):
+        try:
+            folder = loader.load_sweep_config(config, overrides).hydra.sweep.subdir
+        except HydraException:
+            return
+        if folder in seen:
+            first, other = seen[folder]
+            differ = (" ".join(sorted(set(a) - set(b))) for a, b in ((other, overrides), (overrides, other)))
+            raise ValueError(f"jobs #{first} and #{num} of this sweep would write one run folder, {folder}: they "
+                             f"differ only in {' and '.join(differ)}, which a run folder's path does not include (it "
+                             "has the benchmark, model, strategy, quant, tag and seed); sweep them as separate "
+                             "commands, each with its own tag=NAME")
+        seen[folder] = num, overrides
+
+
 class SweepReport(Callback):
-    """Reports the jobs of this sweep: those recorded after it started (the results root is shared with earlier
-    sweeps, whose sections of the summary stay)."""
+    """Checks the sweep before its jobs start and reports the jobs of this sweep at its end: those recorded after it
+    started (the results root is shared with earlier sweeps, whose sections of the summary stay)."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
         self.started = time.time()
+        try:
+            refuse_shared_folders(config)
+        except ValueError as error:  # Hydra would make a callback's exception a warning and start the jobs
+            from ..cli import end_single_run  # noqa: PLC0415 (the command's module, which started this sweep)
+
+            end_single_run(error)  # one line, exit 2; under HYDRA_FULL_ERROR=1 it returns: the traceback here
+            traceback.print_exc()
+            sys.exit(2)
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

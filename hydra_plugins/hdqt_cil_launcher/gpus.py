@@ -25,7 +25,6 @@ from typing import Any, Optional, Sequence
 from unittest.mock import patch
 
 from hydra.core.config_store import ConfigStore
-from hydra.errors import CompactHydraException
 from joblib import cpu_count
 from hydra_plugins.hydra_joblib_launcher.config import JobLibLauncherConf
 from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
@@ -33,10 +32,6 @@ from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 log = logging.getLogger(__name__)
 
 MPS_MODES = ("auto", "on", "off")
-
-
-class SweepRefused(CompactHydraException, ValueError):
-    """A sweep that cannot run as given: Hydra prints the message alone, no traceback."""
 
 
 @dataclass
@@ -108,7 +103,6 @@ class GpusLauncher(JoblibLauncher):
     def launch(self, job_overrides, initial_job_idx):
         """The sweep's jobs; a SIGTERM to the sweep (`kill`, a scheduler) ends their processes with it, as Ctrl-C
         does: loky's workers outlive a parent killed outright and would train on, holding their run folders."""
-        self._refuse_shared_folders(job_overrides)
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             return self._launch_restarting(job_overrides, initial_job_idx)
@@ -117,23 +111,6 @@ class GpusLauncher(JoblibLauncher):
             raise
         finally:
             signal.signal(signal.SIGTERM, previous)
-
-    def _refuse_shared_folders(self, job_overrides) -> None:
-        """Two jobs whose runs would share one folder (they differ only in settings that are not part of its path)
-        are refused before any starts: in parallel the second would find the folder held, in turn a different
-        config in it."""
-        seen = {}
-        for overrides in job_overrides:
-            config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            folder = config.hydra.sweep.subdir
-            if folder in seen:
-                differ = " and ".join(" ".join(sorted(set(a) - set(b)))
-                                      for a, b in ((seen[folder], overrides), (overrides, seen[folder])))
-                raise SweepRefused(f"two jobs of this sweep would write one run folder, {folder}: they differ only in "
-                                 f"{differ}, which a run folder's path does not include (it has the benchmark, "
-                                 "model, strategy, quant, tag and seed); sweep them as separate commands, each "
-                                 "with its own tag=NAME")
-            seen[folder] = overrides
 
     def _launch_restarting(self, job_overrides, initial_job_idx):
         from joblib.externals.loky.process_executor import TerminatedWorkerError  # noqa: PLC0415
