@@ -194,6 +194,12 @@ def test_a_sweep_whose_jobs_would_share_a_run_folder_is_refused_before_any_start
     assert not list(tmp_path.iterdir())
 
 
+def test_a_sweep_that_repeats_a_job_is_refused_as_such(tmp_path, cli):
+    out = cli("-m", "strategy=naive", "seed=0,0", "trainer.epochs=1")
+    assert out.returncode == 2 and out.stderr.startswith("error: jobs #0 and #1 of this sweep are the same run "
+                                                         "(digits-mlp/naive/fp32/seed0): a value is repeated")
+
+
 def test_submitit_local_launcher_runs_the_sweep(tmp_path):
     out = run_cli("-m", "hydra/launcher=submitit_local", "strategy=naive,lwf", "trainer.epochs=1", tmp_path=tmp_path)
     assert out.returncode == 0, out.stderr

@@ -61,6 +61,9 @@ def refuse_shared_folders(config) -> None:
             return
         if folder in seen:
             first, other = seen[folder]
+            if set(other) == set(overrides):
+                raise ValueError(f"jobs #{first} and #{num} of this sweep are the same run ({folder}): a value is "
+                                 "repeated in a sweep list; give each value once")
             differ = (" ".join(sorted(set(a) - set(b))) for a, b in ((other, overrides), (overrides, other)))
             raise ValueError(f"jobs #{first} and #{num} of this sweep would write one run folder, {folder}: they "
                              f"differ only in {' and '.join(differ)}, which a run folder's path does not include (it "
