@@ -22,6 +22,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 
+from ..endings import end_single_run
 from ..files import read_json, write_atomic, write_json
 
 log = logging.getLogger(__name__)
@@ -81,8 +82,6 @@ class SweepReport(Callback):
         try:
             refuse_shared_folders(config)
         except ValueError as error:  # Hydra would make a callback's exception a warning and start the jobs
-            from ..cli import end_single_run  # noqa: PLC0415 (the command's module, which started this sweep)
-
             end_single_run(error)  # one line, exit 2; under HYDRA_FULL_ERROR=1 it returns: the traceback here
             traceback.print_exc()
             sys.exit(2)
