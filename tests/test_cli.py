@@ -169,6 +169,9 @@ def test_failed_job_does_not_stop_the_sweep_and_is_reported(tmp_path, cli):
     assert out.returncode != 0
     assert (tmp_path / "digits-mlp/naive/fp32/seed0/summary.json").exists()
     assert "| digits | class | mlp | naive | fp32 |" in out.stdout
+    import torch
+    if not torch.cuda.is_available():  # said, not left to a reader of joblib's n_jobs=1
+        assert "no CUDA GPU here: the jobs train on the CPU, 1 at once" in out.stdout + out.stderr
     report = (tmp_path / "sweep_summary.md").read_text()
     assert "1 of 2 jobs completed" in report
     assert "| digits-mlp/icarl/fp32/seed0 |" in report and "iCaRL needs at least one exemplar per class" in report

@@ -147,6 +147,9 @@ class GpusLauncher(JoblibLauncher):
                 stack.enter_context(patch.dict(os.environ, env))  # the job processes inherit it
                 log.info("%d GPU(s) x %d job(s) each, %d at once, %s CPU thread(s) a job", gpus, per_gpu,
                          self.joblib["n_jobs"], os.environ["OMP_NUM_THREADS"])
+            else:
+                log.warning("no CUDA GPU here: the jobs train on the CPU, %d at once (hydra.launcher.n_jobs)",
+                            self.joblib["n_jobs"])
             return super().launch(job_overrides, initial_job_idx)
 
 
