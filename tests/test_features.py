@@ -141,6 +141,17 @@ def test_filter_table_and_paper_filter():
         features.filter_table(features.FeatureTable(table.X, table.y, None, ["f"]), drop_subjects=(1,))
 
 
+def test_named_classes_are_dropped_by_name_or_number(make_cfg, tmp_path):
+    path = _save(_named(_frame(), ("walk", "sit", "run")), tmp_path)  # numbered in sorted order: run 0, sit 1, walk 2
+    for drop in ("[walk]", "[2]"):
+        loaded = har.load(make_cfg("benchmark=features", f"benchmark.path={path}",
+                                   f"benchmark.drop_classes={drop}").benchmark, 0)
+        assert loaded.class_names == ["run", "sit"]
+    with pytest.raises(ValueError, match=r"cannot drop classes \['emu'\]: not in the table \(classes \['0 \(run\)', "
+                                         r"'1 \(sit\)', '2 \(walk\)'\]\)"):
+        har.load(make_cfg("benchmark=features", f"benchmark.path={path}", "benchmark.drop_classes=[emu]").benchmark, 0)
+
+
 def test_subject_split_takes_ceil_80_percent_of_subjects_by_seed(tmp_path):
     table = features.load_feature_table(_save(_frame(n_subjects=28), tmp_path))
     train, test = features.subject_split(table, 0.8, seed=1)

@@ -260,10 +260,15 @@ def _check(table: FeatureTable, path: Path):
 
 
 def filter_table(table: FeatureTable, drop_classes=(), drop_subjects=()) -> FeatureTable:
-    """Drop rows of the given classes and subjects (each must occur in the table: a typo is an error)."""
-    absent = sorted(set(drop_classes) - set(table.y.tolist()))
+    """Drop rows of the given classes (numbers, or names where the table names its classes) and subjects (each
+    must occur in the table: a typo is an error)."""
+    ids = {name: i for i, name in (table.class_names or {}).items()}
+    drop_classes = [ids.get(c, c) for c in drop_classes]
+    absent = sorted(set(drop_classes) - set(table.y.tolist()), key=str)
     if absent:
-        raise ValueError(f"cannot drop classes {absent}: not in the table (classes {sorted(set(table.y.tolist()))})")
+        known = sorted(set(table.y.tolist()))
+        raise ValueError(f"cannot drop classes {absent}: not in the table (classes "
+                         f"{[f'{i} ({table.class_names[i]})' for i in known] if table.class_names else known})")
     keep = ~np.isin(table.y, list(drop_classes))
     if drop_subjects:
         if table.subject is None:

@@ -7,13 +7,13 @@ researcher brings (NPZ/CSV/Parquet with a `label` and optionally a `subject` col
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 import torch
 from omegaconf import MISSING
 
-from ..settings import BOOL, FRACTION, INT_LIST, one_of, setting
+from ..settings import BOOL, FRACTION, INT_LIST, Rule, one_of, setting
 from .arrays import ArrayDataset
 from .split import BENCHMARKS, BenchmarkConfig, Loaded
 
@@ -22,10 +22,15 @@ _MAKERS = {"hapt": "python -m data_prep.hapt", "dsads": "python -m data_prep.dsa
            "pamap2": "python -m data_prep.pamap2"}
 
 
+CLASSES = Rule(lambda v: isinstance(v, list) and all(isinstance(c, (int, str)) and not isinstance(c, bool) for c in v),
+               "a list of class numbers or names")
+
+
 @dataclass
 class FeatureTableConfig(BenchmarkConfig):
     path: str = MISSING  # the feature file: data_prep's NPZ, or any CSV/Parquet/NPZ table
-    drop_classes: List[int] = setting([], INT_LIST)  # the paper's filtering of classes and subjects
+    # the paper's filtering of classes (by number, or by name where the labels are names) and subjects
+    drop_classes: List[Any] = setting([], CLASSES)
     drop_subjects: List[int] = setting([], INT_LIST)
     # auto: given where the data has its own split, else subject where the table has subjects, else random.
     # subject: ceil(train_fraction × subjects) train, chosen by seed (needs a subject column); random: stratified
