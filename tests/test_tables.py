@@ -265,6 +265,25 @@ def test_published_numbers_beside_the_runs_with_differences_and_costs(tmp_path):
         make_tables([tmp_path / "runs"], tmp_path / "out2", plot=False, published=bad)
 
 
+def test_published_numbers_are_set_beside_one_schedule_only(tmp_path):
+    """Runs of one scheme at two schedules would be averaged into one 'here' cell: refused, naming both; FP32 at
+    another schedule than the scheme's gives no cost here."""
+    runs = tmp_path / "runs"
+    _run_with_config(runs, "fp_short", _summary("icarl", "fp32", 0, 60.0), trainer={"epochs": 1})
+    _run_with_config(runs, "hd", _summary("icarl", "hdqt", 0, 78.0), trainer={"epochs": 50})
+    published = tmp_path / "published.csv"
+    published.write_text("benchmark,strategy,quant,avg_acc,last_acc,source\n"
+                         "hapt,icarl,fp32,90.0,83.0,paper\nhapt,icarl,hdqt,89.0,82.0,paper\n")
+    make_tables([runs], tmp_path / "out", plot=False, published=published)
+    hdqt_row = (tmp_path / "out" / "published.md").read_text().splitlines()[3]
+    assert hdqt_row.startswith("| hapt | icarl | hdqt | 89.0 / 82.0 | 88.0 (n=1) / 78.0 (n=1) | 1 |")
+    assert "| -1.0 / -1.0 | – | paper |" in hdqt_row
+    _run_with_config(runs, "fp_long", _summary("icarl", "fp32", 0, 80.0), trainer={"epochs": 50})
+    with pytest.raises(ValueError, match=r"the runs of hapt icarl fp32 ran at more than one schedule \(– at 1 epochs, "
+                                         r"– at 50 epochs\): give only the runs of the schedule"):
+        make_tables([runs], tmp_path / "out", plot=False, published=published)
+
+
 def test_cost_columns_and_the_energy_plot_where_runs_report_their_cost(tmp_path):
     def costed(quant, seed, last, gmacs, joules):
         return {**_summary("icarl", quant, seed, last),

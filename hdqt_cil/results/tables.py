@@ -370,8 +370,17 @@ def published_table(df: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
     if missing:
         raise ValueError(f"a published table needs the columns {', '.join(PUBLISHED_COLUMNS)}; "
                          f"missing {', '.join(sorted(missing))}")
-    agg = aggregate(_preset_runs(df), keys=["benchmark", "strategy", "scheme"]).set_index(
-        ["benchmark", "strategy", "scheme"])
+    keys = ["benchmark", "strategy", "scheme"]
+    agg = aggregate(_preset_runs(df), keys=[*keys, *SCHEDULE])
+    mixed = agg[agg.duplicated(keys, keep=False)]
+    if len(mixed):  # one published number beside runs of two schedules: their mean would be of neither
+        first = mixed.iloc[0]
+        schedules = ", ".join(f"{r.preset} at {r.epochs} epochs" for r in
+                              mixed[(mixed[keys] == first[keys]).all(axis=1)].itertuples())
+        raise ValueError(f"the runs of {first.benchmark} {first.strategy} {first.scheme} ran at more than one "
+                         f"schedule ({schedules}): give only the runs of the schedule the published numbers were "
+                         "made with")
+    agg = agg.set_index(keys)
     theirs = published.set_index(["benchmark", "strategy", "quant"])
     rows = []
     for (bench, strategy, quant), ref in theirs.iterrows():
@@ -384,6 +393,9 @@ def published_table(df: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
                                                              f"{here.last_acc_mean - ref.last_acc:+.1f}")
         fp32_ref = theirs.loc[(bench, strategy, "fp32")] if (bench, strategy, "fp32") in theirs.index else None
         fp32_here = agg.loc[(bench, strategy, "fp32")] if (bench, strategy, "fp32") in agg.index else None
+        if fp32_here is not None and here is not None and (fp32_here.preset, fp32_here.epochs) != (here.preset,
+                                                                                           here.epochs):
+            fp32_here = None  # FP32 at another schedule: no cost here
         costs = ("–", "–")
         if quant != "fp32" and fp32_ref is not None:
             costs = (f"{ref.avg_acc - fp32_ref.avg_acc:+.1f} / {ref.last_acc - fp32_ref.last_acc:+.1f}",
