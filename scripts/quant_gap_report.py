@@ -4,7 +4,9 @@ scheme paired by seed, and the scheme's runs' quantization statistics (quant_sta
     python scripts/quant_gap_report.py RUNS --out DIR [--scheme int4] [--compare lwf bic icarl | --compare]
 
 --scheme names the scheme set against FP32 (`hdqt` unless given; `int4`, `hot`, `fp8`, ...); the tables' columns
-name it. A tagged run set (`hdqt[acc12]`) counts as its scheme's runs.
+name it. A tagged run set at its scheme's preset (`tag=ce_seen` on FP32 and the scheme alike) counts as its scheme's
+runs; one off the preset (`quant.acc_bits=12 tag=acc12`) is left out. The runs must share one schedule (preset and
+epochs): FP32 at 60 epochs is not paired with a scheme at 8.
 
 Writes into DIR, from the complete run folders under RUNS (a[k,j]: accuracy on task j after experience k):
 - accuracy_split.md: 'new' a[k,k] and 'old' mean_{j<k} a[k,j]; old = 'learned' (mean a[j,j]) − 'forgotten';
@@ -18,7 +20,7 @@ Writes into DIR, from the complete run folders under RUNS (a[k,j]: accuracy on t
 Accuracies are class-incremental (predictions over all seen classes): a low a[k,j] mixes a task not learned with
 its images given to other tasks' classes. Runs of one strategy in several variants (settings outside quant, e.g.
 `strategy.ce_classes=seen`) are kept apart, each strategy named by its variant ('bic [strategy.ce_classes=seen]'),
-and FP32 is paired with the scheme within a variant; runs off their scheme's preset (a quant variant) are left out.
+and FP32 is paired with the scheme within a variant.
 """
 import argparse
 import re
@@ -60,8 +62,14 @@ def load_runs(root) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Complete runs at their scheme's preset (collect_runs), strategies named by their variant: one row per
     run × experience (accuracy split, last-epoch training loss) and one per run × task age (forgetting_by_age)."""
     runs = collect_runs(root)
-    runs = runs[(runs.status == "complete") & (runs.quant_variant == "")]
+    runs = runs[(runs.status == "complete") & (runs.quant_variant == "") & (runs.setting == "")]
     runs = runs.assign(strategy=strategy_labels(runs), quant=runs.scheme)
+    schedules = runs.groupby("strategy")[["preset", "epochs"]].apply(lambda g: sorted(set(map(tuple, g.values))))
+    mixed = schedules[schedules.map(len) > 1]
+    if len(mixed):  # FP32 at one schedule against the scheme at another is no gap of the scheme's
+        raise ValueError(f"the runs of {mixed.index[0]} ran at more than one schedule ("
+                         + ", ".join(f"{preset} at {epochs} epochs" for preset, epochs in mixed.iloc[0])
+                         + "): give only one schedule's runs under the folder")
     twice = runs[runs.duplicated(["strategy", "quant", "seed"], keep=False)]
     if len(twice):
         raise ValueError("runs at the same settings and seed cannot be paired; keep one of each under the folder: "

@@ -165,6 +165,27 @@ def test_runs_that_cannot_be_paired_are_refused(tmp_path, capsys):
         gap.load_runs(tmp_path)
 
 
+def test_a_tagged_ablation_is_left_out_and_schedules_are_not_mixed(tmp_path):
+    """A tagged run set off its scheme's preset (acc_bits 12) is no run of the scheme: HDQT's gap is its preset
+    runs'. FP32 at one schedule against the scheme at another is refused, naming both."""
+    from hdqt_cil.quant.schemes import preset_settings
+
+    def config(quant, epochs=60, **settings):
+        return {"quant": {**preset_settings(quant), **settings}, "strategy": {"name": "lwf"},
+                "trainer": {"epochs": epochs}}
+
+    write_run(tmp_path, "lwf", "fp32", FP32, config=config("fp32"))
+    write_run(tmp_path, "lwf", "hdqt", HDQT, config=config("hdqt"))
+    write_run(tmp_path, "lwf", "hdqt", FP32, tag="acc12", config=config("hdqt", acc_bits=12))
+    steps, _ = gap.load_runs(tmp_path)
+    assert sorted(set(steps.path.map(lambda p: Path(p).parent.name))) == ["fp32", "hdqt"]
+    write_run(tmp_path / "short", "lwf", "hdqt", HDQT, config=config("hdqt", epochs=8))
+    write_run(tmp_path / "short", "lwf", "fp32", FP32, seed=1, config=config("fp32"))
+    with pytest.raises(ValueError, match=r"the runs of lwf ran at more than one schedule \(– at 60 epochs, – at 8 "
+                                         r"epochs\)"):
+        gap.load_runs(tmp_path / "short")
+
+
 def header(md: str) -> list[str]:
     return [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
 
