@@ -411,6 +411,13 @@ def test_plot_styles_follow_strategy_and_scheme_and_show_one_seed_as_such(tmp_pa
     assert drawn["icarl / hdqt (n=1)"]["color"] == alone["color"] != first["icarl / hdqt (n=1)"]["color"]
     assert drawn["icarl / hdqt (n=1)"]["marker"] == first["icarl / hdqt (n=1)"]["marker"]
     assert first["icarl / fp32 (n=1)"]["yerr"] is None and first["bic / fp32"]["yerr"] is not None
+    drawn.clear()  # a tagged run set: its scheme's marker and colour, a line style of its own
+    _write(tmp_path / "c", _summary("icarl", "fp32", 0, 80.0), _summary("icarl", "hdqt", 0, 70.0),
+           _summary("icarl", "hdqt", 0, 65.0, tag="acc12"))
+    make_tables([tmp_path / "c"], tmp_path / "out_c")
+    plain, tagged, fp32 = (drawn[f"icarl / {q} (n=1)"] for q in ("hdqt", "hdqt[acc12]", "fp32"))
+    assert tagged["marker"] == plain["marker"] and tagged["color"] == plain["color"]
+    assert tagged["linestyle"] != plain["linestyle"] == fp32["linestyle"]
 
 
 def test_a_panel_of_one_strategy_colours_its_schemes():
@@ -460,6 +467,11 @@ def test_a_run_found_twice_counts_once_and_two_runs_of_one_seed_are_refused(tmp_
     err = capsys.readouterr().err
     assert end.value.code == 2 and err.count("\n") == 1
     assert f"{tmp_path / 'runs.tgz'}:runs/run1 and {tmp_path / 'rerun' / 'run0'}" in err
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SystemExit) as end:
+        main([str(tmp_path / "runs"), "--out", str(tmp_path / "a_file"), "--no-plot"])
+    assert end.value.code == 2 and capsys.readouterr().err == f"error: --out {tmp_path / 'a_file'} is a file; name a " \
+        "folder for the tables\n"
     from hdqt_cil.results import load_runs  # a notebook's view lists every run folder, each once
 
     assert sorted(load_runs(tmp_path / "runs", tmp_path / "runs" / "run0", tmp_path / "rerun").seed) == [0, 1, 1]

@@ -32,6 +32,9 @@ def main(argv=None):
     if missing:
         print(f"error: no such file or folder: {', '.join(missing)}", file=sys.stderr)
         sys.exit(2)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        print(f"error: --out {args.out} is a file; name a folder for the tables", file=sys.stderr)
+        sys.exit(2)
     with tempfile.TemporaryDirectory() as scratch:
         roots = [unpacked(root, scratch) for root in args.roots]
         try:

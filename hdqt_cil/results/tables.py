@@ -514,9 +514,11 @@ def plot_energy(agg: pd.DataFrame, path) -> None:
         panel = rows[rows.benchmark == bench]
         one_strategy = panel.strategy.nunique() == 1
         for row in panel.itertuples():
-            detail = ", ".join(filter(None, (_short(row.variant), _short(row.quant_variant))))
+            detail = ", ".join(filter(None, (_short(row.variant), _short(row.quant_variant),
+                                             _epochs(row.epochs) if panel.epochs.nunique() > 1 else "")))
+            scheme = row.quant.split("[")[0]  # a tagged row's marker is its scheme's
             ax.errorbar(row.energy_j_mean, row.avg_acc_mean, xerr=row.energy_j_std, yerr=row.avg_acc_std,
-                        capsize=2, **run_style(row.strategy, row.quant, strategies, schemes, one_strategy),
+                        capsize=2, **run_style(row.strategy, scheme, strategies, schemes, one_strategy),
                         label=f"{row.strategy} / {row.quant}" + (f" ({detail})" if detail else ""))
         ax.set(title=bench, xscale="log", xlabel="estimated training energy (J)", ylabel="avg accuracy (%)")
         _label_energy_axis(ax, panel.energy_j_mean)
@@ -525,6 +527,10 @@ def plot_energy(agg: pd.DataFrame, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")  # the legends beside the panels, which tight_layout leaves out
     plt.close(fig)
+
+
+def _epochs(epochs: str) -> str:
+    return f"{epochs} epoch{'' if epochs == '1' else 's'}"
 
 
 def _label_energy_axis(ax, energies) -> None:
@@ -578,7 +584,9 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
         runs = done[done.benchmark == bench]
         lines = runs.groupby(["strategy", "epochs", "variant", "scheme", "quant", "quant_variant"])
         one_strategy = runs.strategy.nunique() == 1
-        variants = sorted({(epochs, variant, quant_variant) for (_, epochs, variant, _, _, quant_variant), _ in lines})
+        # a line style a schedule, variant or tagged run set of one strategy and scheme
+        variants = sorted({(epochs, variant, quant[len(scheme):], quant_variant)
+                           for (_, epochs, variant, scheme, quant, quant_variant), _ in lines})
         counts = []
         for (strategy, epochs, variant, scheme, quant, quant_variant), group in lines:
             curves = np.array([c for c in group.seen_acc if len(c) == len(group.seen_acc.iloc[0])])
@@ -589,11 +597,12 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
             seen = np.cumsum(per_exp) if per_exp else np.arange(1, group.n_experiences.iloc[0] + 1)
             classes = seen[-curves.shape[1]:]
             detail = ", ".join(filter(None, (_short(variant), _short(quant_variant),
-                                             f"{epochs} epochs" if runs.epochs.nunique() > 1 else "",
+                                             _epochs(epochs) if runs.epochs.nunique() > 1 else "",
                                              "n=1" if len(curves) == 1 else "")))
             ax.errorbar(classes, curves.mean(0), yerr=curves.std(0, ddof=1) if len(curves) > 1 else None,
                         capsize=2, **run_style(strategy, scheme, strategies, schemes, one_strategy),
-                        linestyle=LINESTYLES[variants.index((epochs, variant, quant_variant)) % len(LINESTYLES)],
+                        linestyle=LINESTYLES[variants.index((epochs, variant, quant[len(scheme):], quant_variant))
+                                             % len(LINESTYLES)],
                         label=f"{strategy} / {quant}" + (f" ({detail})" if detail else ""))
         domain = bench.endswith("(domain)")
         epochs = [e for e in runs.epochs.unique() if e != "–"]  # '–': a run that does not record them
