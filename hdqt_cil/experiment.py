@@ -347,7 +347,7 @@ def _train(cfg, bench, strategy, plugins: RunPlugins, folder: RunFolder, start: 
         if plugins.hp_replay is not None:
             records["hp_replay.json"] = plugins.hp_replay.phases
         if plugins.diagnostics is not None:  # per experience and layer; summary.json has the means over layers
-            records["diagnostics.json"] = plugins.diagnostics.experiences
+            records["diagnostics.json"] = plugins.diagnostics.records()
             summary["diagnostics"] = plugins.diagnostics.summary()
         folder.write(summary, records)
 

@@ -242,6 +242,15 @@ def test_the_landscape_centre_is_the_models_loss_and_the_model_is_untouched(sche
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
+def test_layers_written_without_their_order_are_read_in_the_models():
+    from hdqt_cil.results.diagnostics import layer_order
+
+    names = ["classifier", "features.1.conv1", "features.1.stages.0.10.conv1", "features.1.stages.0.2.conv1",
+             "features.1.stages.1.0.conv1"]
+    assert layer_order({"layers": dict.fromkeys(names)}) == [names[1], names[3], names[2], names[4], names[0]]
+    assert layer_order({"layers": dict.fromkeys(names), "layer_order": names}) == names
+
+
 def _light(make_cfg, quant, *more):
     return make_cfg("strategy=lwf", f"quant={quant}", "trainer.epochs=2", "trainer.device=cpu",
                     "benchmark.n_experiences=null", "benchmark.classes_per_exp=4", *more)
@@ -260,6 +269,9 @@ def test_a_run_records_fidelity_per_layer_and_experience_without_changing_its_nu
     assert all("g_x" in layer and "g_W" in layer for layer in records[1]["layers"].values())  # the first layer too
     assert [e["experience"] for e in measured["diagnostics"]] == [0, 1, 2]
     assert "diagnostics" not in plain
+    # the layers' order in the model, which the file's sorted keys lose (classifier first)
+    assert records[0]["layer_order"][-1] == "classifier" and next(iter(records[0]["layers"])) == "classifier"
+    assert sorted(records[0]["layer_order"]) == sorted(records[0]["layers"])
     roles = {"input", "weight", "grad_input.grad_output", "grad_input.weight", "grad_weight.grad_output",
              "grad_weight.input"}
     for layer in records[1]["layers"].values():

@@ -2,6 +2,7 @@
 and by experience, old against new classes, the gradients' statistics by layer, and the quantizers' underflow and
 the products' largest tile sums by layer, and the loss landscapes of diagnostics=full."""
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,16 @@ def _records(runs: pd.DataFrame):
             yield run, json.loads(path.read_text()), json.loads(stats.read_text()) if stats.exists() else []
 
 
+def layer_order(record: dict) -> list[str]:
+    """A record's layers in the model's order: as it gives it, or for a record written without it (its layers'
+    names sorted as text), by name with the numbers in them compared as numbers and the classifier last, which is
+    the order of this package's models (stem, stages and blocks, classifier)."""
+    if "layer_order" in record:
+        return record["layer_order"]
+    return sorted(record["layers"], key=lambda name: (name.split(".")[0] == "classifier",
+                                                      [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]))
+
+
 def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(fidelity, statistics, quantizers) in long form, one row per run, experience, layer and measured thing;
     empty where no run recorded diagnostics. quantizers: `measure` an underflow share by role, a product's largest
@@ -42,7 +53,8 @@ def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, p
         keys = {k: run[k] for k in RUN_KEYS + ["seed"] if k in run}
         positions = {}  # (experience, layer): the layer's place in the model
         for record in records:
-            for position, (layer, found) in enumerate(record["layers"].items()):
+            for position, layer in enumerate(layer_order(record)):
+                found = record["layers"][layer]
                 positions[record["experience"], layer] = position
                 where = {**keys, "experience": record["experience"], "position": position, "layer": layer}
                 for kind in COMPARED:

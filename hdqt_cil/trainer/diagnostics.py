@@ -596,6 +596,11 @@ class GradientDiagnostics(SupervisedPlugin):
     def load_epoch_state(self, state: list) -> None:
         self.experiences = state
 
+    def records(self) -> list[dict]:
+        """diagnostics.json: the records, each with its layers' order in the model (`layer_order`: the file's
+        objects are written with their keys sorted)."""
+        return [{**exp, "layer_order": list(exp["layers"])} for exp in self.experiences]
+
     def after_training_exp(self, strategy, **kwargs):
         """diagnostics=full: the landscape of the quantized model and of its float shadow, along the same two
         directions (drawn from the run's seed and the experience), on the experience's first training batches
