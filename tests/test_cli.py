@@ -197,6 +197,13 @@ def test_a_sweep_whose_jobs_would_share_a_run_folder_is_refused_before_any_start
     assert not list(tmp_path.iterdir())
 
 
+def test_a_sweep_whose_tag_names_the_swept_value_runs_each_job_in_its_folder(tmp_path, cli):
+    """The check before a sweep reads the command's overrides unresolved: each job's tag is its own value's."""
+    out = cli("-m", "strategy=naive", "quant=hdqt", "quant.bits=3,4", "tag=b${quant.bits}", "trainer.epochs=1")
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in (tmp_path / "digits-mlp/naive").iterdir()) == ["hdqt-b3", "hdqt-b4"]
+
+
 def test_a_sweep_that_repeats_a_job_is_refused_as_such(tmp_path, cli):
     out = cli("-m", "strategy=naive", "seed=0,0", "trainer.epochs=1")
     assert out.returncode == 2 and out.stderr.startswith("error: jobs #0 and #1 of this sweep are the same run "

@@ -21,6 +21,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
 
 from ..endings import end_single_run
 from ..files import read_json, write_atomic, write_json
@@ -43,10 +44,12 @@ def record_job(sweep_dir, job: int, folder, overrides, error: BaseException | No
 
 
 def sweep_jobs(config) -> list[list[str]]:
-    """Each job's overrides, as Hydra's basic sweeper expands the command's (its params first)."""
-    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
+    """Each job's overrides, as Hydra's basic sweeper expands the command's (its params first), read unresolved: an
+    override's value may interpolate the job's settings (`tag=b${quant.bits}`)."""
+    params = OmegaConf.to_container(config.hydra.sweeper, resolve=False).get("params") or {}
+    task = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
     parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
-    overrides = parser.parse_overrides(params + list(config.hydra.overrides.task))
+    overrides = parser.parse_overrides([f"{key}={value}" for key, value in params.items()] + task)
     return BasicSweeper.split_arguments(overrides, None)[0]
 
 
