@@ -178,6 +178,9 @@ class RunPlugins:
         if t.cuda_graph is True and device.type != "cuda":
             raise ValueError(f"trainer.cuda_graph=true needs a CUDA device; this run is on {device} "
                              f"(trainer.device={t.device}); use auto or false")
+        if cfg.quant.get("backend") == "cupy" and device.type != "cuda":
+            raise ValueError(f"quant.backend=cupy runs the products as CUDA kernels; this run is on {device} "
+                             f"(trainer.device={t.device}); use quant.backend=auto or torch")
         if t.compile and cfg.quant.name != "fp32":
             raise ValueError(f"trainer.compile=true applies to quant=fp32 only; quant={cfg.quant.name} runs its own "
                              f"kernels, whose inputs torch.compile's fused float ops would change; use "

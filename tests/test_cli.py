@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,6 +68,13 @@ def test_bad_value_fails_before_writing_anything(tmp_path, cli, monkeypatch):
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # the error itself escapes: Python's traceback and exit status 1
     with pytest.raises(ValueError, match="trainer.epochs=0 must be a positive integer"):
         cli("trainer.epochs=0")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a CPU run")
+def test_the_kernels_backend_on_a_cpu_run_is_refused_before_a_folder_is_claimed(tmp_path, cli):
+    out = cli("strategy=naive", "quant=hdqt", "quant.backend=cupy", "trainer.epochs=1")
+    assert out.returncode == 2 and out.stderr.startswith("error: quant.backend=cupy runs the products as CUDA kernels")
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_diverged_run_stops_with_its_message_and_no_traceback(tmp_path):
@@ -169,7 +177,6 @@ def test_failed_job_does_not_stop_the_sweep_and_is_reported(tmp_path, cli):
     assert out.returncode != 0
     assert (tmp_path / "digits-mlp/naive/fp32/seed0/summary.json").exists()
     assert "| digits | class | mlp | naive | fp32 |" in out.stdout
-    import torch
     if not torch.cuda.is_available():  # said, not left to a reader of joblib's n_jobs=1
         assert "no CUDA GPU here: the jobs train on the CPU, 1 at once" in out.stdout + out.stderr
     report = (tmp_path / "sweep_summary.md").read_text()
