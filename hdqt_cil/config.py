@@ -292,7 +292,7 @@ def refuse_misspelt_overrides(overrides: list[str]) -> None:
             elif section in FIXED_SECTIONS:
                 _refuse_unknown(key.split(".")[0], f"{section}.", FIXED_SECTIONS[section])
             elif section in MEMBER_GROUPS:
-                members.append((section, key.split(".")[0]))
+                members.append((section, key))
                 continue
         if not override.is_sweep_override():
             kept.append(override.input_line)
@@ -302,10 +302,16 @@ def refuse_misspelt_overrides(overrides: list[str]) -> None:
         cfg = compose_run(kept)
     except (HydraException, OmegaConfBaseException):  # Hydra's to report, with the failing override
         return
-    for section, key in members:
-        schema = OmegaConf.get_type(cfg[section])
-        if is_dataclass(schema):
-            _refuse_unknown(key, f"{section}.", schema)
+    for section, key in members:  # each level of a nested key (quant.rounding.grad_output) against its schema
+        node, path = cfg[section], f"{section}."
+        for part in key.split("."):
+            schema = OmegaConf.get_type(node)
+            if not is_dataclass(schema):
+                break
+            _refuse_unknown(part, path, schema)
+            node, path = node[part], f"{path}{part}."
+            if not isinstance(node, DictConfig):
+                break
 
 
 def validate(cfg) -> None:

@@ -118,6 +118,8 @@ def test_an_added_key_no_schema_declares_is_refused_with_the_nearest_names(tmp_p
     (["strategy=bic", "strategy.ce_clases=seen"], "strategy.ce_clases is not a setting; did you mean "
                                                   "strategy.ce_classes?"),
     (["+experiment=cifar10_paper", "benchmark.rot=x"], "benchmark.rot is not a setting; did you mean benchmark.root?"),
+    (["quant=hdqt", "quant.rounding.grad_outpt=nearest"], "quant.rounding.grad_outpt is not a setting; did you mean "
+                                                          "quant.rounding.grad_output? the settings of quant.rounding"),
 ])
 def test_a_misspelt_setting_is_refused_with_the_nearest_names(tmp_path, cli, overrides, message):
     out = cli("-m", *overrides, "seed=0,1")  # a sweep's too: refused before Hydra composes or launches anything
