@@ -29,7 +29,8 @@ warnings.filterwarnings("ignore", category=DeprecationWarning, module="avalanche
 __all__ = ["main", "tables"]
 
 def main() -> None:
-    """The command: a misspelt setting is refused with its nearest names before Hydra composes (exit 2)."""
+    """The command: a misspelt setting or an unknown group member is refused with its nearest names before Hydra
+    composes (exit 2)."""
     try:
         refuse_misspelt_overrides(sys.argv[1:])
     except ValueError as error:

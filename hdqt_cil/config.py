@@ -270,10 +270,11 @@ def compose_command(overrides: list[str]) -> DictConfig:
 
 
 def refuse_misspelt_overrides(overrides: list[str]) -> None:
-    """Refuse `trainer.epoch=5` or `quant.acc_bit=12` (a key its section's schema lacks: the run's, a fixed
-    section's or the chosen member's) with its nearest settings, where Hydra would only say the key is missing and
-    offer to add it. Added (`+`), deleted and forced keys, Hydra's own, a member's keys where the member is swept
-    (`quant=fp,hdqt`) and overrides Hydra cannot parse or compose are left to Hydra."""
+    """Refuse `trainer.epoch=5`, `quant.acc_bit=12` or `quant.rounding.grad_outpt=...` (a key its section's schema
+    lacks: the run's, a fixed section's or the chosen member's, at any depth) with its nearest settings, where Hydra
+    would only say the key is missing and offer to add it, and `strategy=icrl` (a group member that does not exist)
+    with the nearest members. Added (`+`), deleted and forced keys, Hydra's own, a member's keys where the member is
+    swept (`quant=fp,hdqt`) and overrides Hydra cannot parse or compose are left to Hydra."""
     try:
         parsed = OverridesParser.create().parse_overrides([o for o in overrides if "=" in o and o[0] != "-"])
     except HydraException:
