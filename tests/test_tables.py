@@ -475,3 +475,6 @@ def test_a_run_found_twice_counts_once_and_two_runs_of_one_seed_are_refused(tmp_
     from hdqt_cil.results import load_runs  # a notebook's view lists every run folder, each once
 
     assert sorted(load_runs(tmp_path / "runs", tmp_path / "runs" / "run0", tmp_path / "rerun").seed) == [0, 1, 1]
+    assert sorted(load_runs(tmp_path / "runs.tgz").seed) == [0, 1]  # an archive of run folders, as make_tables
+    with pytest.raises(FileNotFoundError, match="no such file or folder: .*typo"):
+        load_runs(tmp_path / "typo")

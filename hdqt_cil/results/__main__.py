@@ -2,21 +2,10 @@
 a tar archive of run folders (results/*/runs.tgz), read from a temporary copy."""
 import argparse
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
-from .tables import make_tables, to_markdown
-
-
-def unpacked(root: str, into: str) -> str:
-    """`root` itself, or where the tar archive `root` is unpacked under `into` (paths outside it refused)."""
-    if not Path(root).is_file() or not tarfile.is_tarfile(root):
-        return root
-    folder = tempfile.mkdtemp(dir=into)
-    with tarfile.open(root) as archive:
-        archive.extractall(folder, filter="data")
-    return folder
+from .tables import make_tables, to_markdown, unpacked
 
 
 def main(argv=None):

@@ -24,6 +24,8 @@ import hashlib
 import json
 import math
 import re
+import tarfile
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -199,12 +201,27 @@ def _collect(roots) -> tuple[pd.DataFrame, list[dict]]:
     return df.reset_index(drop=True), [configs[i] for i in df.index]  # the configs of the runs kept
 
 
+def unpacked(root: str, into: str) -> str:
+    """`root` itself, or where the tar archive `root` is unpacked under `into` (paths outside it refused)."""
+    if not Path(root).is_file() or not tarfile.is_tarfile(root):
+        return root
+    folder = tempfile.mkdtemp(dir=into)
+    with tarfile.open(root) as archive:
+        archive.extractall(folder, filter="data")
+    return folder
+
+
 def load_runs(*roots) -> pd.DataFrame:
-    """Every run folder under `roots`, for a notebook: collect_runs' row (run identity, status, metrics, cost, wall
-    time, peak memory, path) with each setting of the run's config as a column of its dotted name
+    """Every run folder under `roots` (folders, or tar archives of run folders: results/*/runs.tgz), for a
+    notebook: collect_runs' row (run identity, status, metrics, cost, wall time, peak memory, path: an archive's
+    runs in a temporary copy) with each setting of the run's config as a column of its dotted name
     (`trainer.epochs`, `quant.acc_bits`, ...) and its accuracy matrix in `acc_matrix` (a float array, row k: after
     experience k, NaN for experiences not yet seen)."""
-    df, configs = _collect(roots)
+    missing = [str(root) for root in roots if not Path(root).exists()]
+    if missing:
+        raise FileNotFoundError(f"no such file or folder: {', '.join(missing)}")
+    copies = tempfile.mkdtemp(prefix="hdqt-runs-")
+    df, configs = _collect([unpacked(str(root), copies) for root in roots])
     settings = pd.DataFrame([_flat(c) for c in configs], index=df.index)
     df = pd.concat([df, settings[[c for c in settings.columns if c not in df.columns]]], axis=1)
     df["acc_matrix"] = [np.array(m, dtype=float) for m in df.acc_matrix]
