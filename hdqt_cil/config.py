@@ -211,12 +211,17 @@ def register_schemas() -> None:
     load_members()
 
 
+def _did_you_mean(name: str, known: list[str], spelled) -> str:
+    """'did you mean A or B? ' for the known names nearest `name` (each as `spelled` writes it), or ''."""
+    near = get_close_matches(name, known, n=3, cutoff=0.5)
+    return f"did you mean {' or '.join(spelled(k) for k in near)}? " if near else ""
+
+
 def _refuse_unknown(key: str, path: str, schema) -> None:
     """Refuse `path + key` unless `schema` (a dataclass) declares `key`, naming its nearest settings."""
     known = [f.name for f in fields(schema)]
     if key not in known:
-        near = get_close_matches(str(key), known, n=3, cutoff=0.5)
-        hint = f"did you mean {' or '.join(path + k for k in near)}? " if near else ""
+        hint = _did_you_mean(str(key), known, lambda k: path + k)
         raise ValueError(f"{path}{key} is not a setting; {hint}the settings of {path.rstrip('.') or 'a run'} "
                          f"are {', '.join(known)}")
 
@@ -229,8 +234,7 @@ def _refuse_unknown_members(group: str, override) -> None:
               else [override.get_value_element_as_str()])
     for member in chosen:
         if member not in (*members, "null"):
-            near = get_close_matches(member, members, n=3, cutoff=0.5)
-            hint = f"did you mean {' or '.join(f'{group}={m}' for m in near)}? " if near else ""
+            hint = _did_you_mean(member, members, lambda m: f"{group}={m}")
             raise ValueError(f"{group}={member} is not a member of {group}; {hint}its members are {', '.join(members)}")
 
 

@@ -274,11 +274,17 @@ PAIRED = {"avg_acc": "avg acc", "last_acc": "last acc"}
 REFERENCE_KEYS = ["benchmark", "model", "strategy", *SCHEDULE, "variant"]
 
 
+def label_parts(quant: str) -> tuple[str, str]:
+    """A row's quant label split into its scheme and its tag's part ('hdqt[acc12]': 'hdqt', '[acc12]'; untagged:
+    '')."""
+    scheme, bracket, tag = quant.partition("[")
+    return scheme, bracket + tag
+
+
 def fp32_labels(quant: str) -> tuple[str, str]:
     """The quant labels of the FP32 rows a row is set against, in order of preference: FP32 under the row's own
     tag (a tag's runs share a setting: 'mxfp4[ce_seen]' against 'fp32[ce_seen]'), then untagged FP32."""
-    _, bracket, tag = quant.partition("[")
-    return f"fp32{bracket}{tag}", "fp32"
+    return f"fp32{label_parts(quant)[1]}", "fp32"
 
 
 def energy_vs_fp32(agg: pd.DataFrame) -> list[str]:
@@ -533,7 +539,7 @@ def plot_energy(agg: pd.DataFrame, path) -> None:
         for row in panel.itertuples():
             detail = ", ".join(filter(None, (_short(row.variant), _short(row.quant_variant),
                                              _epochs(row.epochs) if panel.epochs.nunique() > 1 else "")))
-            scheme = row.quant.split("[")[0]  # a tagged row's marker is its scheme's
+            scheme = label_parts(row.quant)[0]  # a tagged row's marker is its scheme's
             ax.errorbar(row.energy_j_mean, row.avg_acc_mean, xerr=row.energy_j_std, yerr=row.avg_acc_std,
                         capsize=2, **run_style(row.strategy, scheme, strategies, schemes, one_strategy),
                         label=f"{row.strategy} / {row.quant}" + (f" ({detail})" if detail else ""))
@@ -602,8 +608,8 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
         lines = runs.groupby(["strategy", "epochs", "variant", "scheme", "quant", "quant_variant"])
         one_strategy = runs.strategy.nunique() == 1
         # a line style a schedule, variant or tagged run set of one strategy and scheme
-        variants = sorted({(epochs, variant, quant[len(scheme):], quant_variant)
-                           for (_, epochs, variant, scheme, quant, quant_variant), _ in lines})
+        variants = sorted({(epochs, variant, label_parts(quant)[1], quant_variant)
+                           for (_, epochs, variant, _, quant, quant_variant), _ in lines})
         counts = []
         for (strategy, epochs, variant, scheme, quant, quant_variant), group in lines:
             curves = np.array([c for c in group.seen_acc if len(c) == len(group.seen_acc.iloc[0])])
@@ -618,7 +624,7 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
                                              "n=1" if len(curves) == 1 else "")))
             ax.errorbar(classes, curves.mean(0), yerr=curves.std(0, ddof=1) if len(curves) > 1 else None,
                         capsize=2, **run_style(strategy, scheme, strategies, schemes, one_strategy),
-                        linestyle=LINESTYLES[variants.index((epochs, variant, quant[len(scheme):], quant_variant))
+                        linestyle=LINESTYLES[variants.index((epochs, variant, label_parts(quant)[1], quant_variant))
                                              % len(LINESTYLES)],
                         label=f"{strategy} / {quant}" + (f" ({detail})" if detail else ""))
         domain = bench.endswith("(domain)")
