@@ -418,6 +418,12 @@ def test_plot_styles_follow_strategy_and_scheme_and_show_one_seed_as_such(tmp_pa
     plain, tagged, fp32 = (drawn[f"icarl / {q} (n=1)"] for q in ("hdqt", "hdqt[acc12]", "fp32"))
     assert tagged["marker"] == plain["marker"] and tagged["color"] == plain["color"]
     assert tagged["linestyle"] != plain["linestyle"] == fp32["linestyle"]
+    drawn.clear()  # six tagged run sets of one strategy and scheme: six line styles
+    tags = ["acc12", "acc16", "w8", "hp200", "hp200bn", "ce_seen"]
+    _write(tmp_path / "d", *(_summary("icarl", "hdqt", 0, 60.0, tag=t) for t in ["", *tags]))
+    make_tables([tmp_path / "d"], tmp_path / "out_d")
+    styles = [str(drawn[f"icarl / hdqt{f'[{t}]' if t else ''} (n=1)"]["linestyle"]) for t in ["", *tags]]
+    assert len(set(styles)) == 7
 
 
 def test_a_panel_of_one_strategy_colours_its_schemes():

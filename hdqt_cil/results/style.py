@@ -5,7 +5,9 @@ SCHEME_ORDER = ["fp32", "hdqt", "hot", "int4", "luq", "fp8", "fp", "mxfp4", "nvf
 STRATEGY_ORDER = ["naive", "lwf", "icarl", "bic", "joint", "replay", "der", "er_ace", "gdumb", "agem", "ewc", "si",
                   "dyn_der", "memo"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "h"]
-LINESTYLES = ["-", "--", ":", "-."]
+# eight, told apart at a paper's line width: a figure of the authors' techniques beside a strategy's tagged runs
+# holds six variants
+LINESTYLES = ["-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 3))]
 
 
 def _index(order: list, name: str) -> int:
