@@ -66,8 +66,9 @@ def row(record: dict) -> list[float]:
             _cosine(record, layers[-1], "g_W"), float(np.mean(g_x)) if g_x else float("nan")]
 
 
-def probe(overrides: list[str], variants: list[str], batch: int) -> list[tuple[str, list[float]]]:
-    """(settings, COLUMNS) for the composed run and each variant of it."""
+def probe(overrides: list[str], variants: list[str], batch: int) -> tuple[int, list[tuple[str, list[float]]]]:
+    """The batch's size (`batch`, or the first experience's where it holds fewer) and (settings, COLUMNS) for the
+    composed run and each variant of it."""
     register_schemas()
     cfg = composed(overrides)
     settings = [("as given", cfg)] + [(variant, composed(overrides + shlex.split(variant))) for variant in variants]
@@ -86,7 +87,7 @@ def probe(overrides: list[str], variants: list[str], batch: int) -> list[tuple[s
         logits = quantized(x)
         g, = torch.autograd.grad(F.cross_entropy(logits, y), logits)
         rows.append((name, row(diagnose_batch(quantized, x, g, cfg.seed))))
-    return rows
+    return len(y), rows
 
 
 def main(argv=None) -> None:
@@ -99,10 +100,11 @@ def main(argv=None) -> None:
         raise SystemExit(f"error: --batch {args.batch}: a batch of at least 2 samples (BatchNorm's statistics)")
     try:
         with contextlib.redirect_stdout(sys.stderr):  # avalanche prints as it builds; stdout is the table
-            rows = probe(args.overrides, args.vary, args.batch)
+            size, rows = probe(args.overrides, args.vary, args.batch)
     except (ValueError, FileNotFoundError, HydraException) as error:
         raise SystemExit(f"error: {error}")
-    print(f"Gradient fidelity to the float shadow, one batch of {args.batch} at initialisation: "
+    whole = f" (the first experience's whole training set: fewer than --batch {args.batch})" * (size < args.batch)
+    print(f"Gradient fidelity to the float shadow, one batch of {size}{whole} at initialisation: "
           f"`{' '.join(args.overrides)}`\n")
     print("| settings | " + " | ".join(COLUMNS) + " |")
     print("|---|" + "---|" * len(COLUMNS))

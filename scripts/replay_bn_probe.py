@@ -4,7 +4,7 @@ through its weight steps, on the model of a run's experience checkpoint.
     python -m scripts.replay_bn_probe RUN_FOLDER [--lr 5e-5] [overrides...]
 
 RUN_FOLDER is an unfinished run of a BatchNorm model with `strategy.hp_replay` whose `checkpoints/` hold an
-experience boundary (its model has run that experience's phase); the run's own overrides
+experience boundary (its model has run that experience's phase, from the second experience on); the run's own overrides
 (`.hydra/overrides.yaml`) rebuild it, the command's (e.g. `benchmark.root=...`, `trainer.device=cpu`) come after
 them. From that model it makes one more phase of two steps on the phase's own exemplars (the same N, one batch,
 flipped at random) in three ways, each from the checkpoint's model: the running statistics alone (BatchNorm in
@@ -112,7 +112,8 @@ def main(argv=None) -> None:
     for name, (bn, step) in VARIANTS.items():
         changed, losses = phase(model, x, y, seen, args.lr, bn, step, torch.Generator().manual_seed(cfg.seed))
         rows.append((name, task_accuracy(changed, tests, seen, device), losses))
-    print(f"`{args.run_folder}`, after experience {experiences}: one more phase of {STEPS} steps on its "
+    first = " (no phase ran there: a run's phase follows its second experience and each later one)" * (experiences == 1)
+    print(f"`{args.run_folder}`, after experience {experiences}{first}: one more phase of {STEPS} steps on its "
           f"{len(y)} exemplars, lr {args.lr:g}\n")
     print("| model | " + " | ".join(f"task {k + 1}" for k in range(experiences)) + " | step losses |")
     print("|---|" + "---|" * experiences + "---|")

@@ -48,3 +48,11 @@ def test_a_misspelt_setting_is_named_with_its_nearest():
 def test_a_batch_of_one_is_refused():
     with pytest.raises(SystemExit, match="--batch 1"):
         main(["quant=fp", "--batch", "1"])
+
+
+def test_the_header_names_the_batch_it_took(capsys):
+    """A --batch larger than the first experience takes the experience whole, and says so with its size."""
+    main(["quant=hdqt", "trainer.device=cpu", "--batch", "100000"])
+    header = capsys.readouterr().out.splitlines()[0]
+    size = int(header.split("one batch of ")[1].split()[0])
+    assert 2 <= size < 100000 and "whole training set: fewer than --batch 100000" in header

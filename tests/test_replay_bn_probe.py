@@ -43,7 +43,9 @@ def checkpointed_run(make_cfg, tmp_path, monkeypatch):
 def test_the_probe_starts_from_the_checkpointed_model_and_changes_one_thing_at_a_time(checkpointed_run, capsys):
     folder, summary = checkpointed_run
     main([str(folder), "--lr", "0", "logging.progress=off"])
-    rows = _rows(capsys.readouterr().out)
+    output = capsys.readouterr().out
+    assert "after experience 1 (no phase ran there" in output.splitlines()[0]
+    rows = _rows(output)
     assert list(rows) == ["as checkpointed", "running statistics alone", "weight steps alone", "both (the phase)"]
     # the checkpoint holds the model the run scored after experience 1, on task 1
     np.testing.assert_allclose(rows["as checkpointed"], [summary["acc_matrix"][0][0]], atol=0.05)
