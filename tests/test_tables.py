@@ -1,3 +1,4 @@
+import csv
 import math
 import tarfile
 
@@ -55,6 +56,19 @@ def test_make_tables_writes_every_format(tmp_path):
     assert "last_acc_mean" in (tmp_path / "out" / "table.csv").read_text()
     assert "\\begin{tabular}" in (tmp_path / "out" / "table.tex").read_text()
     assert (tmp_path / "out" / "accuracy.png").stat().st_size > 1000
+
+
+def test_table_csv_leaves_the_std_of_one_seed_empty(tmp_path):
+    """One seed measures no spread: table.csv's std is empty there (table.md's 'n=1'), never a spread of 0."""
+    _write(tmp_path / "runs", _summary("icarl", "fp32", 0, 80.0), _summary("icarl", "fp32", 1, 84.0),
+           _summary("icarl", "hdqt", 0, 78.0))
+    make_tables([tmp_path / "runs"], tmp_path / "out", plot=False)
+    with open(tmp_path / "out" / "table.csv", newline="") as f:
+        rows = {row["quant"]: row for row in csv.DictReader(f)}
+    assert (rows["hdqt"]["last_acc_mean"], rows["hdqt"]["last_acc_std"], rows["hdqt"]["seeds"]) == ("78.0", "", "1")
+    assert rows["hdqt"]["wall_time_s_std"] == "" and rows["hdqt"]["wall_time_s_mean"] == "1.0"
+    assert (rows["fp32"]["last_acc_mean"], rows["fp32"]["wall_time_s_std"]) == ("82.0", "0.0")
+    assert float(rows["fp32"]["last_acc_std"]) == pytest.approx(2.8284271)
 
 
 def test_no_runs_is_an_error(tmp_path):

@@ -252,14 +252,15 @@ def _cell(values, status, form: str = ".1f") -> str:
 
 
 def aggregate(df: pd.DataFrame, keys=ROW_KEYS) -> pd.DataFrame:
-    """Numeric table: per keys, mean and std of each metric over complete runs, and run counts."""
+    """Numeric table: per keys, mean and std of each metric over complete runs, and run counts. A std needs two
+    values: NaN (an empty field in table.csv) where fewer were measured, as mean_std's 'n=1', not a spread of 0."""
     rows = []
     for key, group in df.groupby(list(keys), sort=True):
         complete = group[group.status == "complete"]
         row = dict(zip(keys, key))
         for m in METRICS:
             row[f"{m}_mean"] = complete[m].mean()
-            row[f"{m}_std"] = complete[m].std(ddof=1) if len(complete) > 1 else 0.0
+            row[f"{m}_std"] = complete[m].std(ddof=1)
             row[f"{m}_text"] = _cell(group[m].tolist(), group.status.tolist(), FORMATS.get(m, ".1f"))
         row["seeds"] = len(complete)
         row["diverged"] = int((group.status == "diverged").sum())
