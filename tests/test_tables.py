@@ -71,6 +71,27 @@ def test_table_csv_leaves_the_std_of_one_seed_empty(tmp_path):
     assert float(rows["fp32"]["last_acc_std"]) == pytest.approx(2.8284271)
 
 
+def test_a_second_make_tables_removes_the_earlier_ones_outputs_it_does_not_write_and_nothing_else(tmp_path):
+    """Tables of other runs left beside new ones would look current: an output of the earlier make_tables into the
+    folder that this one does not write goes (here paired.md and the plot); a file it never wrote stays."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.md").write_text("mine")
+    _write(tmp_path / "pairs", _summary("icarl", "fp32", 0, 80.0), _summary("icarl", "hdqt", 0, 78.0))
+    make_tables([tmp_path / "pairs"], out)
+    assert (out / "paired.md").exists() and (out / "accuracy.png").exists()
+    _write(tmp_path / "alone", _summary("icarl", "fp32", 0, 80.0))
+    make_tables([tmp_path / "alone"], out, plot=False)
+    assert sorted(p.name for p in out.iterdir()) == ["main.md", "make_tables_outputs.txt", "notes.md", "table.csv",
+                                                      "table.md", "table.tex"]
+    assert (out / "make_tables_outputs.txt").read_text() == "table.md\ntable.csv\ntable.tex\nmain.md\n"
+    assert (out / "notes.md").read_text() == "mine"
+    (tmp_path / "beside.md").write_text("mine")  # a name of another folder in the list is none make_tables wrote
+    (out / "make_tables_outputs.txt").write_text("../beside.md\n")
+    make_tables([tmp_path / "alone"], out, plot=False)
+    assert (tmp_path / "beside.md").exists()
+
+
 def test_no_runs_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no run folders"):
         collect_runs(tmp_path)

@@ -12,7 +12,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("roots", nargs="+", help="folders searched recursively for run folders (summary.json), or "
                         "tar archives of them")
-    parser.add_argument("--out", required=True, help="where table.md/.csv/.tex and accuracy.png are written")
+    parser.add_argument("--out", required=True, help="where table.md/.csv/.tex and accuracy.png are written; "
+                        "the files an earlier run wrote there (make_tables_outputs.txt) and this one does not are "
+                        "removed")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--published", metavar="CSV", help="published numbers to set beside the runs' "
                         "(columns benchmark, strategy, quant, avg_acc, last_acc, source): published.md")

@@ -14,7 +14,9 @@
 - paired.md: each row against its FP32 row, paired by seed (the differences' mean ± std and each seed's);
 - fidelity.md / fidelity_by_experience.md / fidelity.png / gradient_stats.md / quantizers.md: runs with
   diagnostics=light or full;
-  landscape.md / landscape_<strategy>.png: runs with diagnostics=full (results/diagnostics.py).
+  landscape.md / landscape_<strategy>.png: runs with diagnostics=full (results/diagnostics.py);
+- make_tables_outputs.txt: the files written, so that the next make_tables into the folder removes those it does
+  not write again (and no other file).
 A run counts in a mean only when its summary says `complete`. Diverged runs are shown as such; runs that
 stopped early (fewer experiences than configured) are counted in a separate column, never averaged in.
 Outside table.*, a benchmark's label names its scenario unless it is class-incremental ("hapt (task)").
@@ -489,14 +491,9 @@ def _setting_value(setting: str, key: str, scheme: str):
     return float(value) if name == key and "," not in value and value.lstrip("-").isdigit() else None
 
 
-def plot_ablation(agg: pd.DataFrame, path, fp32: pd.DataFrame | None = None) -> None:
-    """Average accuracy against each numeric setting (bits, acc_bits, tile), one line per benchmark × strategy;
-    `fp32` (aggregated preset runs by benchmark, strategy, scheme) adds each line's FP32 accuracy as the level to
-    reach, dashed in the line's colour."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def ablation_panels(agg: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """Each numeric setting (bits, acc_bits, tile) that takes two values or more among the aggregated ablation
+    rows, with those rows and the setting's value in `x`, sorted by it: the panels of plot_ablation."""
     keys = sorted({s.partition("=")[0] for s in agg.setting if s != "default" and "," not in s})
     panels = []
     for key in keys:
@@ -504,8 +501,17 @@ def plot_ablation(agg: pd.DataFrame, path, fp32: pd.DataFrame | None = None) -> 
         points = agg.assign(x=x).dropna(subset=["x"])
         if points.x.nunique() > 1:
             panels.append((key, points.sort_values("x")))
-    if not panels:
-        return
+    return panels
+
+
+def plot_ablation(panels: list[tuple[str, pd.DataFrame]], path, fp32: pd.DataFrame | None = None) -> None:
+    """Average accuracy against each numeric setting (ablation_panels, at least one), one line per benchmark ×
+    strategy; `fp32` (aggregated preset runs by benchmark, strategy, scheme) adds each line's FP32 accuracy as the
+    level to reach, dashed in the line's colour."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (key, points) in zip(axes[0], panels):
         for (bench, strategy, scheme), line in points.groupby(["benchmark", "strategy", "scheme"]):
@@ -642,54 +648,80 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
     plt.close(fig)
 
 
+# In make_tables' folder: the files it wrote there, a name a line.
+OUTPUTS = "make_tables_outputs.txt"
+
+
 def make_tables(roots, out_dir, plot: bool = True, published=None) -> pd.DataFrame:
     """Write table.md/.csv/.tex, main.md, ablation.md (when there are ablation runs), published.md (with
-    `published`, a CSV of published numbers: published_table) and the plots into `out_dir`; return the display
-    table."""
+    `published`, a CSV of published numbers: published_table) and the plots into `out_dir`, named in its OUTPUTS
+    file; remove those an earlier make_tables named there and this one does not write (a fidelity.md of other runs
+    would look current); return the display table."""
     df = collect_runs(*roots)
+    beside = None
     if published is not None:
         try:
             beside = published_table(df, pd.read_csv(published))
         except ValueError as err:
             raise ValueError(f"{published}: {err}") from err
-        write_atomic(Path(out_dir) / "published.md", to_markdown(beside))
+    out, written = Path(out_dir), []
+
+    def path(name: str) -> Path:
+        """Where the output `name` goes, named in OUTPUTS."""
+        written.append(name)
+        return out / name
+
+    if beside is not None:
+        write_atomic(path("published.md"), to_markdown(beside))
     agg = aggregate(df)
     table = display_table(agg)
-    out = Path(out_dir)
-    write_atomic(out / "table.md", to_markdown(table))
-    write_atomic(out / "table.csv", agg.drop(columns=[c for c in agg if c.endswith("_text")]).to_csv(index=False))
-    write_atomic(out / "table.tex", table.to_latex(index=False, escape=True))
-    write_atomic(out / "main.md", to_markdown(main_table(df)))
+    write_atomic(path("table.md"), to_markdown(table))
+    write_atomic(path("table.csv"), agg.drop(columns=[c for c in agg if c.endswith("_text")]).to_csv(index=False))
+    write_atomic(path("table.tex"), table.to_latex(index=False, escape=True))
+    write_atomic(path("main.md"), to_markdown(main_table(df)))
     paired = paired_vs_fp32(df)
     if len(paired):
-        write_atomic(out / "paired.md", to_markdown(paired))
+        write_atomic(path("paired.md"), to_markdown(paired))
     ablation = ablation_runs(df)
     if len(ablation):
         ablation_agg = aggregate(ablation, keys=ABLATION_KEYS)
-        write_atomic(out / "ablation.md", to_markdown(display_table(ablation_agg, keys=ABLATION_KEYS)))
+        write_atomic(path("ablation.md"), to_markdown(display_table(ablation_agg, keys=ABLATION_KEYS)))
         presets = _preset_runs(df)  # none: the ablation is drawn without FP32's level
-        write_atomic(out / "ablation_paired.md", to_markdown(paired_ablation(ablation, presets)))
-        if plot:
+        write_atomic(path("ablation_paired.md"), to_markdown(paired_ablation(ablation, presets)))
+        panels = ablation_panels(ablation_agg)
+        if plot and panels:
             preset = aggregate(presets, keys=["benchmark", "strategy", "scheme"]) if len(presets) else None
             fp32 = None if preset is None else preset[preset.scheme == "fp32"]
-            plot_ablation(ablation_agg, out / "ablation.png", fp32)
+            plot_ablation(panels, path("ablation.png"), fp32)
     if plot:
-        plot_accuracy_curves(df, out / "accuracy.png")
+        plot_accuracy_curves(df, path("accuracy.png"))
         if agg.energy_j_mean.notna().any():
-            plot_energy(agg, out / "energy.png")
+            plot_energy(agg, path("energy.png"))
     fidelity, statistics, quantizers = diagnostics_frame(df)
     if len(fidelity):
-        write_atomic(out / "fidelity.md", to_markdown(fidelity_table(fidelity)))
-        write_atomic(out / "fidelity_by_experience.md", to_markdown(fidelity_by_experience(fidelity, quantizers)))
-        write_atomic(out / "gradient_stats.md", to_markdown(statistics_table(statistics)))
+        write_atomic(path("fidelity.md"), to_markdown(fidelity_table(fidelity)))
+        write_atomic(path("fidelity_by_experience.md"), to_markdown(fidelity_by_experience(fidelity, quantizers)))
+        write_atomic(path("gradient_stats.md"), to_markdown(statistics_table(statistics)))
         if plot:
-            plot_fidelity(fidelity, out / "fidelity.png")
+            plot_fidelity(fidelity, path("fidelity.png"))
     if len(quantizers):
-        write_atomic(out / "quantizers.md", to_markdown(quantizer_table(quantizers)))
+        write_atomic(path("quantizers.md"), to_markdown(quantizer_table(quantizers)))
     found = landscapes(df)
     if found:
-        write_atomic(out / "landscape.md", to_markdown(landscape_table(found)))
+        write_atomic(path("landscape.md"), to_markdown(landscape_table(found)))
         if plot:  # a figure a strategy: a row a run
             for strategy in dict.fromkeys(entry["strategy"] for entry in found):
-                plot_landscapes([e for e in found if e["strategy"] == strategy], out / f"landscape_{strategy}.png")
+                plot_landscapes([e for e in found if e["strategy"] == strategy], path(f"landscape_{strategy}.png"))
+    _replace_outputs(out, written)
     return table
+
+
+def _replace_outputs(out: Path, written: list[str]) -> None:
+    """Remove the files the OUTPUTS of `out` names and `written` does not, then name `written` there: only files
+    an earlier make_tables wrote go, never one of the folder's own (nor a name with a folder in it)."""
+    manifest = out / OUTPUTS
+    earlier = manifest.read_text().splitlines() if manifest.exists() else []
+    for name in set(earlier) - set(written):
+        if name == Path(name).name and (out / name).is_file():
+            (out / name).unlink()
+    write_atomic(manifest, "".join(f"{name}\n" for name in written))
