@@ -3,14 +3,21 @@ refactoring, another machine, another backend) changed no number.
 
     python scripts/compare_runs.py RUNS_A RUNS_B
 
+Each tree is a folder or a tar archive of run folders (results/*/runs.tgz, read from a temporary copy). An archive
+that holds one folder alone (`tar czf runs.tgz runs`) stands for that folder, as make_tables reads the two alike:
+`runs.tgz` holding `runs/<benchmark>/...` compares with a folder holding `<benchmark>/...`; any other archive stands
+for the folder it unpacks into.
 For every run folder of RUNS_A (by its path below the root) the same folder must exist in RUNS_B with an equal
 accuracy matrix, per-class accuracies, per-epoch training losses, status and class order, and equal per-epoch
 quantization statistics (quant_stats.json) where either has them (folders that only RUNS_B holds are not compared).
-Each folder that differs or is missing is listed; the exit status is then 1.
+Each folder that differs or is missing is listed; the exit status is then 1, as it is for a tree without run
+folders and for a path that is neither a folder nor a readable tar archive.
 """
 import argparse
 import json
 import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 COMPARED = ("status", "acc_matrix", "class_acc", "train_loss", "class_order")
@@ -20,14 +27,32 @@ def _json(path: Path):
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def differences(a: Path, b: Path) -> list[str]:
-    """One line per run folder of `a` that `b` lacks or holds with other results."""
+def tree(path: Path, scratch: str) -> Path:
+    """The folder of run folders `path` names: itself, or the tar archive `path` unpacked under `scratch` (the
+    folder it holds, where it holds one folder alone). ValueError, naming `path`, for anything else."""
+    if path.is_dir():
+        return path
+    from hdqt_cil.results.tables import unpacked  # the tables' module loads torch: imported for an archive only
+
+    try:
+        folder = Path(unpacked(str(path), scratch))
+    except (tarfile.TarError, EOFError, OSError) as error:  # damaged, cut short, or a member outside its folder
+        raise ValueError(f"{path} is not a readable tar archive ({error})") from error
+    if folder == path:
+        raise ValueError(f"{path} is neither a folder nor a tar archive of run folders")
+    entries = list(folder.iterdir())
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else folder
+
+
+def differences(a: Path, b: Path, b_name: Path | None = None) -> list[str]:
+    """One line per run folder of `a` that `b` lacks or holds with other results; `b_name` names `b` there (an
+    archive's path, not its copy's)."""
     out = []
     for summary in sorted(a.rglob("summary.json")):
         run = summary.parent.relative_to(a)
         other = b / run / "summary.json"
         if not other.exists():
-            out.append(f"{run}: missing in {b}")
+            out.append(f"{run}: missing in {b_name or b}")
             continue
         mine, theirs = _json(summary), _json(other)
         keys = [k for k in COMPARED if mine.get(k) != theirs.get(k)]
@@ -40,14 +65,20 @@ def differences(a: Path, b: Path) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    parser.add_argument("a", type=Path)
-    parser.add_argument("b", type=Path)
+    parser.add_argument("a", type=Path, help="a folder of run folders, or a tar archive of them")
+    parser.add_argument("b", type=Path, help="the same, compared with A")
     args = parser.parse_args(argv)
-    runs = len(list(args.a.rglob("summary.json")))
-    if not runs:  # nothing compared is no evidence that the trees agree
-        print(f"no run folders (summary.json) under {args.a}", file=sys.stderr)
-        return 1
-    found = differences(args.a, args.b)
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            a, b = tree(args.a, scratch), tree(args.b, scratch)
+        except ValueError as error:
+            print(error, file=sys.stderr)
+            return 1
+        runs = len(list(a.rglob("summary.json")))
+        if not runs:  # nothing compared is no evidence that the trees agree
+            print(f"no run folders (summary.json) under {args.a}", file=sys.stderr)
+            return 1
+        found = differences(a, b, args.b)
     print("\n".join(found) if found else f"{runs} runs identical")
     return 1 if found else 0
 

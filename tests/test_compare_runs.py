@@ -1,6 +1,7 @@
 """scripts/compare_runs.py: two trees of run folders are the same, bit for bit, or the differing runs are named."""
 import importlib.util
 import json
+import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +30,52 @@ def test_equal_trees_pass_and_a_changed_loss_or_a_missing_run_is_named(tmp_path)
 
 
 def test_a_tree_without_runs_fails_and_says_so(tmp_path, capsys):
-    """'0 runs identical' read as a pass; a misspelt tree is no evidence that two trees agree."""
+    """'0 runs identical' read as a pass; an empty tree is no evidence that two trees agree."""
     write_run(tmp_path / "b", "x/seed0")
-    assert compare_runs.main([str(tmp_path / "typo"), str(tmp_path / "b")]) == 1
-    assert capsys.readouterr().err == f"no run folders (summary.json) under {tmp_path / 'typo'}\n"
+    (tmp_path / "empty").mkdir()
+    assert compare_runs.main([str(tmp_path / "empty"), str(tmp_path / "b")]) == 1
+    assert capsys.readouterr().err == f"no run folders (summary.json) under {tmp_path / 'empty'}\n"
+
+
+def archive(path: Path, *folders: Path) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for folder in folders:
+            tar.add(folder, arcname=folder.name)
+    return path
+
+
+def test_either_tree_may_be_an_archive_of_one_folder_that_stands_for_that_folder(tmp_path, capsys):
+    """runs.tgz of `runs/` compares with the folder `runs` (make_tables reads the two alike): by the runs' paths
+    below it; a missing run is named missing in the archive, not in its temporary copy."""
+    a, b = tmp_path / "a" / "runs", tmp_path / "b" / "runs"
+    for root in (a, b):
+        write_run(root, "x/seed0")
+    write_run(a, "x/seed1")
+    write_run(b, "x/seed1", train_loss=[[0.5000001]])
+    write_run(a, "x/seed2")
+    a_tgz, b_tgz = archive(tmp_path / "a.tgz", a), archive(tmp_path / "b.tgz", b)
+    assert compare_runs.main([str(a_tgz), str(a)]) == 0 and compare_runs.main([str(a), str(a_tgz)]) == 0
+    assert capsys.readouterr().out == "3 runs identical\n3 runs identical\n"
+    assert compare_runs.main([str(a_tgz), str(b_tgz)]) == 1
+    assert capsys.readouterr().out == f"x/seed1: train_loss differ\nx/seed2: missing in {b_tgz}\n"
+
+
+def test_an_archive_of_several_folders_stands_for_the_folder_it_unpacks_into(tmp_path, capsys):
+    write_run(tmp_path / "runs" / "r_base", "x/seed0")
+    write_run(tmp_path / "runs" / "r_new", "x/seed0")
+    both = archive(tmp_path / "both.tgz", tmp_path / "runs" / "r_base", tmp_path / "runs" / "r_new")
+    assert compare_runs.main([str(both), str(tmp_path / "runs")]) == 0
+    assert capsys.readouterr().out == "2 runs identical\n"
+
+
+def test_a_path_neither_a_folder_nor_a_readable_archive_is_named_in_one_line(tmp_path, capsys):
+    write_run(tmp_path / "runs", "x/seed0")
+    (tmp_path / "notes.txt").write_text("not runs")
+    whole = archive(tmp_path / "whole.tgz", tmp_path / "runs").read_bytes()
+    (tmp_path / "cut.tgz").write_bytes(whole[:len(whole) // 2])
+    for bad, why in (("typo", "is neither a folder nor a tar archive of run folders"),
+                     ("notes.txt", "is neither a folder nor a tar archive of run folders"),
+                     ("cut.tgz", "is not a readable tar archive (")):
+        assert compare_runs.main([str(tmp_path / "runs"), str(tmp_path / bad)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"{tmp_path / bad} {why}") and err.count("\n") == 1
