@@ -16,7 +16,6 @@ folders and for a path that is neither a folder nor a readable tar archive.
 import argparse
 import json
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -34,10 +33,7 @@ def tree(path: Path, scratch: str) -> Path:
         return path
     from hdqt_cil.results.tables import unpacked  # the tables' module loads torch: imported for an archive only
 
-    try:
-        folder = Path(unpacked(str(path), scratch))
-    except (tarfile.TarError, EOFError, OSError) as error:  # damaged, cut short, or a member outside its folder
-        raise ValueError(f"{path} is not a readable tar archive ({error})") from error
+    folder = Path(unpacked(str(path), scratch))
     if folder == path:
         raise ValueError(f"{path} is neither a folder nor a tar archive of run folders")
     entries = list(folder.iterdir())

@@ -476,7 +476,7 @@ def test_a_panel_of_one_strategy_colours_its_schemes():
 
 def test_tables_from_an_archive_of_run_folders_equal_the_folders(tmp_path, capsys):
     """A root may be a tar archive of run folders (results/*/runs.tgz): the same tables as from the folders;
-    a member that would land outside the unpacked folder is refused."""
+    an archive cut short, or with a member that would land outside the unpacked folder, is refused in one line."""
     _write(tmp_path / "runs", _summary("icarl", "fp32", 0, 80.0), _summary("icarl", "hdqt", 1, 78.0))
     with tarfile.open(tmp_path / "runs.tgz", "w:gz") as archive:
         archive.add(tmp_path / "runs", arcname="runs")
@@ -486,8 +486,14 @@ def test_tables_from_an_archive_of_run_folders_equal_the_folders(tmp_path, capsy
         assert (tmp_path / "from_archive" / name).read_text() == (tmp_path / "from_folders" / name).read_text()
     with tarfile.open(tmp_path / "evil.tar", "w") as archive:
         archive.add(tmp_path / "runs" / "run0" / "summary.json", arcname="../outside/summary.json")
-    with pytest.raises(tarfile.OutsideDestinationError):
-        main([str(tmp_path / "evil.tar"), "--out", str(tmp_path / "evil"), "--no-plot"])
+    (tmp_path / "cut.tgz").write_bytes((tmp_path / "runs.tgz").read_bytes()[:200])
+    capsys.readouterr()
+    for bad in ("evil.tar", "cut.tgz"):
+        with pytest.raises(SystemExit) as end:
+            main([str(tmp_path / bad), "--out", str(tmp_path / "bad"), "--no-plot"])
+        err = capsys.readouterr().err
+        assert end.value.code == 2 and err.startswith(f"error: {tmp_path / bad} is not a readable tar archive (")
+        assert err.count("\n") == 1
 
 
 def test_a_run_found_twice_counts_once_and_two_runs_of_one_seed_are_refused(tmp_path, capsys):

@@ -27,8 +27,9 @@ def main(argv=None):
         print(f"error: --out {args.out} is a file; name a folder for the tables", file=sys.stderr)
         sys.exit(2)
     with tempfile.TemporaryDirectory() as scratch:
-        roots = [unpacked(root, scratch) for root in args.roots]
+        roots = []
         try:
+            roots += [unpacked(root, scratch) for root in args.roots]  # a damaged archive: ValueError
             table = make_tables(roots, args.out, plot=not args.no_plot, published=args.published)
         except (FileNotFoundError, ValueError) as error:  # no run folders, two runs of a seed, a CSV that does not fit
             message = str(error)

@@ -204,12 +204,16 @@ def _collect(roots) -> tuple[pd.DataFrame, list[dict]]:
 
 
 def unpacked(root: str, into: str) -> str:
-    """`root` itself, or where the tar archive `root` is unpacked under `into` (paths outside it refused)."""
+    """`root` itself, or where the tar archive `root` is unpacked under `into`; a damaged or cut-short archive, or
+    one whose paths leave its folder, is a ValueError naming it."""
     if not Path(root).is_file() or not tarfile.is_tarfile(root):
         return root
     folder = tempfile.mkdtemp(dir=into)
-    with tarfile.open(root) as archive:
-        archive.extractall(folder, filter="data")
+    try:
+        with tarfile.open(root) as archive:
+            archive.extractall(folder, filter="data")
+    except (tarfile.TarError, EOFError, OSError) as error:
+        raise ValueError(f"{root} is not a readable tar archive ({error})") from error
     return folder
 
 
