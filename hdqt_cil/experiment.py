@@ -100,6 +100,7 @@ def _summary(cfg, bench, history, status, elapsed, device, train_loss, compile_s
                 "strategy": cfg.strategy.name, "quant": cfg.quant.name, "tag": cfg.tag, "seed": cfg.seed},
         "n_experiences": bench.n_experiences,
         "classes_per_exp": bench.classes_per_exp,
+        "test_sizes": bench.test_sizes,  # seen_acc: the rows of acc_matrix weighted by these
         "steps_done": history.steps,
         "metrics": summarize(history, by_experience=cfg.benchmark.scenario == "domain"),
         "seen_acc": history.seen_acc,

@@ -56,6 +56,15 @@ def test_finished_run_is_reused_and_different_config_refused(make_cfg, tmp_path)
         run(make_cfg("strategy=naive", "trainer.epochs=2"), run_dir)
 
 
+
+def test_summary_records_the_test_sizes_that_weight_the_tasks(make_cfg, tmp_path):
+    """Digits' classes have unequal test sets: seen_acc is acc_matrix's row weighted by test_sizes, not its mean."""
+    summary = run(make_cfg("strategy=naive", "trainer.epochs=1"), tmp_path / "run")
+    sizes, acc = summary["test_sizes"], np.array(summary["acc_matrix"], dtype=float)
+    assert sum(sizes) == 540 and len(set(sizes)) > 1
+    weighted = [np.average(row[: k + 1], weights=sizes[: k + 1]) for k, row in enumerate(acc)]
+    np.testing.assert_allclose(summary["seen_acc"], weighted, rtol=0, atol=1e-9)
+
 @pytest.mark.parametrize("damaged", ["strategy.pkl", "progress.pt"])
 def test_a_damaged_checkpoint_is_named_with_the_way_out(make_cfg, tmp_path, damaged):
     run_dir, cfg = tmp_path / "run", make_cfg("strategy=naive", "trainer.epochs=1")

@@ -99,6 +99,11 @@ class Benchmark:
     def n_experiences(self) -> int:
         return len(self.scenario.train_stream)
 
+    @property
+    def test_sizes(self) -> list[int]:
+        """Each experience's number of test samples: its accuracy's weight in the accuracy on all seen ones."""
+        return [len(experience.dataset) for experience in self.scenario.test_stream]
+
     def task_classes(self) -> list[tuple[int, int]]:
         """Each experience's (first, end) range of relabelled classes: its task's classes (every class, in every
         experience of a domain-incremental benchmark)."""
