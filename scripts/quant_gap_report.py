@@ -8,11 +8,16 @@ name it. A tagged run set at its scheme's preset (`tag=ce_seen` on FP32 and the 
 runs; one off the preset (`quant.acc_bits=12 tag=acc12`) is left out. The runs must share one schedule (preset and
 epochs): FP32 at 60 epochs is not paired with a scheme at 8.
 
-Writes into DIR, from the complete run folders under RUNS (a[k,j]: accuracy on task j after experience k):
-- accuracy_split.md: 'new' a[k,k] and 'old' mean_{j<k} a[k,j]; old = 'learned' (mean a[j,j]) − 'forgotten';
+Writes into DIR, from the complete run folders under RUNS (a[k,j]: accuracy on task j after experience k; each
+task weighted by its number of test samples n_j, as the accuracy on the seen classes weights it: summary.json's
+test_sizes, equal in runs from before it recorded them, which are refused where their tasks differ in size):
+- accuracy_split.md: 'new' a[k,k] and 'old' the n_j-weighted mean_{j<k} a[k,j]; old = 'learned' (the same mean of
+  a[j,j]) − 'forgotten';
 - gap_decomposition.md: per seed, the scheme − FP32 gap of average and last accuracy split exactly into the newest
-  task's and the old tasks' parts (seen accuracy = (new + k·old)/(k+1) with equal test sets, checked);
-- forgetting_by_age.md: a[j,j] − a[k,j] by the task's age k − j: whether extra forgetting accumulates;
+  task's and the old tasks' parts (seen accuracy = w·new + (1 − w)·old, w = n_k / Σ_{j≤k} n_j, checked against
+  the runs' own seen accuracy);
+- forgetting_by_age.md: a[j,j] − a[k,j] by the task's age k − j (n_j-weighted over the tasks): whether extra
+  forgetting accumulates;
 - train_loss.md: each experience's first- and last-epoch mean training loss;
 - quant_stats.md, saturation.png (unless `--compare` names none): each statistic per layer group (mean over its
   layers) and experience (mean over its epochs), the compared strategies' runs of the scheme and each one's
@@ -37,24 +42,27 @@ SCHEME = "hdqt"  # set against FP32 unless --scheme names another
 STATS = ("forward_saturated", "grad_input_saturated", "grad_weight_saturated", "input_clipped", "weight_clipped")
 
 
-def split_accuracy(acc_matrix) -> pd.DataFrame:
-    """One row per step k: new = a[k,k], old = mean_{j<k} a[k,j], learned = mean_{j<k} a[j,j], forgotten =
-    learned − old, seen = mean_{j≤k} a[k,j] (old columns NaN at k = 0)."""
-    a = np.asarray(acc_matrix, dtype=float)
+def split_accuracy(acc_matrix, sizes) -> pd.DataFrame:
+    """One row per step k, task j weighted by its test samples n_j (`sizes`) as the seen accuracy weights it: new =
+    a[k,k], old and learned the weighted means over j < k of a[k,j] and a[j,j], forgotten = learned − old, w_new =
+    n_k / Σ_{j≤k} n_j (the newest task's share: seen = w_new·new + (1 − w_new)·old), seen = the weighted mean over
+    j ≤ k of a[k,j] (old columns NaN at k = 0)."""
+    a, n = np.asarray(acc_matrix, dtype=float), np.asarray(sizes, dtype=float)
     rows = []
     for k in range(len(a)):
-        old = a[k, :k].mean() if k else np.nan
-        learned = np.diag(a)[:k].mean() if k else np.nan
+        old = np.average(a[k, :k], weights=n[:k]) if k else np.nan
+        learned = np.average(np.diag(a)[:k], weights=n[:k]) if k else np.nan
         rows.append({"exp": k, "new": a[k, k], "old": old, "learned": learned, "forgotten": learned - old,
-                     "seen": a[k, : k + 1].mean()})
+                     "w_new": n[k] / n[: k + 1].sum(), "seen": np.average(a[k, : k + 1], weights=n[: k + 1])})
     return pd.DataFrame(rows)
 
 
-def forgetting_by_age(acc_matrix) -> pd.DataFrame:
-    """Per age d ≥ 1: the mean over steps k and tasks j = k − d of a[j,j] − a[k,j], what a task lost d experiences
-    after its own."""
+def forgetting_by_age(acc_matrix, sizes) -> pd.DataFrame:
+    """Per age d ≥ 1: a[j,j] − a[k,j] over the steps k and tasks j = k − d, task j weighted by its test samples (as
+    the old tasks' part is): what a task lost d experiences after its own."""
     a = np.asarray(acc_matrix, dtype=float)
-    return pd.DataFrame([{"age": d, "forgetting": np.mean([a[k - d, k - d] - a[k, k - d] for k in range(d, len(a))])}
+    return pd.DataFrame([{"age": d, "forgetting": np.average([a[k - d, k - d] - a[k, k - d] for k in range(d, len(a))],
+                                                             weights=sizes[: len(a) - d])}
                          for d in range(1, len(a))])
 
 
@@ -76,24 +84,30 @@ def load_runs(root) -> tuple[pd.DataFrame, pd.DataFrame]:
                          + ", ".join(twice.path))
     if runs.empty:
         raise FileNotFoundError(f"no complete runs at their scheme's preset under {root}")
-    rows, ages = [], []
+    rows, ages, unsized = [], [], []
     for run in runs.itertuples():
         summary = read_json(Path(run.path) / "summary.json")
-        steps = split_accuracy(summary["acc_matrix"])
-        if not np.allclose(steps.seen, summary["seen_acc"], atol=0.01):
-            raise ValueError(f"{run.path}: tasks' test sets differ in size (the mean of a row of acc_matrix is "
-                             "not the seen accuracy); the split below assumes equal ones")
+        sizes = summary.get("test_sizes") or [1] * summary["n_experiences"]  # runs from before it: checked below
+        steps = split_accuracy(summary["acc_matrix"], sizes)
+        if not np.allclose(steps.seen, summary["seen_acc"], atol=0.01):  # the parts must give the run's seen_acc
+            if "test_sizes" in summary:
+                raise ValueError(f"{run.path}: the tasks' accuracies weighted by test_sizes are not seen_acc")
+            unsized.append(run.path)
+            continue
         steps["first_loss"] = [losses[0] for losses in summary["train_loss"]]
         steps["loss"] = [losses[-1] for losses in summary["train_loss"]]
         rows.append(steps.assign(strategy=run.strategy, quant=run.quant, seed=run.seed, path=run.path,
                                  avg_acc=run.avg_acc, last_acc=run.last_acc))
-        ages.append(forgetting_by_age(summary["acc_matrix"]).assign(strategy=run.strategy, quant=run.quant,
-                                                                    seed=run.seed))
+        ages.append(forgetting_by_age(summary["acc_matrix"], sizes).assign(strategy=run.strategy, quant=run.quant,
+                                                                           seed=run.seed))
+    if unsized:
+        raise ValueError("tasks' test sets differ in size in runs from before summary.json recorded them (test_sizes):"
+                         f" {', '.join(unsized)}; run them again (overwrite=true) to split their accuracy")
     return pd.concat(rows, ignore_index=True), pd.concat(ages, ignore_index=True)
 
 
 def paired(steps: pd.DataFrame, scheme: str, keys=("strategy", "seed", "exp"),
-           cols=("new", "old", "learned", "forgotten", "seen", "first_loss", "loss", "avg_acc", "last_acc")
+           cols=("new", "old", "learned", "forgotten", "w_new", "seen", "first_loss", "loss", "avg_acc", "last_acc")
            ) -> pd.DataFrame:
     """FP32 and `scheme` runs of the same strategy and seed side by side (suffixes _fp32, _q), d_* = q − fp32."""
     keys, cols = list(keys), list(cols)
@@ -121,13 +135,18 @@ def accuracy_split_table(pairs: pd.DataFrame, scheme: str) -> pd.DataFrame:
 
 
 def decomposition(pairs: pd.DataFrame) -> pd.DataFrame:
-    """Per strategy and seed: Δavg = mean_k [Δnew_k + k·Δold_k] / (k+1), Δlast the same at the last k; the old part
-    split into Δlearned and −Δforgotten. Then the mean ± std over seeds."""
+    """Per strategy and seed: Δavg = mean_k [w_new·Δnew_k + (1 − w_new)·Δold_k], Δlast the same at the last k; the
+    old part split into Δlearned and −Δforgotten. Then the mean ± std over seeds. Exact where FP32 and the scheme
+    weight the tasks alike (the same test sets), else refused."""
+    differ = pairs[pairs.w_new_fp32 != pairs.w_new_q]
+    if len(differ):
+        raise ValueError(f"{differ.strategy.iloc[0]} seed {differ.seed.iloc[0]}: FP32's and the scheme's runs differ "
+                         "in their tasks' test-set sizes (test_sizes): runs on other data cannot be paired")
     rows = []
     for (strategy, seed), g in pairs.groupby(["strategy", "seed"]):
         g = g.sort_values("exp")
-        k = g.exp.to_numpy()
-        w_new, w_old = 1 / (k + 1), k / (k + 1)
+        w_new = g.w_new_fp32.to_numpy()
+        w_old = 1 - w_new
         old, learned, forgot = (np.nan_to_num(g[c].to_numpy()) for c in ("d_old", "d_learned", "d_forgotten"))
         new = g.d_new.to_numpy()
         rows.append({"strategy": strategy, "seed": seed,

@@ -20,12 +20,15 @@ HDQT = [[90, NAN, NAN], [50, 80, NAN], [20, 40, 70]]
 LAYERS = ("features.1.conv1", "features.1.stages.1.0.conv1", "features.1.stages.1.0.conv2", "classifier")
 
 
-def write_run(root: Path, strategy: str, quant: str, acc_matrix, stats=None, seed=0, tag="", config=None):
+def write_run(root: Path, strategy: str, quant: str, acc_matrix, stats=None, seed=0, tag="", config=None,
+              sizes=None):
+    """A run folder; `sizes`: its tasks' test samples (test_sizes), none recorded (a run from before) for None."""
     folder = root / "cifar10-resnet32" / strategy / (f"{quant}-{tag}" if tag else quant) / f"seed{seed}"
     folder.mkdir(parents=True)
     if config is not None:  # the settings a table compares; the run's tag and seed as the real config records them
         (folder / "config.yaml").write_text(json.dumps({**config, "tag": tag, "seed": seed}))
-    seen = [sum(row[: k + 1]) / (k + 1) for k, row in enumerate(acc_matrix)]
+    n = sizes or [1, 1, 1]
+    seen = [sum(a * w for a, w in zip(row[: k + 1], n)) / sum(n[: k + 1]) for k, row in enumerate(acc_matrix)]
     summary = {"status": "complete", "error": None, "n_experiences": 3, "classes_per_exp": [2, 2, 2], "steps_done": 3,
                "run": {"benchmark": "cifar10", "model": "resnet32", "strategy": strategy, "quant": quant, "tag": tag,
                        "seed": seed, "scenario": "class"},
@@ -33,6 +36,8 @@ def write_run(root: Path, strategy: str, quant: str, acc_matrix, stats=None, see
                "seen_acc": seen, "acc_matrix": acc_matrix, "class_acc": [], "wall_time_s": 1.0,
                "train_loss": [[2.0, 1.0], [3.0, 2.0],
                               [4.0 if quant == "fp32" else 5.0, 3.0 if quant == "fp32" else 3.6]]}
+    if sizes is not None:
+        summary["test_sizes"] = sizes
     (folder / "summary.json").write_text(json.dumps(summary))  # NaN written as the runs write it
     if stats is not None:
         records = [{"epoch": epoch, "experience": exp,
@@ -53,10 +58,12 @@ def rows(md: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip("|").split("|")] for line in md.splitlines()[2:] if line.startswith("|")]
 
 
-def test_numbers_from_known_runs(tmp_path):
+@pytest.mark.parametrize("sizes", [None, [360, 360, 360]])
+def test_numbers_from_known_runs(tmp_path, sizes):
+    """Equal test sets, recorded or not (runs from before test_sizes): each task weighs the same."""
     runs = tmp_path / "runs"
-    write_run(runs, "lwf", "fp32", FP32)
-    write_run(runs, "lwf", "hdqt", HDQT, stats=lwf_saturation)
+    write_run(runs, "lwf", "fp32", FP32, sizes=sizes)
+    write_run(runs, "lwf", "hdqt", HDQT, stats=lwf_saturation, sizes=sizes)
     write_run(runs, "icarl", "hdqt", FP32, stats=lambda exp, epoch, layer: 0.01 if layer == "classifier" else 0.0)
     gap.main([str(runs), "--out", str(tmp_path / "out"), "--no-plot"])
     out = tmp_path / "out"
@@ -88,14 +95,74 @@ def test_numbers_from_known_runs(tmp_path):
     assert [g for g, k in forward if k == "0"] == ["stem", "stage 1", "classifier"]
 
 
-def test_unequal_test_sets_are_refused(tmp_path):
-    write_run(tmp_path, "lwf", "fp32", FP32)
-    path = next(tmp_path.rglob("summary.json"))
-    summary = json.loads(path.read_text())
-    summary["seen_acc"][1] += 1.0  # a pooled accuracy that the task accuracies' mean does not give
-    path.write_text(json.dumps(summary))
-    with pytest.raises(ValueError, match="test sets differ"):
-        gap.load_runs(tmp_path)
+def number(cell: str) -> float:
+    return float(cell.split()[0])
+
+
+# tasks of 100, 300 and 200 test samples (seed 0): FP32's seen accuracy 90, 75, 60; HDQT's 80, 65, 48.3
+UNEQUAL_FP32 = [[90, NAN, NAN], [60, 80, NAN], [40, 60, 70]]
+UNEQUAL_HDQT = [[80, NAN, NAN], [50, 70, NAN], [20, 40, 75]]
+
+
+def test_unequal_test_sets_weight_each_task_by_its_test_samples(tmp_path):
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    for seed, sizes in enumerate(([100, 300, 200], [300, 100, 200])):  # the class order, hence the sizes, by seed
+        write_run(runs, "lwf", "fp32", UNEQUAL_FP32, seed=seed, sizes=sizes)
+        write_run(runs, "lwf", "hdqt", UNEQUAL_HDQT, seed=seed, sizes=sizes)
+    gap.main([str(runs), "--out", str(out), "--no-plot", "--compare"])
+
+    split = {r[1]: r for r in rows((out / "accuracy_split.md").read_text())}
+    # after experience 2, FP32's old tasks (100·40 + 300·60)/400 = 55 in seed 0 and (300·40 + 100·60)/400 = 45 in
+    # seed 1, HDQT's 35 and 25; learned −10 in both (90 → 80 and 80 → 70)
+    assert split["2"][6:11] == ["50.0 ± 7.1", "30.0 ± 7.1", "-20.0 ± 0.0", "-10.0 ± 0.0", "+10.0 ± 0.0"]
+
+    seeds = [r for r in rows((out / "gap_decomposition.md").read_text()) if r[1] in ("0", "1")]
+    for r in seeds:  # Δ = new task's part + old tasks' part, and old = learned + forgotten, to the tables' rounding
+        for total, new, old, learned, forgotten in (r[2:7], r[7:12]):
+            assert number(new) + number(old) == pytest.approx(number(total), abs=0.11)
+            assert number(learned) + number(forgotten) == pytest.approx(number(old), abs=0.11)
+    # seed 0: Δseen −10, −10, −11.7; the newest task's part −10, −10·300/400, +5·200/600, the old tasks' part
+    # 0, −10·100/400, −20·400/600
+    assert seeds[0][2:12] == ["-10.6", "-5.3", "-5.3", "-3.1", "-2.2", "-11.7", "+1.7", "-13.3", "-6.7", "-6.7"]
+
+    ages = {r[1]: r for r in rows((out / "forgetting_by_age.md").read_text())}
+    # age 1, FP32: tasks 0 (100 samples) and 1 (300) lost 30 and 20: 22.5 in seed 0, 27.5 in seed 1
+    assert ages["1"][3] == "25.0 ± 3.5"
+
+
+def test_runs_whose_tasks_cannot_be_weighted_are_refused(tmp_path):
+    """A run from before test_sizes whose seen accuracy is not its tasks' mean, a recorded run whose seen accuracy
+    is not its tasks' weighted one, and FP32 against the scheme on tasks of other sizes."""
+    write_run(tmp_path / "old", "lwf", "fp32", FP32)
+    write_run(tmp_path / "new", "lwf", "fp32", FP32, sizes=[1, 2, 3])
+    for path in tmp_path.rglob("summary.json"):
+        summary = json.loads(path.read_text())
+        summary["seen_acc"][1] += 1.0
+        path.write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match=r"^tasks' test sets differ in size in runs from before summary.json recorded "
+                                         r"them \(test_sizes\): .*old.*fp32/seed0; run them again"):
+        gap.load_runs(tmp_path / "old")
+    with pytest.raises(ValueError, match=r"new.*fp32.*: the tasks' accuracies weighted by test_sizes are not seen_acc"):
+        gap.load_runs(tmp_path / "new")
+    write_run(tmp_path / "other", "lwf", "fp32", FP32, sizes=[1, 2, 3])
+    write_run(tmp_path / "other", "lwf", "hdqt", HDQT, sizes=[3, 2, 1])
+    with pytest.raises(ValueError, match="lwf seed 0: FP32's and the scheme's runs differ in their tasks' test-set"):
+        gap.report(tmp_path / "other", tmp_path / "out", compare=())
+
+
+def test_the_quick_start_benchmark_is_split(make_cfg, tmp_path, one_thread):
+    """Digits (the default benchmark): its classes' test sets differ in size; iCaRL at FP32 and HDQT, one epoch."""
+    from hdqt_cil.experiment import run
+
+    summaries = [run(make_cfg(f"quant={quant}", "trainer.epochs=1", "seed=0"), tmp_path / "runs" / quant)
+                 for quant in ("fp32", "hdqt")]
+    assert len(set(summaries[0]["test_sizes"])) > 1
+    gap.main([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--no-plot", "--compare"])
+    seed = rows((tmp_path / "out" / "gap_decomposition.md").read_text())[0]
+    gaps = [b["metrics"][m] - a["metrics"][m] for m in ("avg_acc", "last_acc") for a, b in [summaries]]
+    assert [number(seed[2]), number(seed[7])] == pytest.approx(gaps, abs=0.051)
+    assert number(seed[3]) + number(seed[4]) == pytest.approx(gaps[0], abs=0.11)
+    assert number(seed[8]) + number(seed[9]) == pytest.approx(gaps[1], abs=0.11)
 
 
 def test_layer_groups():
