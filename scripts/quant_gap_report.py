@@ -1,7 +1,9 @@
 """Where a strategy's gap under a quant scheme comes from: accuracy on the newest and the old tasks, FP32 against the
 scheme paired by seed, and the scheme's runs' quantization statistics (quant_stats.json) by layer group and experience.
 
-    python scripts/quant_gap_report.py RUNS --out DIR [--scheme int4] [--compare lwf bic icarl | --compare]
+    python scripts/quant_gap_report.py RUNS [RUNS ...] --out DIR [--scheme int4] [--compare lwf bic icarl | --compare]
+
+Each RUNS is a folder of run folders or a tar archive of them (results/*/runs.tgz).
 
 --scheme names the scheme set against FP32 (`hdqt` unless given; `int4`, `hot`, `fp8`, ...); the tables' columns
 name it. A tagged run set at its scheme's preset (`tag=ce_seen` on FP32 and the scheme alike) counts as its scheme's
@@ -36,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from hdqt_cil.files import read_json, write_atomic
-from hdqt_cil.results.tables import collect_runs, mean_std, strategy_labels, to_markdown
+from hdqt_cil.results.tables import collect_runs, mean_std, readable_roots, strategy_labels, to_markdown
 
 SCHEME = "hdqt"  # set against FP32 unless --scheme names another
 STATS = ("forward_saturated", "grad_input_saturated", "grad_weight_saturated", "input_clipped", "weight_clipped")
@@ -66,10 +68,10 @@ def forgetting_by_age(acc_matrix, sizes) -> pd.DataFrame:
                          for d in range(1, len(a))])
 
 
-def load_runs(root) -> tuple[pd.DataFrame, pd.DataFrame]:
+def load_runs(*roots) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Complete runs at their scheme's preset (collect_runs), strategies named by their variant: one row per
     run × experience (accuracy split, last-epoch training loss) and one per run × task age (forgetting_by_age)."""
-    runs = collect_runs(root)
+    runs = collect_runs(*roots)
     runs = runs[(runs.status == "complete") & (runs.quant_variant == "") & (runs.setting == "")]
     runs = runs.assign(strategy=strategy_labels(runs), quant=runs.scheme)
     schedules = runs.groupby("strategy")[["preset", "epochs"]].apply(lambda g: sorted(set(map(tuple, g.values))))
@@ -83,7 +85,7 @@ def load_runs(root) -> tuple[pd.DataFrame, pd.DataFrame]:
         raise ValueError("runs at the same settings and seed cannot be paired; keep one of each under the folder: "
                          + ", ".join(twice.path))
     if runs.empty:
-        raise FileNotFoundError(f"no complete runs at their scheme's preset under {root}")
+        raise FileNotFoundError(f"no complete runs at their scheme's preset under {', '.join(map(str, roots))}")
     rows, ages, unsized = [], [], []
     for run in runs.itertuples():
         summary = read_json(Path(run.path) / "summary.json")
@@ -254,12 +256,12 @@ def plot_saturation(stats: pd.DataFrame, strategies, path) -> None:
     plt.close(fig)
 
 
-def report(root, out, compare=("lwf", "icarl"), plot=True, scheme=SCHEME) -> dict:
+def report(roots, out, compare=("lwf", "icarl"), plot=True, scheme=SCHEME) -> dict:
     out = Path(out)
-    steps, ages = load_runs(root)
+    steps, ages = load_runs(*roots)
     if scheme not in (schemes := sorted(set(steps.quant) - {"fp32"})):
-        raise SystemExit(f"--scheme: no {scheme} runs to set against fp32 under {root}; there are "
-                         f"{', '.join(schemes) or 'none'}")
+        raise SystemExit(f"--scheme: no {scheme} runs to set against fp32 under {', '.join(map(str, roots))}; "
+                         f"there are {', '.join(schemes) or 'none'}")
     pairs = paired(steps, scheme)
     tables = {"accuracy_split.md": accuracy_split_table(pairs, scheme), "gap_decomposition.md": decomposition(pairs),
               "forgetting_by_age.md": age_table(paired(ages, scheme, ("strategy", "seed", "age"), ("forgetting",)),
@@ -283,7 +285,8 @@ def report(root, out, compare=("lwf", "icarl"), plot=True, scheme=SCHEME) -> dic
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", help="folder searched recursively for run folders (summary.json)")
+    parser.add_argument("runs", nargs="+", help="folders searched recursively for run folders (summary.json), or tar "
+                        "archives of them (results/*/runs.tgz)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--compare", nargs="*", default=["lwf", "icarl"], metavar="STRATEGY",
                         help="strategies whose quantization statistics are set side by side, each against the "
@@ -296,7 +299,8 @@ def main(argv=None) -> None:
     if len(args.compare) == 1:
         parser.error(f"--compare needs two strategies or none, got {args.compare}")
     try:
-        report(args.runs, args.out, args.compare, plot=not args.no_plot, scheme=args.scheme)
+        with readable_roots(args.runs) as roots:
+            report(roots, args.out, args.compare, plot=not args.no_plot, scheme=args.scheme)
     except (FileNotFoundError, ValueError) as error:  # no run folders, runs that cannot be paired
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

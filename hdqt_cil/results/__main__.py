@@ -2,10 +2,9 @@
 a tar archive of run folders (results/*/runs.tgz), read from a temporary copy."""
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
-from .tables import make_tables, to_markdown, unpacked
+from .tables import make_tables, readable_roots, to_markdown
 
 
 def main(argv=None):
@@ -19,25 +18,15 @@ def main(argv=None):
     parser.add_argument("--published", metavar="CSV", help="published numbers to set beside the runs' "
                         "(columns benchmark, strategy, quant, avg_acc, last_acc, source): published.md")
     args = parser.parse_args(argv)
-    missing = [root for root in args.roots if not Path(root).exists()]
-    if missing:
-        print(f"error: no such file or folder: {', '.join(missing)}", file=sys.stderr)
-        sys.exit(2)
     if Path(args.out).exists() and not Path(args.out).is_dir():
         print(f"error: --out {args.out} is a file; name a folder for the tables", file=sys.stderr)
         sys.exit(2)
-    with tempfile.TemporaryDirectory() as scratch:
-        roots = []
-        try:
-            roots += [unpacked(root, scratch) for root in args.roots]  # a damaged archive: ValueError
+    try:
+        with readable_roots(args.roots) as roots:
             table = make_tables(roots, args.out, plot=not args.no_plot, published=args.published)
-        except (FileNotFoundError, ValueError) as error:  # no run folders, two runs of a seed, a CSV that does not fit
-            message = str(error)
-            for folder, root in zip(roots, args.roots):  # an archive's runs named by the archive, not the copy
-                if folder != root:
-                    message = message.replace(f"{folder}/", f"{root}:").replace(folder, root)
-            print(f"error: {message}", file=sys.stderr)
-            sys.exit(2)
+    except (FileNotFoundError, ValueError) as error:  # no run folders, two runs of a seed, a CSV that does not fit
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     print(to_markdown(table))
 
 

@@ -21,6 +21,7 @@ A run counts in a mean only when its summary says `complete`. Diverged runs are 
 stopped early (fewer experiences than configured) are counted in a separate column, never averaged in.
 Outside table.*, a benchmark's label names its scenario unless it is class-incremental ("hapt (task)").
 """
+import contextlib
 import functools
 import hashlib
 import json
@@ -215,6 +216,28 @@ def unpacked(root: str, into: str) -> str:
     except (tarfile.TarError, EOFError, OSError) as error:
         raise ValueError(f"{root} is not a readable tar archive ({error})") from error
     return folder
+
+
+@contextlib.contextmanager
+def readable_roots(roots):
+    """`roots` to read as folders for the block's length: missing ones refused together (FileNotFoundError), tar
+    archives unpacked into a temporary folder; a ValueError or FileNotFoundError of the block names an archive's
+    runs by the archive (`runs.tgz:runs/x`), not by its copy."""
+    roots = [str(root) for root in roots]
+    missing = [root for root in roots if not Path(root).exists()]
+    if missing:
+        raise FileNotFoundError(f"no such file or folder: {', '.join(missing)}")
+    folders = []
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            folders += [unpacked(root, scratch) for root in roots]  # a damaged archive: ValueError
+            yield folders
+        except (FileNotFoundError, ValueError) as error:
+            message = str(error)
+            for folder, root in zip(folders, roots):
+                if folder != root:
+                    message = message.replace(f"{folder}/", f"{root}:").replace(folder, root)
+            raise type(error)(message) from error
 
 
 def load_runs(*roots) -> pd.DataFrame:
