@@ -27,7 +27,8 @@ test_sizes, equal in runs from before it recorded them, which are refused where 
 Accuracies are class-incremental (predictions over all seen classes): a low a[k,j] mixes a task not learned with
 its images given to other tasks' classes. Runs of one strategy in several variants (settings outside quant, e.g.
 `strategy.ce_classes=seen`) are kept apart, each strategy named by its variant ('bic [strategy.ce_classes=seen]'),
-and FP32 is paired with the scheme within a variant.
+and FP32 is paired with the scheme within a variant. Runs scored fewer times than they have experiences (joint
+training, once on every task) have no newest task to split: they are left out.
 """
 import argparse
 import re
@@ -89,6 +90,8 @@ def load_runs(*roots) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows, ages, unsized = [], [], []
     for run in runs.itertuples():
         summary = read_json(Path(run.path) / "summary.json")
+        if len(summary["acc_matrix"]) < summary["n_experiences"]:  # joint: trained once on every task, none newest
+            continue
         sizes = summary.get("test_sizes") or [1] * summary["n_experiences"]  # runs from before it: checked below
         steps = split_accuracy(summary["acc_matrix"], sizes)
         if not np.allclose(steps.seen, summary["seen_acc"], atol=0.01):  # the parts must give the run's seen_acc

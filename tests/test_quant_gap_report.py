@@ -66,8 +66,11 @@ def test_numbers_from_known_runs(tmp_path, sizes):
     write_run(runs, "lwf", "fp32", FP32, sizes=sizes)
     write_run(runs, "lwf", "hdqt", HDQT, stats=lwf_saturation, sizes=sizes)
     write_run(runs, "icarl", "hdqt", FP32, stats=lambda exp, epoch, layer: 0.01 if layer == "classifier" else 0.0)
+    for quant in ("fp32", "hdqt"):  # joint training, scored once after every task: no split, left out
+        write_run(runs, "joint", quant, [[0.0, 84.4, 40.4]], sizes=sizes)
     gap.main([str(runs), "--out", str(tmp_path / "out"), "--no-plot"])
     out = tmp_path / "out"
+    assert "joint" not in (out / "accuracy_split.md").read_text()
     with tarfile.open(tmp_path / "runs.tgz", "w:gz") as archive:  # the same runs as a published runs.tgz
         archive.add(runs, arcname="runs")
     gap.main([str(tmp_path / "runs.tgz"), "--out", str(tmp_path / "from_archive"), "--no-plot"])
