@@ -35,6 +35,16 @@ def two_splits(classes=("cat", "dog", "owl", "ant"), per=3, **kw):
     return files
 
 
+def tar(archive, files):
+    """A tar of files ({name: bytes}), compressed as its name's last suffix says (.tar.gz, .tar.xz)."""
+    with tarfile.open(archive, f"w:{archive.suffix[1:]}") as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return archive
+
+
 def bench(make_cfg, root, *overrides, seed=0):
     cfg = make_cfg("benchmark=images", f"benchmark.root={root}", "benchmark.n_experiences=2", *overrides)
     return build_benchmark(cfg.benchmark, seed)
@@ -56,11 +66,7 @@ def test_an_archive_of_one_folder_reads_as_the_folder(make_cfg, tmp_path, kind):
             for name, data in files.items():
                 zf.writestr(f"myset/{name}", data)
     else:
-        with tarfile.open(archive, "w:xz") as tf:
-            for name, data in files.items():
-                info = tarfile.TarInfo(f"myset/{name}")
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
+        tar(archive, {f"myset/{name}": data for name, data in files.items()})
     b = bench(make_cfg, archive)
     assert b.input_shape == (3, 6, 5) and b.class_names == ["ant", "cat", "dog", "owl"]
 
@@ -164,11 +170,7 @@ def damaged(tmp_path, kind):
     files = two_splits(per=20)
     archive = tmp_path / f"set.{kind}"
     if kind == "tar.gz":
-        with tarfile.open(archive, "w:gz") as tf:
-            for name, data in files.items():
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
+        tar(archive, files)
     else:
         with zipfile.ZipFile(archive, "w") as zf:  # stored: the image's bytes appear as they are
             for name, data in files.items():
