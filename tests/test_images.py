@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hdqt_cil.benchmarks import build_benchmark
+from hdqt_cil.benchmarks import build_benchmark, images
 
 
 def png(size=(6, 5), mode="L", value=0):
@@ -193,6 +193,48 @@ def test_a_damaged_archive_is_named(make_cfg, tmp_path, kind, where):
     archive = damaged(tmp_path, kind)
     with pytest.raises(ValueError, match=rf"set.{kind} is damaged or cut short{where}.*; download or pack it again$"):
         bench(make_cfg, archive)
+
+
+def listings(monkeypatch, tmp_path):
+    """A cache of this test's own, and the sources listed without their bytes (the layout check's listing), one
+    entry a listing."""
+    monkeypatch.setenv("HDQT_CACHE", str(tmp_path / "cache"))
+    listed, files = [], images._files
+
+    def spy(source, read):
+        if not read:
+            listed.append(source.name)
+        return files(source, read)
+    monkeypatch.setattr(images, "_files", spy)
+    return listed
+
+
+def test_a_tar_gz_is_listed_once_and_its_layout_said_on_every_run(make_cfg, tmp_path, caplog, monkeypatch):
+    listed = listings(monkeypatch, tmp_path)
+    files = two_splits()
+    val = {n.replace("test/", "val/"): d for n, d in files.items() if n.startswith("test/")}
+    said = tar(tmp_path / "said.tar.gz", {**files, **val})
+    refused = tar(tmp_path / "refused.tar.gz", {n: d for n, d in {**files, **val}.items() if not n.startswith("test/")})
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hdqt_cil.benchmarks.images"):
+            assert bench(make_cfg, said).class_names == ["ant", "cat", "dog", "owl"]
+        assert "the folders ['val/'] beside train/ and test/ are not read" in caplog.text
+        with pytest.raises(ValueError, match=r"has train/ and val/ but no test/: rename val/ to test/"):
+            bench(make_cfg, refused)
+        monkeypatch.setattr(tarfile, "open", lambda *a, **k: pytest.fail("a listed archive was opened again"))
+    assert listed == ["said.tar.gz", "refused.tar.gz"]
+
+
+def test_a_changed_archive_is_listed_again(make_cfg, tmp_path, monkeypatch):
+    listed = listings(monkeypatch, tmp_path)
+    archive = tar(tmp_path / "set.tar.gz", two_splits())
+    for _ in range(2):
+        assert bench(make_cfg, archive).class_names == ["ant", "cat", "dog", "owl"]
+    tar(archive, {**two_splits(), "train/emu/0.png": png(), "test/emu/0.png": png(), "train/emu/new/1.png": png()})
+    with pytest.raises(ValueError, match=r"train/emu/new/1.png is not directly in a class folder"):
+        bench(make_cfg, archive)
+    assert listed == ["set.tar.gz", "set.tar.gz"]
 
 
 def test_a_short_run_with_an_image_model(make_cfg, tmp_path):

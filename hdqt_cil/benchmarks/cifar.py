@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from ..settings import BOOL, Rule, one_of, setting
 from .arrays import ArrayDataset
 from .split import BENCHMARKS, BenchmarkConfig, Loaded
-from .decoded import decoded_once
+from .decoded import decoded_once, source_digest
 
 _TORCHVISION = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100}
 MEAN_STD = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
@@ -60,10 +60,11 @@ def load(name: str, root: str, download: bool = False, verify: bool = True):
     if pickle_dir.is_dir():
         (x_tr, y_tr), (x_te, y_te), names = _read_pickles(tv, pickle_dir, verify)
     elif root_path.is_file() and ".tar" in root_path.name:
-        (x_tr, y_tr), (x_te, y_te), names = decoded_once(root_path, _read_image_archive, DECODER, _IMAGE_SUFFIXES)
-    elif _image_root(root_path) is not None:
-        (x_tr, y_tr), (x_te, y_te), names = decoded_once(_image_root(root_path), _read_image_folders, DECODER,
-                                                         _IMAGE_SUFFIXES)
+        (x_tr, y_tr), (x_te, y_te), names = decoded_once(root_path, _read_image_archive, DECODER,
+                                                         source_digest(root_path, _IMAGE_SUFFIXES))
+    elif (folder := _image_root(root_path)) is not None:
+        (x_tr, y_tr), (x_te, y_te), names = decoded_once(folder, _read_image_folders, DECODER,
+                                                         source_digest(folder, _IMAGE_SUFFIXES))
     elif ".tar" in root_path.name:  # an archive named, not there: no folder under it to look for
         raise FileNotFoundError(f"benchmark.root={root_path}: no such archive")
     else:

@@ -4,7 +4,7 @@ Decoding CIFAR-10's 60,000 JPEGs takes about half a minute; every run of a sweep
 arrays are kept in the machine's cache (hdqt_cil/cache.py) under the sha256 of the source's bytes (an archive's,
 or every image file's of a folder, with its relative path), so an edited or replaced source is decoded again and
 an unchanged one never is. Jobs that start together decode it once: the first holds the entry's lock, the others
-read what it wrote.
+read what it wrote. What else is made once of a source is kept beside the arrays under the same digest (cache_entry).
 """
 import hashlib
 import io
@@ -33,6 +33,12 @@ def source_digest(source: Path, suffixes: tuple[str, ...]) -> str:
     return digest.hexdigest()
 
 
+def cache_entry(maker: str, digest: str, suffix: str) -> Path:
+    """Where what `maker` made of the source whose source_digest is `digest` is kept (`maker`: a name that changes
+    whenever it would make something else of the same source)."""
+    return cache_root() / "datasets" / f"{maker}-{digest[:40]}{suffix}"
+
+
 def _read(entry: Path) -> Splits:
     with np.load(entry, allow_pickle=False) as arrays:
         return ((arrays["x_train"], arrays["y_train"]), (arrays["x_test"], arrays["y_test"]),
@@ -46,10 +52,10 @@ def _write(entry: Path, splits: Splits) -> None:
     write_atomic(entry, buffer.getvalue())
 
 
-def decoded_once(source: Path, decode: Callable[[Path], Splits], decoder: str, suffixes: tuple[str, ...]) -> Splits:
-    """decode(source), from the cache when this source was decoded before by the decoder named `decoder` (a name
-    that changes whenever decoding would give other arrays)."""
-    entry = cache_root() / "datasets" / f"{decoder}-{source_digest(source, suffixes)[:40]}.npz"
+def decoded_once(source: Path, decode: Callable[[Path], Splits], decoder: str, digest: str) -> Splits:
+    """decode(source), from the cache when the source with this digest (source_digest) was decoded before by the
+    decoder named `decoder` (a name that changes whenever decoding would give other arrays)."""
+    entry = cache_entry(decoder, digest, ".npz")
     if not entry.exists():
         with exclusive(entry.with_suffix(".lock")):
             if not entry.exists():

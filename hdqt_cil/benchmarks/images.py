@@ -6,7 +6,8 @@ drawn by the seed). Any format Pillow reads; class names from the folders, or fr
 Images are decoded once per machine (decoded.py) to uint8 (N, C, H, W): at their own size and channel count when
 every image of both splits agrees (alpha is no channel), else at `benchmark.size` (resized, or padded with zeros
 around the centre) and `benchmark.channels` (1: grey, 3: RGB). The model normalises with the training split's
-per-channel mean and std. An image the layout leaves unread is refused or said, named (_check_layout).
+per-channel mean and std. An image the layout leaves unread is refused or said, named, on every run (_check_layout),
+from the source's list of image files, kept beside the decoded arrays (_image_paths).
 """
 import io
 import logging
@@ -23,14 +24,16 @@ import torch
 from omegaconf import MISSING
 from PIL import Image, UnidentifiedImageError
 
+from ..files import read_json, write_json
 from ..settings import FRACTION, Rule, one_of, optional, setting
 from .arrays import ArrayDataset, channel_mean_std
-from .decoded import decoded_once
+from .decoded import cache_entry, decoded_once, source_digest
 from .split import BENCHMARKS, BenchmarkConfig, Loaded
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 CLASSES_FILE = "classes.txt"
 DECODER = "images-v2"  # names what _decode makes of the files: change it when that changes
+LISTER = "images-files-v1"  # names what _files lists (the files _kept): change it when that changes
 SPLITS = ("train", "test")
 SIZE = Rule(lambda v: isinstance(v, list) and len(v) == 2 and all(isinstance(s, int) and s > 0 for s in v),
             "[height, width] in pixels")
@@ -117,6 +120,15 @@ def _files(source: Path, read: bool) -> list[tuple[tuple[str, ...], Optional[byt
     if kind is None:
         raise ValueError(f"benchmark.root={source} is neither a folder nor a .tar/.tar.gz/.tar.xz/.zip archive")
     return _zip_files(source, read) if kind == "zip" else _tar_files(source, read)
+
+
+def _image_paths(source: Path, digest: str) -> list[tuple[str, ...]]:
+    """The paths of the source's image files (_files), listed once a source digest and kept beside its decoded
+    arrays: the layout is checked on every run, and a compressed tar is listed only by decompressing all of it."""
+    entry = cache_entry(LISTER, digest, ".json")
+    if not entry.exists():
+        write_json(entry, [parts for parts, _ in _files(source, read=False)])
+    return [tuple(parts) for parts in read_json(entry)]
 
 
 def _layout(paths) -> list[tuple[str, Optional[str], str]]:
@@ -289,9 +301,10 @@ def benchmark(cfg, seed: int) -> Loaded:
         raise FileNotFoundError(f"benchmark.root={source} does not exist: give a folder or archive of "
                                 "train/<class>/*, test/<class>/* (or <class>/*) images")
     _check_class_folders(source)
-    _check_layout(source, _layout([p for p, _ in _files(source, read=False)]), cfg.test_fraction)
+    digest = source_digest(source, SUFFIXES)
+    _check_layout(source, _layout(_image_paths(source, digest)), cfg.test_fraction)
     decoder = f"{DECODER}-{cfg.size}-{cfg.fit}-{cfg.channels}"
-    (x_tr, y_tr), (x_te, y_te), folders = decoded_once(source, lambda s: read(s, cfg), decoder, SUFFIXES)
+    (x_tr, y_tr), (x_te, y_te), folders = decoded_once(source, lambda s: read(s, cfg), decoder, digest)
     names = _class_names(source, folders)
     empty = [names[c] for c in range(len(folders)) if not (y_tr == c).any()]
     if empty:
