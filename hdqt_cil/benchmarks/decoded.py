@@ -1,7 +1,7 @@
 """Image sources decoded once per machine.
 
 Decoding CIFAR-10's 60,000 JPEGs takes about half a minute; every run of a sweep used to pay it. The decoded
-arrays are kept in the machine's cache (hdqt_cil/cache.py) under the sha256 of the source's bytes (an archive's,
+arrays are kept in the machine's cache (files.py: cache_root) under the sha256 of the source's bytes (an archive's,
 or every image file's of a folder, with its relative path), so an edited or replaced source is decoded again and
 an unchanged one never is. Jobs that start together decode it once: the first holds the entry's lock, the others
 read what it wrote. What else is made once of a source is kept beside the arrays under the same digest (cache_entry).
