@@ -74,6 +74,9 @@ def load_runs(*roots) -> tuple[pd.DataFrame, pd.DataFrame]:
     run × experience (accuracy split, last-epoch training loss) and one per run × task age (forgetting_by_age)."""
     runs = collect_runs(*roots)
     runs = runs[(runs.status == "complete") & (runs.quant_variant == "") & (runs.setting == "")]
+    if runs.benchmark.nunique() > 1:  # FP32 on one benchmark paired with the scheme on another is no gap
+        raise ValueError(f"the runs are of several benchmarks ({', '.join(sorted(set(runs.benchmark)))}): give one "
+                         "benchmark's runs")
     runs = runs.assign(strategy=strategy_labels(runs), quant=runs.scheme)
     schedules = runs.groupby("strategy")[["preset", "epochs"]].apply(lambda g: sorted(set(map(tuple, g.values))))
     mixed = schedules[schedules.map(len) > 1]

@@ -241,6 +241,19 @@ def test_runs_that_cannot_be_paired_are_refused(tmp_path, capsys):
         gap.load_runs(tmp_path)
 
 
+def test_runs_of_two_benchmarks_are_not_paired(tmp_path, capsys):
+    """FP32 on one benchmark and the scheme on another would make a gap of two datasets: refused in one line."""
+    write_run(tmp_path, "lwf", "fp32", FP32)
+    write_run(tmp_path, "lwf", "hdqt", HDQT)
+    summary = tmp_path / "cifar10-resnet32" / "lwf" / "hdqt" / "seed0" / "summary.json"
+    summary.write_text(summary.read_text().replace('"benchmark": "cifar10"', '"benchmark": "cifar100"'))
+    with pytest.raises(SystemExit) as end:
+        gap.main([str(tmp_path), "--out", str(tmp_path / "out"), "--no-plot", "--compare"])
+    assert end.value.code == 2
+    assert capsys.readouterr().err == "error: the runs are of several benchmarks (cifar10, cifar100): give one " \
+        "benchmark's runs\n"
+
+
 def test_a_tagged_ablation_is_left_out_and_schedules_are_not_mixed(tmp_path):
     """A tagged run set off its scheme's preset (acc_bits 12) is no run of the scheme: HDQT's gap is its preset
     runs'. FP32 at one schedule against the scheme at another is refused, naming both."""
