@@ -207,10 +207,12 @@ def _collect(roots) -> tuple[pd.DataFrame, list[dict]]:
 def unpacked(root: str, into: str) -> str:
     """`root` itself, or where the tar archive `root` is unpacked under `into`; a damaged or cut-short archive, or
     one whose paths leave its folder, is a ValueError naming it."""
-    if not Path(root).is_file() or not tarfile.is_tarfile(root):
+    if not Path(root).is_file():
         return root
-    folder = tempfile.mkdtemp(dir=into)
     try:
+        if not tarfile.is_tarfile(root):  # reads the first member: a short archive can end there
+            return root
+        folder = tempfile.mkdtemp(dir=into)
         with tarfile.open(root) as archive:
             archive.extractall(folder, filter="data")
     except (tarfile.TarError, EOFError, OSError) as error:
