@@ -314,9 +314,18 @@ def refuse_misspelt_overrides(overrides: list[str]) -> None:
             if not is_dataclass(schema):
                 break
             _refuse_unknown(part, path, schema)
-            node, path = node[part], f"{path}{part}."
-            if not isinstance(node, DictConfig):
+            node, path = _section(node, part), f"{path}{part}."
+            if node is None:
                 break
+
+
+def _section(node: DictConfig, key: str) -> DictConfig | None:
+    """node[key] where it is a section whose own keys a nested override names, else None: a value is never read
+    (benchmark.path is ??? until the command's own override is composed, an interpolation may need others)."""
+    if OmegaConf.is_missing(node, key) or OmegaConf.is_interpolation(node, key):
+        return None
+    child = node[key]
+    return child if isinstance(child, DictConfig) else None
 
 
 def validate(cfg) -> None:

@@ -127,6 +127,19 @@ def test_a_misspelt_setting_is_refused_with_the_nearest_names(tmp_path, cli, ove
     assert len(out.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["benchmark=features", "benchmark.path=absent.csv"], "benchmark.path=absent.csv: no such file"),
+    (["benchmark=images", "benchmark.root=absent.zip", "benchmark.name=pets"], "benchmark.root=absent.zip does not "
+                                                                               "exist"),
+])
+def test_a_members_required_setting_passes_the_check_to_the_data_check(tmp_path, cli, overrides, message):
+    """A member's setting without a default (own data's path: ???) given on the command line is no misspelling:
+    the run goes on to the data's own check, which names the missing file in one line."""
+    out = cli(*overrides, "trainer.epochs=1")
+    assert out.returncode == 2 and out.stderr.strip().startswith(f"error: {message}"), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
 def test_the_misspelling_check_leaves_hydra_and_group_members_keys_to_hydra(tmp_path, cli, recwarn):
     """Hydra's own keys and a chosen member's pass the check (the value check after composition then speaks); a
     member's keys where the member is swept are Hydra's to check."""
