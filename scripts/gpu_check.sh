@@ -14,6 +14,8 @@
 #   bench_kernels_<device>.json, hot_<device>.json, junit.xml
 # Environment: CHECK_TESTS=0 skips the tests (TEST_FILES names them), CHECK_BENCH=0 the benchmark, CHECK_HOT=0 the HOT stage,
 # BENCH_ARGS passes options to scripts.bench.kernels, HOT_ARGS to scripts.bench.hot, PYTEST_ARGS to pytest (e.g. "-k gemm").
+# Each stage stops after its TEST_TIMEOUT, BENCH_TIMEOUT, HOT_TEST_TIMEOUT, HOT_BENCH_TIMEOUT s (coreutils' timeout).
+# Without a CUDA GPU that torch sees, it says so and stops at once (exit 2).
 # NCU_CASES="gemm:256x128:4 quantize:Hadamard" profiles those cases of scripts.bench.kernels --repeat-case with Nsight
 # Compute (the six launches after the first two: stall reasons, issue slots, pipes, memory) into ncu.log.
 set -uo pipefail
@@ -26,6 +28,10 @@ PY=${PYTHON:-python3}
 log="$OUT/check.log"
 
 source scripts/offline_site.sh >>"$log" 2>&1
+if ! $PY -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+  echo "gpu_check.sh: needs a CUDA GPU, and torch ($PY) sees none here" >&2
+  exit 2
+fi
 
 {
   echo "== device"
@@ -39,8 +45,8 @@ source scripts/offline_site.sh >>"$log" 2>&1
 
 if [ "${CHECK_TESTS:-1}" = 1 ]; then
   echo "== tests" >>"$log"
-  timeout ${TEST_TIMEOUT:-330} $PY -m pytest -p no:cacheprovider -q -rfEs --timeout 300 \
-    --junitxml="$OUT/junit.xml" ${TEST_FILES:-tests/test_capture_gpu.py tests/test_kernels_gpu.py tests/test_sweep_gpu.py} \
+  timeout ${TEST_TIMEOUT:-330} $PY -m pytest -p no:cacheprovider -q -rfEs \
+    --junit-xml="$OUT/junit.xml" ${TEST_FILES:-tests/test_capture_gpu.py tests/test_kernels_gpu.py tests/test_sweep_gpu.py} \
     ${PYTEST_ARGS:-} \
     >>"$log" 2>&1
   code=$?; echo "pytest exit $code" >>"$log"; [ $code = 0 ] || status=1
