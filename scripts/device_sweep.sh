@@ -16,8 +16,9 @@ mkdir -p "$out"
 source scripts/offline_site.sh
 export PYTHONUNBUFFERED=1 HDQT_DATA=$PWD/data HDQT_RESULTS=/tmp/runs
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/device.txt"
-if [ -f .device_data/hapt_raw.tar.xz ] && [ ! -f data/hapt_features.npz ]; then
-  python3 -m data_prep.hapt --archive .device_data/hapt_raw.tar.xz --out data/hapt_features.npz
+hapt=(.device_data/hapt_raw.*)  # the HAPT release archive prepare_device.sh staged, if any
+if [ -f "${hapt[0]}" ] && [ ! -f data/hapt_features.npz ]; then
+  python3 -m data_prep.hapt --archive "${hapt[0]}" --out data/hapt_features.npz
 fi
 [ -f .device_data/dsads_features.npz ] && mkdir -p data && cp -u .device_data/dsads_features.npz data/
 # Each carried archive is unpacked once a machine: unpacked again for a later sweep, it would put back the
