@@ -8,6 +8,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from hdqt_cil.wording import help_description
+
 from . import sources
 from .progress import progress
 
@@ -47,8 +49,9 @@ def npz_path(text: str) -> Path:
     return Path(text)
 
 
-def parser(dataset: Dataset, description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"python -m data_prep.{dataset.name}", description=description)
+def parser(dataset: Dataset, doc: str) -> argparse.ArgumentParser:
+    """The command line every release's module shares, described by the module's docstring `doc`."""
+    p = argparse.ArgumentParser(prog=f"python -m data_prep.{dataset.name}", description=help_description(doc))
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--raw-dir", type=Path, help="an unpacked copy of the official release")
     source.add_argument("--archive", type=Path, help="the official .zip (or a .tar.* of the same files)")

@@ -112,7 +112,7 @@ def build(root: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    args = cli.parser(DSADS, __doc__.splitlines()[0]).parse_args(argv)
+    args = cli.parser(DSADS, __doc__).parse_args(argv)
     return cli.run(DSADS, args, build)
 
 

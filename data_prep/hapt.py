@@ -172,7 +172,7 @@ def build(root: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    args = cli.parser(HAPT, __doc__.splitlines()[0]).parse_args(argv)
+    args = cli.parser(HAPT, __doc__).parse_args(argv)
     return cli.run(HAPT, args, build)
 
 

@@ -106,7 +106,7 @@ def build(root: Path, window=WINDOW, step=STEP, optional=False) -> dict:
 
 
 def main(argv=None) -> int:
-    p = cli.parser(PAMAP2, __doc__.splitlines()[0])
+    p = cli.parser(PAMAP2, __doc__)
     p.add_argument("--optional", action="store_true", help="also read Optional/ (activities 9-11, 18-20)")
     p.add_argument("--window", type=int, default=WINDOW, help=f"window length in samples [{WINDOW}]")
     p.add_argument("--step", type=int, default=STEP, help=f"step between windows in samples [{STEP}]")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hdqt_cil.code_version import ROOT, SOURCE_FILES, SOURCE_FOLDERS, fingerprint  # noqa: E402
+from hdqt_cil.wording import help_description  # noqa: E402
 
 
 def commit_fingerprint(commit: str, repo: Path = ROOT) -> str:
@@ -31,7 +32,7 @@ def commit_fingerprint(commit: str, repo: Path = ROOT) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=help_description(__doc__))
     parser.add_argument("commits", nargs="*", help="git commits (none: the working tree)")
     args = parser.parse_args(argv)
     if not args.commits:

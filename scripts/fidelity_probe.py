@@ -30,6 +30,7 @@ from hdqt_cil.experiment import resolve_device
 from hdqt_cil.models import build_model
 from hdqt_cil.quant import quantize_model, scheme_from_config
 from hdqt_cil.trainer.diagnostics import diagnose_batch
+from hdqt_cil.wording import help_description
 
 COLUMNS = ["logits", "g_W first", "g_W early", "g_W middle", "g_W late", "g_W last", "g_x mean"]
 
@@ -91,7 +92,7 @@ def probe(overrides: list[str], variants: list[str], batch: int) -> tuple[int, l
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=help_description(__doc__))
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--vary", action="append", default=[], metavar="OVERRIDES")
     parser.add_argument("--batch", type=int, default=128)

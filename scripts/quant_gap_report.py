@@ -40,6 +40,7 @@ import pandas as pd
 
 from hdqt_cil.files import read_json, write_atomic
 from hdqt_cil.results.tables import collect_runs, mean_std, readable_roots, strategy_labels, to_markdown
+from hdqt_cil.wording import help_description
 
 SCHEME = "hdqt"  # set against FP32 unless --scheme names another
 STATS = ("forward_saturated", "grad_input_saturated", "grad_weight_saturated", "input_clipped", "weight_clipped")
@@ -290,7 +291,7 @@ def report(roots, out, compare=("lwf", "icarl"), plot=True, scheme=SCHEME) -> di
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=help_description(__doc__))
     parser.add_argument("runs", nargs="+", help="folders searched recursively for run folders (summary.json), or tar "
                         "archives of them (results/*/runs.tgz)")
     parser.add_argument("--out", required=True)

@@ -30,6 +30,7 @@ from hdqt_cil.config import compose_command, register_schemas
 from hdqt_cil.experiment import assemble, resolve_device
 from hdqt_cil.trainer.checkpoint import ExperienceCheckpoints
 from hdqt_cil.trainer.hp_replay import batchnorm_mode, exemplar_memory, spread_over_classes
+from hdqt_cil.wording import help_description
 
 STEPS = 2
 VARIANTS = {"running statistics alone": ("train", False), "weight steps alone": ("eval", True),
@@ -73,11 +74,13 @@ def phase(model, x, y, seen: int, lr: float, bn: str, step: bool, generator) -> 
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=help_description(__doc__))
     parser.add_argument("run_folder", type=Path)
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_intermixed_args(argv)
+    if not args.run_folder.exists():
+        raise SystemExit(f"error: {args.run_folder} does not exist (RUN_FOLDER is an unfinished run's folder)")
     checkpoints = ExperienceCheckpoints(args.run_folder)
     if not checkpoints.exists():
         raise SystemExit(f"error: {args.run_folder} holds no experience checkpoint (an unfinished run's "

@@ -82,3 +82,9 @@ def test_a_misspelt_setting_is_refused_with_its_nearest(checkpointed_run):
     folder, _ = checkpointed_run
     with pytest.raises(SystemExit, match="^error: trainer.lr_ is not a setting; did you mean trainer.lr"):
         main([str(folder), "trainer.lr_=0.1"])
+
+
+def test_a_folder_that_does_not_exist_is_named_so(tmp_path):
+    missing = tmp_path / "no_such_run"
+    with pytest.raises(SystemExit, match=f"^error: {missing} does not exist "):
+        main([str(missing)])

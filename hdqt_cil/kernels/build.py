@@ -18,6 +18,7 @@ import tarfile
 import time
 
 from ..files import write_atomic
+from ..wording import help_description
 from . import compile as rt
 
 
@@ -92,7 +93,7 @@ def build(arch: str, workers: int, reuse: bool = True) -> tuple[int, int]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=help_description(__doc__))
     parser.add_argument("--arch", nargs="+", default=list(rt.SUPPORTED_ARCHS), choices=rt.SUPPORTED_ARCHS)
     parser.add_argument("--check", action="store_true", help="only report stale bundles (exit 1 if any)")
     parser.add_argument("--all", action="store_true", help="rebuild every bundle, compiling every module anew")

@@ -23,6 +23,7 @@ from hydra import compose, initialize_config_dir
 from hdqt_cil.config import register_schemas
 from hdqt_cil.experiment import run
 from hdqt_cil.trainer.diagnostics import GradientDiagnostics
+from hdqt_cil.wording import help_description
 
 CONFIGS = Path(__file__).resolve().parents[2] / "hdqt_cil" / "configs"
 DEFAULTS = ["+experiment=har_paper", "benchmark=hapt", "strategy=lwf", "quant=hdqt", "trainer.epochs=10",
@@ -44,7 +45,7 @@ class _EpochTimes(logging.Handler):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=help_description(__doc__))
     parser.add_argument("--data-root", required=True)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)

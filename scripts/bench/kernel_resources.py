@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from hdqt_cil.kernels import compile as rt
+from hdqt_cil.wording import help_description
 
 PEAK = (str(Path(__file__).resolve().parent / "peak.cu"), ("mma_peak_plain", "mma_peak_clamped", "mma_peak_packed"))
 
@@ -42,7 +43,7 @@ def rows(lowered: dict, log: str) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=help_description(__doc__))
     parser.add_argument("--gemm", nargs="*", default=["256x128s4"], choices=sorted(rt.GEMM_CONFIGS),
                         help="GEMM configs to report, every mode and output of each (default: 256x128s4)")
     parser.add_argument("--arch", default="sm_90")

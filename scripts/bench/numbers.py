@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from hdqt_cil.kernels.compile import GEMM_CONFIGS, WGMMA_CONFIGS
+from hdqt_cil.wording import help_description
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "kernels.md"
@@ -157,7 +158,7 @@ def with_table(text: str, folder: Path) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=help_description(__doc__))
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/kernels.md's table is not current")
     parser.add_argument("--records", type=Path, default=ROOT / "results" / "bench")
     args = parser.parse_args(argv)

@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from hdqt_cil.wording import help_description
 from scripts.bench.record import save_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +65,7 @@ def report(folder: Path) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=help_description(__doc__))
     parser.add_argument("--report", metavar="DIR", help="write DIR/README.md's table from the records in DIR")
     parser.add_argument("--data", help="CIFAR-10 image archive or folder (benchmark.root)")
     parser.add_argument("--epochs", type=int, default=2, help="epochs a task")

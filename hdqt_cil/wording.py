@@ -1,0 +1,8 @@
+"""Phrasings the commands share, each defined once."""
+
+
+def help_description(doc: str) -> str:
+    """A command's --help description: its module docstring's first paragraph, which argparse rewraps (the
+    paragraph's first line alone can stop mid-sentence)."""
+    return doc.strip().split("\n\n")[0]
+
