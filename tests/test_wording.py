@@ -1,11 +1,11 @@
 """Phrasings the commands share (hdqt_cil/wording.py): each command's --help describes it with its docstring's whole
-first paragraph."""
+first paragraph, and a count of epochs is singular for one."""
 import importlib
 import sys
 
 import pytest
 
-from hdqt_cil.wording import help_description
+from hdqt_cil.wording import epochs, help_description
 
 COMMANDS = ["scripts.fidelity_probe", "scripts.quant_gap_report", "scripts.replay_bn_probe", "scripts.code_fingerprint",
             "scripts.compare_runs", "scripts.lwf_study_per_run", "scripts.bench.kernel_resources",
@@ -28,3 +28,13 @@ def test_help_description_is_the_first_paragraph():
     assert help_description("\nOne sentence that goes on\nto a second line.\n\n    usage\n") == \
         "One sentence that goes on\nto a second line."
 
+
+@pytest.mark.parametrize("count, phrase", [(1, "1 epoch"), ("1", "1 epoch"), (10, "10 epochs"), ("60", "60 epochs")])
+def test_epochs(count, phrase):
+    assert epochs(count) == phrase
+
+
+def test_a_run_of_one_epoch_a_task_says_so_in_the_singular():
+    from hdqt_cil.trainer.optim import PerExperienceSGD
+
+    assert PerExperienceSGD(0.1).describe(1) == ["schedule: 1 epoch a task; lr 0.1, constant"]

@@ -38,6 +38,7 @@ from omegaconf import OmegaConf
 from ..config import DEFAULTED_SETTINGS, RUN_INDEPENDENT_QUANT, SWITCHED_SETTINGS, comparable_config
 from ..quant.schemes import SCHEMES, preset_settings
 from ..files import write_atomic
+from ..wording import epochs as epochs_phrase
 from .style import LINESTYLES, SCHEME_ORDER, STRATEGY_ORDER, run_style, scheme_rank
 from .diagnostics import (diagnostics_frame, fidelity_by_experience, fidelity_table, landscape_table, landscapes,
                           plot_fidelity, plot_landscapes, quantizer_table, statistics_table)
@@ -574,7 +575,7 @@ def plot_energy(agg: pd.DataFrame, path) -> None:
         one_strategy = panel.strategy.nunique() == 1
         for row in panel.itertuples():
             detail = ", ".join(filter(None, (_short(row.variant), _short(row.quant_variant),
-                                             _epochs(row.epochs) if panel.epochs.nunique() > 1 else "")))
+                                             epochs_phrase(row.epochs) if panel.epochs.nunique() > 1 else "")))
             scheme = label_parts(row.quant)[0]  # a tagged row's marker is its scheme's
             ax.errorbar(row.energy_j_mean, row.avg_acc_mean, xerr=row.energy_j_std, yerr=row.avg_acc_std,
                         capsize=2, **run_style(row.strategy, scheme, strategies, schemes, one_strategy),
@@ -586,10 +587,6 @@ def plot_energy(agg: pd.DataFrame, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")  # the legends beside the panels, which tight_layout leaves out
     plt.close(fig)
-
-
-def _epochs(epochs: str) -> str:
-    return f"{epochs} epoch{'' if epochs == '1' else 's'}"
 
 
 def _label_energy_axis(ax, energies) -> None:
@@ -656,7 +653,7 @@ def plot_accuracy_curves(df: pd.DataFrame, path) -> None:
             seen = np.cumsum(per_exp) if per_exp else np.arange(1, group.n_experiences.iloc[0] + 1)
             classes = seen[-curves.shape[1]:]
             detail = ", ".join(filter(None, (_short(variant), _short(quant_variant),
-                                             _epochs(epochs) if runs.epochs.nunique() > 1 else "",
+                                             epochs_phrase(epochs) if runs.epochs.nunique() > 1 else "",
                                              "n=1" if len(curves) == 1 else "")))
             ax.errorbar(classes, curves.mean(0), yerr=curves.std(0, ddof=1) if len(curves) > 1 else None,
                         capsize=2, **run_style(strategy, scheme, strategies, schemes, one_strategy),

@@ -10,6 +10,8 @@ from bisect import bisect_right
 
 from avalanche.core import SupervisedPlugin
 
+from .. import wording
+
 
 def sgd_settings(t) -> tuple[float, float, list]:
     """(momentum, weight decay, lr milestones) of trainer config `t`: its own, or with trainer.weight_update=authors
@@ -44,7 +46,7 @@ class PerExperienceSGD(SupervisedPlugin):
     def describe(self, epochs: int, preset: str | None = None, preset_epochs: int | None = None) -> list[str]:
         """What a run says of its schedule at its start: one line, and a second where a milestone never takes
         effect because it lies at or beyond the epochs a task (a shortened schedule with its own milestones)."""
-        length = f"{epochs} epochs a task"
+        length = f"{wording.epochs(epochs)} a task"
         if preset is not None and preset_epochs not in (None, epochs):
             change = "shortened" if epochs < preset_epochs else "lengthened"
             length += f", {change} from {preset}'s {preset_epochs}"
