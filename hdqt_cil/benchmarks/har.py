@@ -62,7 +62,8 @@ def _table(cfg, key: str):
 
     path = Path(getattr(cfg, key))
     if not path.exists():
-        how = (f"make it with `{_MAKERS[cfg.loader]} --raw-dir RAW --out {path}` (or --download)"
+        how = (f"make it from the release's archive with `{_MAKERS[cfg.loader]} --archive ARCHIVE --out {path}` "
+               "(or --raw-dir FOLDER, or --download; docs/data.md)"
                if cfg.loader in _MAKERS and key == "path" else
                f"point benchmark.{key} at a CSV, Parquet or NPZ feature table")
         raise FileNotFoundError(f"benchmark.{key}={path}: no such file (benchmark {cfg.name}); {how}")

@@ -21,6 +21,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from hdqt_cil.config import register_schemas
+from hdqt_cil.endings import end_single_run
 from hdqt_cil.experiment import run
 from hdqt_cil.trainer.diagnostics import GradientDiagnostics
 from hdqt_cil.wording import help_description
@@ -67,7 +68,11 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as out, initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("config", overrides=[*DEFAULTS, f"data_root={args.data_root}", f"results_root={out}",
                                            *args.overrides])
-        run(cfg, Path(out) / "run")
+        try:
+            run(cfg, Path(out) / "run")
+        except Exception as error:  # a missing feature file or a refused value: one line, as run.py says it
+            end_single_run(error)
+            raise
     training, diagnosing = sum(epochs.seconds), sum(spent)
     print(f"{len(spent)} diagnosed batches: {diagnosing:.2f} s ({1000 * diagnosing / max(len(spent), 1):.0f} ms each)")
     print(f"{len(epochs.seconds)} training epochs: {training:.2f} s with diagnostics, {training - diagnosing:.2f} s "
