@@ -100,7 +100,8 @@ def build(root: Path, window=WINDOW, step=STEP, optional=False) -> dict:
     dropped = sum(result[3] for result in results)
     X, y, subject, optional_session = (np.concatenate(column) for column in zip(*parts))
     counts = ", ".join(f"{a}: {n}" for a, n in zip(*np.unique(y, return_counts=True)))
-    print(f"{len(y):,} windows from {len(files)} recordings ({dropped} dropped for missing data); per activity {counts}")
+    print(f"{len(y):,} windows from {len(files)} recordings ({dropped} dropped for missing data); "
+          f"per activity {counts}")
     return dict(X=X, y=y, subject=subject, feature_names=results[0][2],
                 class_names={int(a): ACTIVITIES[int(a)] for a in np.unique(y)}, optional_session=optional_session)
 

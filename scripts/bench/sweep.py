@@ -108,7 +108,8 @@ def main(argv=None) -> None:
 
     phases = set(args.phases.split(","))
     if "cold" not in phases:  # the baseline starts warm too: the archive decoded, the modules' bytecode written
-        warm = "import hdqt_cil.experiment, sys; from hdqt_cil.benchmarks import cifar; cifar.load('cifar10', sys.argv[1])"
+        warm = ("import hdqt_cil.experiment, sys; from hdqt_cil.benchmarks import cifar; "
+                "cifar.load('cifar10', sys.argv[1])")
         subprocess.run([sys.executable, "-c", warm, str(Path(args.data).resolve())], cwd=ROOT, env=env, check=True)
     else:
         cold_root = work / "cold"
