@@ -64,3 +64,15 @@ def test_channel_statistics_of_a_constant_channel():
     mean, std = channel_mean_std(images[None].expand(3, 2, 2, 2).contiguous())
     assert mean[0] == pytest.approx(0.2) and std[0] == 1.0 and std[1] == pytest.approx(np.std([0, 1, 2, 3] * 3,
                                                                                                ddof=1) / 255)
+
+
+def test_channel_statistics_equal_float64_over_every_value():
+    import torch
+
+    rng = np.random.default_rng(0)
+    for shape in [(7, 1, 5, 3), (40, 3, 8, 8), (3, 4, 2, 9)]:
+        images = torch.from_numpy(rng.integers(0, 256, shape, dtype=np.uint8))
+        mean, std = channel_mean_std(images)
+        values = images.numpy().astype(np.float64).transpose(1, 0, 2, 3).reshape(shape[1], -1) / 255
+        np.testing.assert_allclose(mean, values.mean(1), rtol=1e-12)
+        np.testing.assert_allclose(std, values.std(1, ddof=1), rtol=1e-12)

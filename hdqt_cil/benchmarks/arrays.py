@@ -7,6 +7,7 @@ dataset with that fingerprint among those this process holds: a resumed run buil
 its checkpoint, so the very same tensors come back, and a checkpoint of other data is refused by name.
 """
 import hashlib
+import math
 import weakref
 
 import dill
@@ -70,8 +71,16 @@ def _pickle_by_reference(pickler, dataset: ArrayDataset) -> None:
 
 
 def channel_mean_std(images: torch.Tensor) -> tuple[tuple, tuple]:
-    """Per-channel mean and std of uint8 images (N, C, H, W) scaled to [0, 1] (a constant channel's std taken as
-    1): the normalisation a model's first layer applies (models/__init__.py), from a training split."""
-    x = images.to(torch.float64).div_(255.0).transpose(0, 1).reshape(images.shape[1], -1)
-    std = x.std(dim=1)
-    return tuple(x.mean(dim=1).tolist()), tuple(torch.where(std > 0, std, torch.ones_like(std)).tolist())
+    """Per-channel mean and std (ddof 1) of uint8 images (N, C, H, W) scaled to [0, 1] (a constant channel's std
+    taken as 1): the normalisation a model's first layer applies (models/__init__.py), from a training split. From
+    each channel's counts of the 256 levels, in exact integer sums (a constant channel's spread is exactly 0) and
+    without a float64 copy of the split (1.2 GB for CIFAR's)."""
+    means, stds = [], []
+    for counts in (torch.bincount(channel.reshape(-1), minlength=256).tolist() for channel in images.unbind(1)):
+        n = sum(counts)
+        total = sum(level * count for level, count in enumerate(counts))
+        squares = sum(level * level * count for level, count in enumerate(counts))
+        spread = n * squares - total * total  # n² times the population variance, in levels²
+        means.append(total / (n * 255))
+        stds.append(math.sqrt(spread / (n * (n - 1) * 255 ** 2)) if spread > 0 else 1.0)
+    return tuple(means), tuple(stds)
