@@ -104,7 +104,8 @@ def main(argv=None) -> None:
             size, rows = probe(args.overrides, args.vary, args.batch)
     except (ValueError, FileNotFoundError, HydraException) as error:
         raise SystemExit(f"error: {error}")
-    whole = f" (the first experience's whole training set: fewer than --batch {args.batch})" * (size < args.batch)
+    whole = f" (the first experience's whole training set: fewer than --batch {args.batch})" if size < args.batch \
+        else ""
     print(f"Gradient fidelity to the float shadow, one batch of {size}{whole} at initialisation: "
           f"`{' '.join(args.overrides)}`\n")
     print("| settings | " + " | ".join(COLUMNS) + " |")

@@ -115,7 +115,8 @@ def main(argv=None) -> None:
     for name, (bn, step) in VARIANTS.items():
         changed, losses = phase(model, x, y, seen, args.lr, bn, step, torch.Generator().manual_seed(cfg.seed))
         rows.append((name, task_accuracy(changed, tests, seen, device), losses))
-    first = " (no phase ran there: a run's phase follows its second experience and each later one)" * (experiences == 1)
+    first = " (no phase ran there: a run's phase follows its second experience and each later one)" \
+        if experiences == 1 else ""
     print(f"`{args.run_folder}`, after experience {experiences}{first}: one more phase of {STEPS} steps on its "
           f"{len(y)} exemplars, lr {args.lr:g}\n")
     print("| model | " + " | ".join(f"task {k + 1}" for k in range(experiences)) + " | step losses |")

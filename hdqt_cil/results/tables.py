@@ -221,15 +221,20 @@ def unpacked(root: str, into: str) -> str:
     return folder
 
 
+def _refuse_missing(roots) -> None:
+    """Every root that does not exist, named in one FileNotFoundError."""
+    missing = [str(root) for root in roots if not Path(root).exists()]
+    if missing:
+        raise FileNotFoundError(f"no such file or folder: {', '.join(missing)}")
+
+
 @contextlib.contextmanager
 def readable_roots(roots):
     """`roots` to read as folders for the block's length: missing ones refused together (FileNotFoundError), tar
     archives unpacked into a temporary folder; a ValueError or FileNotFoundError of the block names an archive's
     runs by the archive (`runs.tgz:runs/x`), not by its copy."""
     roots = [str(root) for root in roots]
-    missing = [root for root in roots if not Path(root).exists()]
-    if missing:
-        raise FileNotFoundError(f"no such file or folder: {', '.join(missing)}")
+    _refuse_missing(roots)
     folders = []
     with tempfile.TemporaryDirectory() as scratch:
         try:
@@ -249,9 +254,7 @@ def load_runs(*roots) -> pd.DataFrame:
     runs in a temporary copy) with each setting of the run's config as a column of its dotted name
     (`trainer.epochs`, `quant.acc_bits`, ...) and its accuracy matrix in `acc_matrix` (a float array, row k: after
     experience k, NaN for experiences not yet seen)."""
-    missing = [str(root) for root in roots if not Path(root).exists()]
-    if missing:
-        raise FileNotFoundError(f"no such file or folder: {', '.join(missing)}")
+    _refuse_missing(roots)
     copies = tempfile.mkdtemp(prefix="hdqt-runs-")
     df, configs = _collect([unpacked(str(root), copies) for root in roots])
     settings = pd.DataFrame([_flat(c) for c in configs], index=df.index)
