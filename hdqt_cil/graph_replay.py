@@ -56,25 +56,6 @@ def capturing_into(graph: torch.cuda.CUDAGraph, pool=None, beside: bool = False)
     return torch.cuda.graph(graph, pool=pool, stream=_capture_streams[device, beside])
 
 
-_setting_up = [0]  # graphs being warmed up or captured (a depth: one capture may not hold another, a count is plain)
-
-
-@contextlib.contextmanager
-def setting_up():
-    """The span of a warm-up and capture: the module forwards run in it compute no step's values (a warm-up's
-    gradients are zeros, a capture's are not computed), so module hooks that keep a step's tensors skip them."""
-    _setting_up[0] += 1
-    try:
-        yield
-    finally:
-        _setting_up[0] -= 1
-
-
-def is_setting_up() -> bool:
-    """Whether a module forward runs for a warm-up or a capture (`setting_up`), not for a step."""
-    return _setting_up[0] > 0
-
-
 def warm_up(run, times: int) -> None:
     """run() `times` times on a side stream, so that lazy initialisation (kernel loads, cuBLAS handles, torch.compile's
     compilation for the shape) stays out of the graphs; anything run() made is released when it returns. Once is
@@ -131,7 +112,7 @@ class _Graphs:
             y = run()  # return, so that the capture makes its own on the capture stream
             torch.autograd.grad(y, leaves, torch.zeros_like(y), allow_unused=True)
 
-        with _buffers_restored(module), _recompiles_allowed(), setting_up():
+        with _buffers_restored(module), _recompiles_allowed():
             warm_up(step, warmup)
             pool = torch.cuda.graph_pool_handle()
             self.forward, self.backward = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
@@ -166,7 +147,7 @@ class _InferenceGraph:
 
     def __init__(self, module: nn.Module, x: torch.Tensor, warmup: int):
         self.x = x.detach().clone()
-        with _buffers_restored(module), torch.no_grad(), setting_up():
+        with _buffers_restored(module), torch.no_grad():
             warm_up(lambda: module(self.x), warmup)
             self.graph = torch.cuda.CUDAGraph()
             with capturing_into(self.graph):

@@ -300,6 +300,8 @@ def test_herding_reads_its_features_from_graphs_in_the_eager_order():
     ("lwf", "mxfp4", ["diagnostics=light", "diagnostics.every=2"]), ("icarl", "fp8", []), ("bic", "nvfp4", []),
     ("lwf", "hot", ["diagnostics=light", "diagnostics.every=2"]),
     ("lwf", "int4", ["diagnostics=light", "diagnostics.every=2"]),
+    ("memo", "hdqt", ["diagnostics=light", "diagnostics.every=2"]),  # G of the logits and the auxiliary head
+    ("er_ace", "hdqt", ["diagnostics=light", "diagnostics.every=2"]),  # G of the incoming batch, not the stored one
     ("icarl", "fp", []),
     ("bic", "int4", ["strategy.hp_replay=40", "strategy.stage_2_epochs=2"]),
 ])

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from avalanche.core import SupervisedPlugin
 from torch import nn
 
+from hdqt_cil import experiment
 from hdqt_cil.experiment import run
 from hdqt_cil.models import build_model
 from hdqt_cil.quant import preset, quantize_model
@@ -142,12 +144,11 @@ def test_a_watched_copy_folds_its_input_gradient_as_the_step_does():
 
 
 def test_the_diagnosed_gradient_is_the_steps_own_when_graphs_are_captured_first(monkeypatch):
-    """A CUDA-graph capture runs the model's forward and a zero-gradient backward (its warm-up) before the step is
-    replayed, which runs no module forward: the G a diagnosed batch records is the replayed step's, not the
-    warm-up's zeros (with those, every fidelity measure of the batch was NaN)."""
+    """A CUDA-graph capture runs the model's forward and a zero-gradient backward (its warm-up) inside the step's
+    forward, and the replay runs no module forward: the G a diagnosed batch records is the replayed step's, taken
+    at the output the strategy got, not the warm-up's zeros (with those, every fidelity measure of the batch was
+    NaN)."""
     from types import SimpleNamespace
-
-    from hdqt_cil import graph_replay
 
     model = _mlp()
     plugin = GradientDiagnostics(every=1)
@@ -157,9 +158,8 @@ def test_the_diagnosed_gradient_is_the_steps_own_when_graphs_are_captured_first(
                                clock=SimpleNamespace(train_exp_iterations=0))
     x = torch.randn(8, 12)
     plugin.before_forward(strategy)
-    with graph_replay.setting_up():  # the warm-up: the module's own forward, a backward of zeros
-        y = model(x)
-        torch.autograd.grad(y, list(model.parameters()), torch.zeros_like(y), allow_unused=True)
+    y = model(x)  # the warm-up: the module's own forward, a backward of zeros
+    torch.autograd.grad(y, list(model.parameters()), torch.zeros_like(y), allow_unused=True)
     first, last = model[0], model[3]  # the replay: the same function of the weights, no module forward
     strategy.mb_output = F.linear(F.relu(F.linear(x, first.weight, first.bias)), last.weight, last.bias)
     plugin.after_forward(strategy)
@@ -167,6 +167,43 @@ def test_the_diagnosed_gradient_is_the_steps_own_when_graphs_are_captured_first(
     strategy.mb_output.backward(g)
     plugin.after_backward(strategy)
     assert len(recorded) == 1 and torch.equal(recorded[0], g)
+
+
+class _NoModuleForward(SupervisedPlugin):
+    """The strategy's training forward routed as trainer/cuda_graphs.py routes it to a replay, which computes the
+    model's output without a module forward (here the model's forward method: no module hooks run)."""
+
+    def before_training_exp(self, strategy, **kwargs):
+        strategy.forward = lambda: strategy.model.forward(strategy.mb_x)
+
+    def after_training_exp(self, strategy, **kwargs):
+        del strategy.forward
+
+
+@pytest.mark.parametrize("strategy", ["memo", "dyn_der", "er_ace", "der"])
+def test_a_step_without_a_module_forward_is_diagnosed_as_an_eager_one(make_cfg, tmp_path, monkeypatch, strategy):
+    """A step replayed from CUDA graphs runs no module forward: the diagnostics take G where both kinds of step put
+    the model's output, so a run whose forward goes around the model's call records what the eager run records.
+    Without that, MEMO and dyn_der failed at their second experience (G of the classifier's logits alone against
+    the copies' logits and auxiliary outputs) and ER-ACE diagnosed the incoming batch with its stored batch's G
+    (that forward is the model's own call); in G, MEMO's and dyn_der's auxiliary head, as their loss trains it."""
+    overrides = (f"strategy={strategy}", "quant=hdqt", "trainer.epochs=1", "trainer.device=cpu",
+                 "benchmark.n_experiences=2", "diagnostics=light", "diagnostics.every=4")
+    eager = run(make_cfg(*overrides), tmp_path / "eager")
+    build = experiment.build_strategy
+    monkeypatch.setattr(experiment, "build_strategy", lambda *args: _with(build(*args), _NoModuleForward()))
+    routed = run(make_cfg(*overrides), tmp_path / "routed")
+    assert routed["acc_matrix"] == eager["acc_matrix"]
+    records = [json.loads((tmp_path / name / "diagnostics.json").read_text()) for name in ("eager", "routed")]
+    np.testing.assert_equal(records[1], records[0])
+    assert [r["experience"] for r in records[0]] == [0, 1] and all(r["batches"] > 0 for r in records[0])
+    if strategy in ("memo", "dyn_der"):
+        assert 0 < records[0][1]["layers"]["aux_classifier"]["g_W"]["all"]["cosine"] < 1
+
+
+def _with(strategy, plugin):
+    strategy.plugins.append(plugin)
+    return strategy
 
 
 def test_kept_copies_record_what_fresh_copies_record():

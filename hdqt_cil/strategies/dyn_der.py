@@ -14,10 +14,12 @@ fixed_memory=false, as iCaRL here). Scored by the classifier ("CNN accuracy").
 Not here: the paper's channel-level masks and pruning of each new extractor, which PyCIL does not implement either.
 
 The model's training forward returns the classifier's logits followed by the auxiliary ones in one tensor, so that
-a CUDA-graph replay of the whole step (trainer/cuda_graphs.py) carries both; the strategy splits them before the
-loss and the other plugins see them. Quantization reaches the new layers before their first forward: the extractor
-is a copy of a quantized one, and the run's quantization plugin converts the new heads, in place, at the
-experience's start (quant/convert.py), the optimizer keeping the same parameters.
+a CUDA-graph replay of the whole step (trainer/cuda_graphs.py) carries both; the strategy splits them once the
+plugins' after_forward has seen the model's output whole (as avalanche hands it to them: the gradient diagnostics
+take G there, trainer/diagnostics.py), before the loss and the plugins' later callbacks. Quantization reaches the
+new layers before their first forward: the extractor is a copy of a quantized one, and the run's quantization plugin
+converts the new heads, in place, at the experience's start (quant/convert.py), the optimizer keeping the same
+parameters.
 """
 import copy
 from dataclasses import dataclass
@@ -140,10 +142,10 @@ class DynamicDER(SupervisedTemplate):
         self.optimized_param_id = trainable
 
     def _after_forward(self, **kwargs):
+        super()._after_forward(**kwargs)  # the plugins first: they see the model's output whole (module docstring)
         if self.is_training:
             seen = self.model.classifier.out_features
             self.mb_output, self.aux_output = self.mb_output[:, :seen], self.mb_output[:, seen:]
-        super()._after_forward(**kwargs)
 
     def criterion(self):
         loss = super().criterion()

@@ -29,7 +29,7 @@ from avalanche.core import SupervisedPlugin
 from torch import nn
 
 from .. import kernels
-from ..graph_replay import capturing_into, is_setting_up, warm_up
+from ..graph_replay import capturing_into, warm_up
 from ..quant import preset, quantize_model
 from ..quant.intmm import accumulator_limit, largest_tile_sum
 from ..quant.layers import ROLE_CODES, ROLE_STRIDE, QuantLayer
@@ -571,7 +571,6 @@ class GradientDiagnostics(SupervisedPlugin):
         self._captured: CapturedDiagnosis | None = None  # with `graphed`, on a CUDA device
         self._steps: dict | None = None
         self._g: torch.Tensor | None = None
-        self._output_hook = None
 
     def before_training_exp(self, strategy, **kwargs):
         k = strategy.clock.train_exp_counter
@@ -629,29 +628,18 @@ class GradientDiagnostics(SupervisedPlugin):
         return strategy.clock.train_exp_iterations % self.every == 0
 
     def before_forward(self, strategy, **kwargs):
-        """The quantizers' counters the step's forward draws from (the quantized copy replays them), and a hook on
-        the model's output: G arrives during the step's own backward with every term of the loss in it (a plugin's
-        distillation too, whichever order the plugins run in; a strategy that splits the output, an auxiliary
-        head's too)."""
+        """The quantizers' counters the step's forward draws from (the quantized copy replays them)."""
         if strategy.is_training and self._diagnosing(strategy):
             self._steps = quantizer_steps(strategy.model)
-            self._output_hook = strategy.model.register_forward_hook(self._hook_output)
-
-    def _hook_output(self, module, inputs, output):
-        if is_setting_up():  # a CUDA-graph capture's warm-up or capture: the step itself is replayed after it
-            return
-        self._output_hook.remove()
-        self._output_hook = None
-        if output.requires_grad:
-            output.register_hook(self._keep_output_gradient)
 
     def after_forward(self, strategy, **kwargs):
-        """A step replayed from CUDA graphs runs no module forward: its output's gradient is hooked instead."""
-        if self._output_hook is not None:
-            self._output_hook.remove()
-            self._output_hook = None
-            if strategy.mb_output is not None and strategy.mb_output.requires_grad:
-                strategy.mb_output.register_hook(self._keep_output_gradient)
+        """A hook on the model's output as the strategy got it (mb_output here, before MEMO and dyn_der split off
+        their auxiliary head's outputs: strategies/dyn_der.py), so that G arrives during the step's own backward with
+        every term of the loss in it (a plugin's distillation too, the auxiliary head's). Not a forward hook on the
+        model: a step replayed from CUDA graphs runs no module forward, and a step may call the model on other
+        inputs too (ER-ACE's stored batch, avalanche iCaRL's probe of the first batch)."""
+        if self._steps is not None and strategy.mb_output.requires_grad:
+            strategy.mb_output.register_hook(self._keep_output_gradient)
 
     def _keep_output_gradient(self, g):
         self._g = g.detach().clone()
