@@ -12,6 +12,7 @@ import warnings
 sys.modules.setdefault("jax", None)
 
 import hydra  # noqa: E402
+from hydra._internal.hydra import Hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 
@@ -27,6 +28,21 @@ warnings.filterwarnings("ignore", message="No loggers specified")
 warnings.filterwarnings("ignore", category=DeprecationWarning, module="avalanche")
 
 __all__ = ["main", "tables"]
+
+_hydra_node_alone = Hydra.get_sanitized_hydra_cfg
+
+
+def _hydra_node_with_the_job_above(src_cfg):
+    """Hydra's node alone, as `--cfg hydra` prints it, still under the whole config (as HydraConfig.set_config
+    keeps it): hydra.run.dir and hydra.sweep.* name the run folder from the job's settings (results_root, seed,
+    ...), which `--resolve` could not find once Hydra had dropped them."""
+    cfg = _hydra_node_alone(src_cfg)
+    cfg.hydra._set_parent(src_cfg)
+    return cfg
+
+
+Hydra.get_sanitized_hydra_cfg = staticmethod(_hydra_node_with_the_job_above)
+
 
 def main() -> None:
     """The command: a misspelt setting or an unknown group member is refused with its nearest names before Hydra

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -258,6 +259,20 @@ def test_help_is_the_products_and_names_every_member_and_default(run_in_process)
     for key in ("epochs", "batch_size", "lr", "memory_size", "gamma", "device", "cuda_graph", "compile"):
         value = getattr(defaults, key)
         assert f"trainer.{key} [{str(value).lower() if isinstance(value, bool) else value}]" in out.stdout, key
+
+
+def test_cfg_hydra_resolves_the_run_folder_from_the_jobs_settings(run_in_process, tmp_path):
+    """hydra.run.dir and hydra.sweep.* name the run folder from the job's settings, which `--cfg hydra` leaves out
+    of what it prints: --resolve and -p hydra.run.dir still resolve them."""
+    overrides = (f"results_root={tmp_path}", "seed=3", "strategy=naive")
+    out = run_in_process("--cfg", "hydra", "--resolve", *overrides)
+    assert out.returncode == 0, out.stderr
+    assert "${" not in out.stdout
+    cfg = yaml.safe_load(out.stdout)["hydra"]
+    assert cfg["run"]["dir"] == f"{tmp_path}/digits-mlp/naive/hdqt/seed3"
+    assert cfg["sweep"] == {"dir": str(tmp_path), "subdir": "digits-mlp/naive/hdqt/seed3"}
+    out = run_in_process("--cfg", "hydra", "-p", "hydra.run.dir", *overrides)
+    assert (out.returncode, out.stdout) == (0, f"{tmp_path}/digits-mlp/naive/hdqt/seed3\n"), out.stderr
 
 
 def test_the_installed_commands_run_from_any_folder(tmp_path):
