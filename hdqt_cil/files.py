@@ -8,6 +8,7 @@ when a holder dies, so a killed job blocks nobody).
 import fcntl
 import hashlib
 import json
+import math
 import os
 import uuid
 from contextlib import contextmanager
@@ -30,13 +31,32 @@ def write_atomic(path, data: str | bytes) -> None:
         raise
 
 
+def _null_if_not_finite(obj):
+    """`obj` with null for each NaN and ±inf in it: JSON has no such numbers, and strict readers (jq, JavaScript)
+    refuse the bare `NaN` Python writes."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {key: _null_if_not_finite(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_null_if_not_finite(value) for value in obj]
+    return obj
+
+
 def write_json(path, obj) -> None:
-    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n")
+    """`obj` as JSON any parser reads: a number that is not finite (a metric with nothing to measure yet, the
+    accuracy matrix's experiences not yet seen) is written as null, which the tables read back as NaN."""
+    write_atomic(path, json.dumps(_null_if_not_finite(obj), indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+
+def parse_json(text: str | bytes):
+    """JSON the project wrote: a bare NaN or Infinity (in files written before write_json wrote null) is read as
+    null too, so that a number that was not finite reads the same from any file."""
+    return json.loads(text, parse_constant=lambda _: None)
 
 
 def read_json(path):
-    with open(path) as f:
-        return json.load(f)
+    return parse_json(Path(path).read_bytes())
 
 
 @contextmanager

@@ -14,16 +14,19 @@ Each folder that differs or is missing is listed; the exit status is then 1, as 
 folders and for a path that is neither a folder nor a readable tar archive.
 """
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
+
+from hdqt_cil.files import read_json
 
 COMPARED = ("status", "acc_matrix", "class_acc", "train_loss", "class_order")
 
 
 def _json(path: Path):
-    return json.loads(path.read_text()) if path.exists() else None
+    """The file's JSON, or None where there is no such file: read_json reads a number that was not finite as null
+    in any file, so that a tree written with bare NaN compares equal to the same runs written with null."""
+    return read_json(path) if path.exists() else None
 
 
 def tree(path: Path, scratch: str) -> Path:

@@ -1,8 +1,11 @@
 """scripts/compare_runs.py: two trees of run folders are the same, bit for bit, or the differing runs are named."""
 import importlib.util
 import json
+import math
 import tarfile
 from pathlib import Path
+
+from hdqt_cil.files import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("compare_runs", ROOT / "scripts" / "compare_runs.py")
@@ -27,6 +30,21 @@ def test_equal_trees_pass_and_a_changed_loss_or_a_missing_run_is_named(tmp_path)
     assert compare_runs.differences(a, a) == []
     assert compare_runs.differences(a, b) == ["x/seed1: train_loss differ", f"x/seed2: missing in {b}"]
     assert compare_runs.main([str(a), str(b)]) == 1 and compare_runs.main([str(a), str(a)]) == 0
+
+
+def test_runs_written_with_a_bare_nan_equal_the_same_runs_written_with_null(tmp_path):
+    """A number that was not finite is null in the project's JSON, a bare NaN in files written before: a tree of
+    either compares equal to the same runs in the other."""
+    bare, null = tmp_path / "bare", tmp_path / "null"
+    matrix = [[90.0, math.nan], [80.0, 85.0]]
+    write_run(bare, "x/seed0", acc_matrix=matrix)
+    write_json(null / "x" / "seed0" / "summary.json", json.loads((bare / "x" / "seed0" / "summary.json").read_text()))
+    assert "NaN" in (bare / "x" / "seed0" / "summary.json").read_text()
+    assert "null" in (null / "x" / "seed0" / "summary.json").read_text()
+    assert compare_runs.differences(bare, null) == [] and compare_runs.differences(null, bare) == []
+    write_run(null, "x/seed1", acc_matrix=matrix)
+    write_run(bare, "x/seed1", acc_matrix=[[90.0, 0.0], [80.0, 85.0]])
+    assert compare_runs.differences(null, bare) == ["x/seed1: acc_matrix differ"]
 
 
 def test_a_tree_without_runs_fails_and_says_so(tmp_path, capsys):

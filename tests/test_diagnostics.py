@@ -17,6 +17,7 @@ from torch import nn
 
 from hdqt_cil import experiment
 from hdqt_cil.experiment import run
+from hdqt_cil.files import write_json
 from hdqt_cil.models import build_model
 from hdqt_cil.quant import preset, quantize_model
 from hdqt_cil.results.tables import make_tables
@@ -412,6 +413,17 @@ def test_a_full_run_records_a_landscape_per_experience_without_changing_its_numb
         assert float(row["train loss"]) == pytest.approx(entry["landscape"]["quantized"]["centre"], abs=5e-4)
     assert rows[0]["old test loss"] == "–" and float(rows[1]["old test rise"]) == pytest.approx(
         summary["diagnostics"][1]["old_test_landscape"]["quantized"]["rise"], abs=5e-4)
+    # a loss that was not finite: null in the file (JSON has no inf), missing in the table, a gap in the plot
+    records[0]["landscape"]["quantized"]["1d"][1] = math.inf  # the centre of three points
+    write_json(tmp_path / "full" / "diagnostics.json", records)
+    text = (tmp_path / "full" / "diagnostics.json").read_text()
+    json.loads(text, parse_constant=lambda constant: pytest.fail(f"diagnostics.json holds a bare {constant}"))
+    make_tables([tmp_path / "full"], tmp_path / "again")
+    table = (tmp_path / "again" / "landscape.md").read_text().splitlines()
+    first = dict(zip(header, (c.strip() for c in table[2].split("|"))))
+    assert (first["train loss"], first["train rise"]) == ("–", "–") and first["train loss (float)"] == rows[0][
+        "train loss (float)"]
+    assert (tmp_path / "again" / "landscape_lwf.png").stat().st_size > 1000
 
 
 def test_a_slices_rise_is_its_ends_mean_above_its_centre():

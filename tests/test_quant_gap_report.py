@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from hdqt_cil.files import write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("quant_gap_report", ROOT / "scripts" / "quant_gap_report.py")
 gap = importlib.util.module_from_spec(spec)
@@ -39,7 +41,7 @@ def write_run(root: Path, strategy: str, quant: str, acc_matrix, stats=None, see
                               [4.0 if quant == "fp32" else 5.0, 3.0 if quant == "fp32" else 3.6]]}
     if sizes is not None:
         summary["test_sizes"] = sizes
-    (folder / "summary.json").write_text(json.dumps(summary))  # NaN written as the runs write it
+    write_json(folder / "summary.json", summary)  # NaN written as the runs write it (null)
     if stats is not None:
         records = [{"epoch": epoch, "experience": exp,
                     "layers": {layer: {s: stats(exp, epoch, layer) if s == "forward_saturated" else 0.0

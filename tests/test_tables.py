@@ -1,4 +1,5 @@
 import csv
+import json
 import math
 import tarfile
 
@@ -423,6 +424,26 @@ def test_load_runs_gives_a_row_a_run_with_its_settings_and_accuracy_matrix(make_
         written = np.loadtxt(f"{path}/accuracy_matrix.csv", delimiter=",", skiprows=1)[:, 1:]
         assert matrix.shape == (5, 5) and np.isnan(matrix[0, 1]) and np.isfinite(matrix[-1]).all()
         np.testing.assert_array_equal(np.round(matrix, 2), written)
+
+
+def test_a_number_that_is_not_finite_is_null_in_summary_json_and_missing_in_the_tables(make_cfg, tmp_path):
+    """JSON has no NaN (jq and JavaScript refuse the bare NaN Python writes): summary.json holds null where a number
+    is not finite, and load_runs and the tables read it as NaN. A joint run, scored once, has no forgetting and no
+    backward transfer to measure."""
+    from hdqt_cil.experiment import run
+    from hdqt_cil.results import load_runs
+
+    run(make_cfg("strategy=joint", "trainer.epochs=1"), tmp_path / "runs" / "joint")
+    text = (tmp_path / "runs" / "joint" / "summary.json").read_text()
+    summary = json.loads(text, parse_constant=lambda constant: pytest.fail(f"summary.json holds a bare {constant}"))
+    assert summary["status"] == "complete" and (summary["metrics"]["forgetting"], summary["metrics"]["bwt"]) == (
+        None, None)
+    runs = load_runs(tmp_path / "runs")
+    assert math.isnan(runs.forgetting[0]) and runs.forgetting.dtype == float
+    main([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--no-plot"])
+    header, _, row = (tmp_path / "out" / "table.md").read_text().splitlines()
+    cells = dict(zip(header.split("|"), row.split("|")))
+    assert cells[" forgetting "] == " – " and cells[" last acc "].endswith(" (n=1) ")
 
 
 def test_plot_styles_follow_strategy_and_scheme_and_show_one_seed_as_such(tmp_path, monkeypatch):

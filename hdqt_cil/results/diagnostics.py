@@ -1,13 +1,13 @@
 """Tables and plots of the runs' gradient diagnostics (diagnostics.json, trainer/diagnostics.py): fidelity by layer
 and by experience, old against new classes, the gradients' statistics by layer, and the quantizers' underflow and
 the products' largest tile sums by layer, and the loss landscapes of diagnostics=full."""
-import json
 import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from ..files import read_json
 from ..trainer.diagnostics import COMPARED, GRADIENTS
 from ..trainer.landscape import slice_summary
 from .style import SCHEME_ORDER, STRATEGY_ORDER, run_style, scheme_rank
@@ -30,7 +30,7 @@ def _records(runs: pd.DataFrame):
         path = Path(run["path"]) / "diagnostics.json"
         if path.exists():
             stats = path.with_name("quant_stats.json")
-            yield run, json.loads(path.read_text()), json.loads(stats.read_text()) if stats.exists() else []
+            yield run, read_json(path), read_json(stats) if stats.exists() else []
 
 
 def layer_order(record: dict) -> list[str]:
@@ -206,8 +206,17 @@ def landscapes(runs: pd.DataFrame) -> list[dict]:
             if "landscape" in record:
                 out.append({"benchmark": run["benchmark"], "strategy": run["strategy"], "scheme": run["scheme"],
                             "label": label, "seed": run.get("seed"), "experience": record["experience"],
-                            **record["landscape"], "old_test": record.get("old_test_landscape")})
+                            **_losses(record["landscape"]), "old_test": _losses(record.get("old_test_landscape"))})
     return sorted(out, key=lambda e: (e["benchmark"], e["strategy"], scheme_rank(e["scheme"]), e["label"]))
+
+
+def _losses(landscape: dict | None) -> dict | None:
+    """A recorded landscape (each model's alphas, 1d and 2d slices) as float arrays: NaN where it holds null (a
+    loss that was not finite)."""
+    if landscape is None:
+        return None
+    return {model: {key: np.asarray(values, dtype=float) for key, values in slices.items()}
+            for model, slices in landscape.items()}
 
 
 def landscape_table(found: list[dict]) -> pd.DataFrame:

@@ -24,7 +24,6 @@ Outside table.*, a benchmark's label names its scenario unless it is class-incre
 import contextlib
 import functools
 import hashlib
-import json
 import math
 import re
 import tarfile
@@ -37,7 +36,7 @@ from omegaconf import OmegaConf
 
 from ..config import DEFAULTED_SETTINGS, RUN_INDEPENDENT_QUANT, SWITCHED_SETTINGS, comparable_config
 from ..quant.schemes import SCHEMES, preset_settings
-from ..files import write_atomic
+from ..files import parse_json, write_atomic
 from ..wording import epochs as epochs_phrase
 from .style import LINESTYLES, SCHEME_ORDER, STRATEGY_ORDER, run_style, scheme_rank
 from .diagnostics import (diagnostics_frame, fidelity_by_experience, fidelity_table, landscape_table, landscapes,
@@ -174,11 +173,13 @@ def _collect(roots) -> tuple[pd.DataFrame, list[dict]]:
     for root in roots:
         for path in sorted(Path(root).rglob("summary.json")):
             raw = path.read_bytes()  # read once: parsed, and its digest tells a run found twice (_each_run_once)
-            summary, config = json.loads(raw), _run_config(path.parent)
+            summary, config = parse_json(raw), _run_config(path.parent)
             configs.append(config)
             sources.append(summary.get("data_source"))
             cost = summary.get("cost") or {}  # training's cost on integer hardware (trainer/cost.py)
-            rows.append({**summary["run"], **summary["metrics"], "status": summary["status"],
+            metrics = {name: math.nan if value is None else value  # null: not finite (files.write_json)
+                       for name, value in summary["metrics"].items()}
+            rows.append({**summary["run"], **metrics, "status": summary["status"],
                          "seen_acc": summary["seen_acc"], "classes_per_exp": summary["classes_per_exp"],
                          "n_experiences": summary["n_experiences"], "acc_matrix": summary.get("acc_matrix"),
                          "wall_time_s": summary.get("wall_time_s", math.nan), "path": str(path.parent),

@@ -1,21 +1,20 @@
 """The JSON record every benchmark script leaves in results/bench/: device, header, command, duration, rows."""
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from hdqt_cil.files import write_json
+
 
 def save_rows(out_dir, prefix: str, device: str, header: str, started: float, rows: list) -> Path:
     """Write `<out_dir>/<prefix>_<device slug>.json` and return its path."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     slug = "".join(c if c.isalnum() else "_" for c in device).strip("_").lower()
-    path = out / f"{prefix}_{slug}.json"
+    path = Path(out_dir) / f"{prefix}_{slug}.json"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent, check=False).stdout.strip()
-    path.write_text(json.dumps({"device": device, "commit": commit, "header": header, "command": " ".join(sys.argv),
-                                "seconds": time.time() - started, "rows": rows}, indent=1))
+    write_json(path, {"device": device, "commit": commit, "header": header, "command": " ".join(sys.argv),
+                      "seconds": time.time() - started, "rows": rows})
     return path
 
 
