@@ -74,7 +74,7 @@ def test_table_csv_leaves_the_std_of_one_seed_empty(tmp_path):
 
 def test_a_second_make_tables_removes_the_earlier_ones_outputs_it_does_not_write_and_nothing_else(tmp_path):
     """Tables of other runs left beside new ones would look current: an output of the earlier make_tables into the
-    folder that this one does not write goes (here paired.md and the plot); a file it never wrote stays."""
+    folder that this one does not write goes (here paired.md); a file it never wrote stays."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.md").write_text("mine")
@@ -83,14 +83,36 @@ def test_a_second_make_tables_removes_the_earlier_ones_outputs_it_does_not_write
     assert (out / "paired.md").exists() and (out / "accuracy.png").exists()
     _write(tmp_path / "alone", _summary("icarl", "fp32", 0, 80.0))
     make_tables([tmp_path / "alone"], out, plot=False)
-    assert sorted(p.name for p in out.iterdir()) == ["main.md", "make_tables_outputs.txt", "notes.md", "table.csv",
-                                                      "table.md", "table.tex"]
-    assert (out / "make_tables_outputs.txt").read_text() == "table.md\ntable.csv\ntable.tex\nmain.md\n"
+    assert sorted(p.name for p in out.iterdir()) == ["accuracy.png", "main.md", "make_tables_outputs.txt", "notes.md",
+                                                      "table.csv", "table.md", "table.tex"]
+    assert (out / "make_tables_outputs.txt").read_text() == "table.md\ntable.csv\ntable.tex\nmain.md\naccuracy.png\n"
     assert (out / "notes.md").read_text() == "mine"
     (tmp_path / "beside.md").write_text("mine")  # a name of another folder in the list is none make_tables wrote
     (out / "make_tables_outputs.txt").write_text("../beside.md\n")
     make_tables([tmp_path / "alone"], out, plot=False)
     assert (tmp_path / "beside.md").exists()
+
+
+def test_no_plot_draws_no_figure_and_removes_only_those_its_runs_would_not_draw(tmp_path):
+    """--no-plot is no drawing, not removal: the figures of an earlier make_tables that these runs would draw again
+    stay, named still, so that a later make_tables whose runs no longer call for one removes it; a table these runs
+    do not give, or a figure they would not draw, goes."""
+    def costed(quant, last):
+        return {**_summary("icarl", quant, 0, last),
+                "cost": {"training int GMACs": 1.0, "training energy J": {"total": 2.0}}}
+
+    out = tmp_path / "out"
+    _write(tmp_path / "pairs", costed("fp32", 80.0), costed("hdqt", 78.0))
+    main([str(tmp_path / "pairs"), "--out", str(out)])
+    drawn = {name: (out / name).read_bytes() for name in ("accuracy.png", "energy.png")}
+    _write(tmp_path / "alone", costed("fp32", 82.0))  # no pair; costed: energy.png would be drawn
+    main([str(tmp_path / "alone"), "--out", str(out), "--no-plot"])
+    assert {name: (out / name).read_bytes() for name in drawn} == drawn and not (out / "paired.md").exists()
+    assert "82.0 (n=1)" in (out / "table.md").read_text()
+    _write(tmp_path / "plain", _summary("icarl", "fp32", 0, 84.0))  # no cost: no energy.png
+    main([str(tmp_path / "plain"), "--out", str(out), "--no-plot"])
+    assert not (out / "energy.png").exists() and (out / "accuracy.png").read_bytes() == drawn["accuracy.png"]
+    assert (out / "make_tables_outputs.txt").read_text() == "table.md\ntable.csv\ntable.tex\nmain.md\naccuracy.png\n"
 
 
 def test_no_runs_is_an_error(tmp_path):

@@ -14,7 +14,8 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="where table.md/.csv/.tex and accuracy.png are written; "
                         "the files an earlier run wrote there (make_tables_outputs.txt) and this one does not are "
                         "removed")
-    parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--no-plot", action="store_true", help="draw no figures; those an earlier run drew in --out "
+                        "that these runs would draw again stay")
     parser.add_argument("--published", metavar="CSV", help="published numbers to set beside the runs' "
                         "(columns benchmark, strategy, quant, avg_acc, last_acc, source): published.md")
     args = parser.parse_args(argv)

@@ -16,7 +16,7 @@
   diagnostics=light or full;
   landscape.md / landscape_<strategy>.png: runs with diagnostics=full (results/diagnostics.py);
 - make_tables_outputs.txt: the files written, so that the next make_tables into the folder removes those it does
-  not write again (and no other file).
+  not write again (and no other file); without plots, it keeps the figures its runs would draw.
 A run counts in a mean only when its summary says `complete`. Diverged runs are shown as such; runs that
 stopped early (fewer experiences than configured) are counted in a separate column, never averaged in.
 Outside table.*, a benchmark's label names its scenario unless it is class-incremental ("hapt (task)").
@@ -686,7 +686,8 @@ def make_tables(roots, out_dir, plot: bool = True, published=None) -> pd.DataFra
     """Write table.md/.csv/.tex, main.md, ablation.md (when there are ablation runs), published.md (with
     `published`, a CSV of published numbers: published_table) and the plots into `out_dir`, named in its OUTPUTS
     file; remove those an earlier make_tables named there and this one does not write (a fidelity.md of other runs
-    would look current); return the display table."""
+    would look current), but with plot=False not the figures these runs would draw: no plots means none drawn, not
+    the earlier ones removed; return the display table."""
     df = collect_runs(*roots)
     beside = None
     if published is not None:
@@ -694,12 +695,19 @@ def make_tables(roots, out_dir, plot: bool = True, published=None) -> pd.DataFra
             beside = published_table(df, pd.read_csv(published))
         except ValueError as err:
             raise ValueError(f"{published}: {err}") from err
-    out, written = Path(out_dir), []
+    out, written, undrawn = Path(out_dir), [], []
 
     def path(name: str) -> Path:
         """Where the output `name` goes, named in OUTPUTS."""
         written.append(name)
         return out / name
+
+    def figure(name: str, draw) -> None:
+        """draw(where the figure `name` goes); with plot=False, `name` is kept as a figure these runs call for."""
+        if plot:
+            draw(path(name))
+        else:
+            undrawn.append(name)
 
     if beside is not None:
         write_atomic(path("published.md"), to_markdown(beside))
@@ -719,39 +727,39 @@ def make_tables(roots, out_dir, plot: bool = True, published=None) -> pd.DataFra
         presets = _preset_runs(df)  # none: the ablation is drawn without FP32's level
         write_atomic(path("ablation_paired.md"), to_markdown(paired_ablation(ablation, presets)))
         panels = ablation_panels(ablation_agg)
-        if plot and panels:
+        if panels:
             preset = aggregate(presets, keys=["benchmark", "strategy", "scheme"]) if len(presets) else None
             fp32 = None if preset is None else preset[preset.scheme == "fp32"]
-            plot_ablation(panels, path("ablation.png"), fp32)
-    if plot:
-        plot_accuracy_curves(df, path("accuracy.png"))
-        if agg.energy_j_mean.notna().any():
-            plot_energy(agg, path("energy.png"))
+            figure("ablation.png", lambda where: plot_ablation(panels, where, fp32))
+    figure("accuracy.png", lambda where: plot_accuracy_curves(df, where))
+    if agg.energy_j_mean.notna().any():
+        figure("energy.png", lambda where: plot_energy(agg, where))
     fidelity, statistics, quantizers = diagnostics_frame(df)
     if len(fidelity):
         write_atomic(path("fidelity.md"), to_markdown(fidelity_table(fidelity)))
         write_atomic(path("fidelity_by_experience.md"), to_markdown(fidelity_by_experience(fidelity, quantizers)))
         write_atomic(path("gradient_stats.md"), to_markdown(statistics_table(statistics)))
-        if plot:
-            plot_fidelity(fidelity, path("fidelity.png"))
+        figure("fidelity.png", lambda where: plot_fidelity(fidelity, where))
     if len(quantizers):
         write_atomic(path("quantizers.md"), to_markdown(quantizer_table(quantizers)))
     found = landscapes(df)
     if found:
         write_atomic(path("landscape.md"), to_markdown(landscape_table(found)))
-        if plot:  # a figure a strategy: a row a run
-            for strategy in dict.fromkeys(entry["strategy"] for entry in found):
-                plot_landscapes([e for e in found if e["strategy"] == strategy], path(f"landscape_{strategy}.png"))
-    _replace_outputs(out, written)
+        for strategy in dict.fromkeys(entry["strategy"] for entry in found):  # a figure a strategy: a row a run
+            runs = [e for e in found if e["strategy"] == strategy]
+            figure(f"landscape_{strategy}.png", lambda where: plot_landscapes(runs, where))
+    _replace_outputs(out, written, undrawn)
     return table
 
 
-def _replace_outputs(out: Path, written: list[str]) -> None:
-    """Remove the files the OUTPUTS of `out` names and `written` does not, then name `written` there: only files
-    an earlier make_tables wrote go, never one of the folder's own (nor a name with a folder in it)."""
+def _replace_outputs(out: Path, written: list[str], undrawn: list[str]) -> None:
+    """Remove the files the OUTPUTS of `out` names that were neither `written` nor left `undrawn` (figures these
+    runs call for, which plot=False did not draw), then name there those written and the undrawn ones it names:
+    only files an earlier make_tables wrote go, never one of the folder's own (nor a name with a folder in it)."""
     manifest = out / OUTPUTS
     earlier = manifest.read_text().splitlines() if manifest.exists() else []
-    for name in set(earlier) - set(written):
+    kept = [name for name in earlier if name in undrawn]
+    for name in set(earlier) - set(written) - set(kept):
         if name == Path(name).name and (out / name).is_file():
             (out / name).unlink()
-    write_atomic(manifest, "".join(f"{name}\n" for name in written))
+    write_atomic(manifest, "".join(f"{name}\n" for name in written + kept))
