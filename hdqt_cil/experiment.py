@@ -21,7 +21,7 @@ from .trainer.cost import CostCounter
 from .trainer.diagnostics import GradientDiagnostics, Landscape
 from .trainer.cuda_graphs import CudaGraphPlugin
 from .trainer.hp_replay import HigherPrecisionReplay, higher_precision_scheme
-from .trainer.monitor import Diverged, TrainingMonitor
+from .trainer.monitor import Diverged, TrainingMonitor, quantizer_checks_diverge
 from .trainer.optim import PerExperienceSGD, sgd_settings
 from .trainer.quantization import QuantizationPlugin
 from .trainer.recorder import PredictionRecorder
@@ -359,9 +359,10 @@ def _train(cfg, bench, strategy, plugins: RunPlugins, folder: RunFolder, start: 
         plugins.diagnostics.old_tests = [experience.dataset for experience in scenario.test_stream]
     try:
         for k in steps[start.first:]:
-            strategy.train(scenario.train_stream if joint else scenario.train_stream[k], **loader_args)
-            plugins.recorder.seen_classes = bench.task_classes()[k][1]  # the end of task k's classes
-            strategy.eval(scenario.test_stream[: k + 1], **loader_args)
+            with quantizer_checks_diverge(strategy):
+                strategy.train(scenario.train_stream if joint else scenario.train_stream[k], **loader_args)
+                plugins.recorder.seen_classes = bench.task_classes()[k][1]  # the end of task k's classes
+                strategy.eval(scenario.test_stream[: k + 1], **loader_args)
             history.add_step(plugins.recorder.results)
             if k != steps[-1]:
                 folder.checkpoints.save(strategy, steps.index(k) + 1, history)

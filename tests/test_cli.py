@@ -3,6 +3,7 @@ each launcher, a refusal, Ctrl-C, the installed commands with --help); further c
 with call its entry point in this process (conftest.run_in_process)."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -85,6 +86,29 @@ def test_a_diverged_run_stops_with_its_message_and_no_traceback(tmp_path):
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     summary = json.loads(next(tmp_path.rglob("summary.json")).read_text())
     assert summary["status"] == "diverged" and summary["error"]["experience"] == 0
+
+
+
+@pytest.mark.parametrize("quant", sorted(p.stem for p in (ROOT / "hdqt_cil/configs/quant").glob("*.yaml")))
+def test_a_diverged_run_of_every_scheme_stops_in_one_line_and_is_recorded_as_diverged(tmp_path, cli, quant):
+    """The quantized schemes meet the NaN at a quantizer, mid-epoch, before the monitor's check at its end: the same
+    ending as FP32's."""
+    out = cli("strategy=naive", f"quant={quant}", "trainer.epochs=2", "trainer.lr=1e6")
+    assert out.returncode == 1 and "Traceback" not in out.stdout + out.stderr, out.stderr
+    assert re.fullmatch(r"stopped: training diverged in experience 1, epoch [12]: .*non-finite.*; the run folder "
+                        r"records it \(status 'diverged'\)\n", out.stderr), out.stderr
+    summary = json.loads(next(tmp_path.rglob("summary.json")).read_text())
+    assert summary["status"] == "diverged" and summary["error"]["experience"] == 0
+
+
+def test_a_sweep_goes_on_past_a_quantized_run_that_diverges(tmp_path, cli):
+    out = cli("-m", "strategy=naive", "quant=hdqt,fp32", "seed=0,1", "trainer.epochs=1", "trainer.lr=1e6",
+              "on_divergence=continue")
+    assert out.returncode == 0 and "Traceback" not in out.stdout + out.stderr, out.stderr
+    status = {str(p.parent.relative_to(tmp_path)): json.loads(p.read_text())["status"]
+              for p in tmp_path.rglob("summary.json")}
+    assert status == {f"digits-mlp/naive/{q}/seed{k}": "diverged" for q in ("fp32", "hdqt") for k in (0, 1)}
+    assert "4 of 4 jobs completed" in (tmp_path / "sweep_summary.md").read_text()
 
 
 def test_asking_again_for_a_finished_run_says_what_its_folder_does_not_hold(tmp_path, cli):

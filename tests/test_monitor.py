@@ -1,11 +1,13 @@
 """The training monitor's divergence rules on scripted losses: non-finite, runaway (RUNAWAY_FACTOR over the
-experience's first epoch, at least over 1), and ordinary ups and downs that are neither."""
+experience's first epoch, at least over 1), and ordinary ups and downs that are neither; a NaN reaching a quantizer,
+put down to where training is."""
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from hdqt_cil.trainer.monitor import RUNAWAY_FACTOR, Diverged, TrainingMonitor
+from hdqt_cil.quant import preset, quantize_model
+from hdqt_cil.trainer.monitor import RUNAWAY_FACTOR, Diverged, TrainingMonitor, quantizer_checks_diverge
 
 
 def run_epochs(monitor, strategy, epoch_losses):
@@ -19,8 +21,9 @@ def run_epochs(monitor, strategy, epoch_losses):
 
 
 def fresh(experience=0):
-    strategy = SimpleNamespace(device="cpu", model=torch.nn.Linear(2, 2), train_epochs=10,
-                               clock=SimpleNamespace(train_exp_counter=experience, train_exp_epochs=0))
+    strategy = SimpleNamespace(device="cpu", model=torch.nn.Linear(2, 2), train_epochs=10, plugins=[],
+                               is_training=True, clock=SimpleNamespace(train_exp_counter=experience,
+                                                                       train_exp_epochs=0))
     monitor = TrainingMonitor()
     monitor.before_training_exp(strategy)
     return monitor, strategy
@@ -51,3 +54,19 @@ def test_a_non_finite_loss_or_weight_is_divergence_naming_it():
         strategy.model.weight[0, 0] = float("inf")
     with pytest.raises(Diverged, match="non-finite weights in weight"):
         run_epochs(monitor, strategy, [1.0])
+
+
+@pytest.mark.parametrize("training, finished_experiences, finished_epochs, place", [
+    (True, 1, 1, "experience 2, epoch 2"),  # in an epoch, or at its end before avalanche's clock counts it
+    (True, 1, 3, "experience 2, epoch 3"),  # after the experience's 3 epochs: BiC's bias stage, herding
+    (False, 2, 3, "experience 2, epoch 3"),  # the evaluation after experience 2
+])
+def test_a_nan_reaching_a_quantizer_is_a_divergence_where_training_is(training, finished_experiences,
+                                                                       finished_epochs, place):
+    model = quantize_model(torch.nn.Sequential(torch.nn.Linear(4, 2)), preset("hdqt"))
+    strategy = SimpleNamespace(is_training=training, train_epochs=3, plugins=[],
+                               clock=SimpleNamespace(train_exp_counter=finished_experiences,
+                                                     train_exp_epochs=finished_epochs))
+    with pytest.raises(Diverged, match=rf"training diverged in {place}: layer '0': non-finite value nan in the input"):
+        with quantizer_checks_diverge(strategy):
+            model(torch.tensor([[1.0, float("nan"), 0.0, 2.0]]))

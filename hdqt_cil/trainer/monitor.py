@@ -1,12 +1,15 @@
 """Watches training once per epoch: records the mean loss, logs progress, and stops a run that diverges, naming
-where it was first seen: a loss or weights that are no longer finite, or a runaway loss (RUNAWAY_FACTOR)."""
+where it was first seen: a loss or weights that are no longer finite, or a runaway loss (RUNAWAY_FACTOR). A NaN or
+Inf that reaches a quantizer (quantized schemes check every pass) is the same divergence, seen earlier."""
 import logging
 import math
 import time
+from contextlib import contextmanager
 
 import torch
 from avalanche.core import SupervisedPlugin
 
+from ..quant import NonFiniteError
 from .checkpoint import experience_epochs
 
 log = logging.getLogger(__name__)
@@ -25,6 +28,25 @@ class Diverged(RuntimeError):
     def __init__(self, experience: int, epoch: int, what: str):
         super().__init__(f"training diverged in experience {experience + 1}, epoch {epoch}: {what}")
         self.details = {"experience": experience, "epoch": epoch, "where": what}
+
+
+def training_place(strategy) -> tuple[int, int]:
+    """The experience (0-based) and epoch (from 1) in training, or last trained in during a phase after an
+    experience's epochs (BiC's bias stage, herding, an evaluation): avalanche's clock counts an epoch or an
+    experience only once their hooks have run."""
+    clock = strategy.clock
+    experience = clock.train_exp_counter - (not strategy.is_training)
+    return experience, min(clock.train_exp_epochs + 1, experience_epochs(strategy))
+
+
+@contextmanager
+def quantizer_checks_diverge(strategy):
+    """A NaN or Inf that reaches a quantizer (mid-epoch, at the end of an epoch replayed from CUDA graphs, or in a
+    later phase) raises Diverged where training is, as the monitor's own checks do."""
+    try:
+        yield
+    except NonFiniteError as error:
+        raise Diverged(*training_place(strategy), str(error)) from error
 
 
 class TrainingMonitor(SupervisedPlugin):
@@ -64,8 +86,7 @@ class TrainingMonitor(SupervisedPlugin):
         self._count += 1
 
     def after_training_epoch(self, strategy, **kwargs):
-        experience = strategy.clock.train_exp_counter
-        epoch = strategy.clock.train_exp_epochs + 1  # the clock counts finished epochs after this callback
+        experience, epoch = training_place(strategy)
         for name, param in strategy.model.named_parameters():
             if not torch.isfinite(param).all():
                 raise Diverged(experience, epoch, f"non-finite weights in {name}")
