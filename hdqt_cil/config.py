@@ -276,13 +276,16 @@ def compose_command(overrides: list[str]) -> DictConfig:
 def refuse_misspelt_overrides(overrides: list[str]) -> None:
     """Refuse `trainer.epoch=5`, `quant.acc_bit=12` or `quant.rounding.grad_outpt=...` (a key its section's schema
     lacks: the run's, a fixed section's or the chosen member's, at any depth) with its nearest settings, where Hydra
-    would only say the key is missing and offer to add it, and `strategy=icrl` (a group member that does not exist)
-    with the nearest members. Added (`+`), deleted and forced keys, Hydra's own, a member's keys where the member is
-    swept (`quant=fp,hdqt`) and overrides Hydra cannot parse or compose are left to Hydra."""
+    would only say the key is missing and offer to add it, `strategy=icrl` (a group member that does not exist)
+    with the nearest members, and `tag=${sed}` (an interpolation of a key the config lacks) with the nearest keys,
+    where Hydra fails with a traceback. Added (`+`), deleted and forced keys, Hydra's own, a member's keys where the
+    member is swept (`quant=fp,hdqt`), swept values and overrides Hydra cannot parse or compose are left to Hydra."""
     try:
         parsed = OverridesParser.create().parse_overrides([o for o in overrides if "=" in o and o[0] != "-"])
     except HydraException:
         return
+    interpolating = [o for o in parsed if INTERPOLATED_KEY.search(o.input_line) and not o.is_sweep_override()
+                     and o.key_or_group.partition(".")[0] != "hydra"]  # Hydra's node interpolates its own keys
     members, kept, choice_swept = [], [], False
     for override in parsed:
         section, _, key = override.key_or_group.partition(".")
@@ -301,7 +304,7 @@ def refuse_misspelt_overrides(overrides: list[str]) -> None:
                 continue
         if not override.is_sweep_override():
             kept.append(override.input_line)
-    if not members or choice_swept:
+    if not (members or interpolating) or choice_swept:
         return
     try:
         cfg = compose_run(kept)
@@ -317,6 +320,34 @@ def refuse_misspelt_overrides(overrides: list[str]) -> None:
             node, path = _section(node, part), f"{path}{part}."
             if node is None:
                 break
+    keys = _keys(cfg)
+    for override in interpolating:
+        _refuse_missing_interpolations(override, keys)
+
+
+# `${key}` in an override's value: an absolute key of the config (resolvers, `${hydra:...}` and relative keys are
+# Hydra's to resolve).
+INTERPOLATED_KEY = re.compile(r"\$\{(\w[\w.]*)\}")
+
+
+def _refuse_missing_interpolations(override, keys: list[str]) -> None:
+    """Refuse an override whose value interpolates a key not among the config's `keys`, naming the nearest."""
+    for key in INTERPOLATED_KEY.findall(override.input_line.partition("=")[2]):
+        if key not in keys:
+            hint = _did_you_mean(key, keys, lambda k: f"${{{k}}}")
+            raise ValueError(f"{override.input_line} interpolates ${{{key}}}, which is not a setting; {hint}an "
+                             "interpolation names a setting of the run (`--cfg job` prints them)")
+
+
+def _keys(node: DictConfig, path: str = "") -> list[str]:
+    """Every key of `node` at any depth, dotted (trainer.epochs), read without resolving a value."""
+    keys = []
+    for key in node.keys():
+        keys.append(f"{path}{key}")
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            keys += _keys(child, f"{path}{key}.")
+    return keys
 
 
 def _section(node: DictConfig, key: str) -> DictConfig | None:

@@ -152,6 +152,18 @@ def test_a_misspelt_setting_is_refused_with_the_nearest_names(tmp_path, cli, ove
     assert len(out.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
 
 
+
+@pytest.mark.parametrize("args, message", [
+    (["tag=${nope}"], "tag=${nope} interpolates ${nope}, which is not a setting; an interpolation names a setting"),
+    (["--cfg", "job", "--resolve", "tag=${nope}"], "tag=${nope} interpolates ${nope}, which is not a setting; "),
+    (["-m", "seed=0,1", "quant.bits=${trainer.epoch}"], "quant.bits=${trainer.epoch} interpolates ${trainer.epoch}, "
+                                                         "which is not a setting; did you mean ${trainer.epochs}"),
+], ids=["run", "cfg-job-resolve", "sweep"])
+def test_an_interpolation_of_a_missing_key_is_refused_in_one_line(tmp_path, run_in_process, args, message):
+    out = run_in_process(*args, f"results_root={tmp_path}")
+    assert out.returncode == 2 and out.stderr.startswith(f"error: {message}"), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
 @pytest.mark.parametrize("overrides, message", [
     (["benchmark=features", "benchmark.path=absent.csv"], "benchmark.path=absent.csv: no such file"),
     (["benchmark=images", "benchmark.root=absent.zip", "benchmark.name=pets"], "benchmark.root=absent.zip does not "
