@@ -80,9 +80,10 @@ def run_or_sweep(cfg):
     keep_ending_signals()  # a SLURM job's pre-emption handler (submitit's) must not be lost
     try:  # in a sweep, one failed job must not stop the others (hdqt_cil/sweep/report.py)
         with job_gpu(hydra_cfg.job.num, torch.cuda.device_count()) as gpu:
-            run(cfg, run_dir, gpu=gpu)
+            summary = run(cfg, run_dir, gpu=gpu)
         print(run_table(run_dir))
-        record_job(hydra_cfg.sweep.dir, hydra_cfg.job.num, run_dir, hydra_cfg.overrides.task, None)
+        diverged = summary["error"]["message"] if summary["status"] == "diverged" else None
+        record_job(hydra_cfg.sweep.dir, hydra_cfg.job.num, run_dir, hydra_cfg.overrides.task, None, diverged)
     except Exception as error:  # noqa: BLE001  (recorded, logged and reported at the sweep's end)
         logging.getLogger("run").exception("job failed")
         discard_unclaimed(run_dir, cfg.results_root)

@@ -108,7 +108,11 @@ def test_a_sweep_goes_on_past_a_quantized_run_that_diverges(tmp_path, cli):
     status = {str(p.parent.relative_to(tmp_path)): json.loads(p.read_text())["status"]
               for p in tmp_path.rglob("summary.json")}
     assert status == {f"digits-mlp/naive/{q}/seed{k}": "diverged" for q in ("fp32", "hdqt") for k in (0, 1)}
-    assert "4 of 4 jobs completed" in (tmp_path / "sweep_summary.md").read_text()
+    report = (tmp_path / "sweep_summary.md").read_text()
+    assert "0 of 4 jobs completed, 4 diverged" in report
+    row = next(line for line in report.splitlines() if line.startswith("| #1 | digits-mlp/naive/hdqt/seed1 | "))
+    assert row.endswith(" | diverged | training diverged in experience 1, epoch 1: layer 'classifier': non-finite "
+                        "value nan in the grad_input.grad_output reaching its quantizer (scheme hdqt) |"), row
 
 
 def test_asking_again_for_a_finished_run_says_what_its_folder_does_not_hold(tmp_path, cli):

@@ -1,4 +1,5 @@
-"""A sweep is checked before its jobs start, goes on past a failed job and ends by telling which jobs failed and why.
+"""A sweep is checked before its jobs start, goes on past a failed job and ends by telling which jobs failed or
+diverged and why.
 
 Two jobs whose runs would share one run folder are refused before any starts, whichever launcher runs them. Hydra's
 launchers re-raise the first failed job's exception when they collect results, which skips the remaining
@@ -31,16 +32,19 @@ log = logging.getLogger(__name__)
 JOBS = ".jobs"
 
 
-def record_job(sweep_dir, job: int, folder, overrides, error: BaseException | None) -> None:
+def record_job(sweep_dir, job: int, folder, overrides, error: BaseException | None,
+               diverged: str | None = None) -> None:
     """Record the outcome of job number `job`, whose run folder is `folder` (inside `sweep_dir`), under its
     overrides: the same job run again (requeued, restarted, its sweep started again) replaces its record, and no
-    other job's: not one that shares its folder, nor one of its number in a sweep beside it into one results root."""
+    other job's: not one that shares its folder, nor one of its number in a sweep beside it into one results root.
+    `diverged`: the divergence of a run that ended without an error (on_divergence=continue), which the report
+    lists as such rather than among the completed ones."""
     sweep_dir, overrides = Path(sweep_dir), list(overrides)
     key = hashlib.sha256(json.dumps(overrides).encode()).hexdigest()[:16]
     write_json(sweep_dir / JOBS / f"{key}.json",
                {"job": job, "folder": Path(folder).resolve().relative_to(sweep_dir.resolve()).as_posix(),
-                "overrides": overrides, "status": "failed" if error else "completed",
-                "error": f"{type(error).__name__}: {error}" if error else None})
+                "overrides": overrides, "status": "failed" if error else "diverged" if diverged else "completed",
+                "error": f"{type(error).__name__}: {error}" if error else diverged})
 
 
 def sweep_jobs(config) -> list[list[str]]:
@@ -94,8 +98,10 @@ class SweepReport(Callback):
         records = (sweep_dir / JOBS).glob("*.json") if (sweep_dir / JOBS).is_dir() else []
         jobs = sorted((read_json(p) for p in records if p.stat().st_mtime >= self.started), key=lambda j: j["job"])
         failed = [j for j in jobs if j["status"] == "failed"]
+        diverged = sum(j["status"] == "diverged" for j in jobs)
         lines = [f"# Sweep of {time.strftime('%Y-%m-%d %H:%M', time.localtime(self.started))}: "
-                 f"{len(jobs) - len(failed)} of {len(jobs)} jobs completed", "",
+                 f"{len(jobs) - len(failed) - diverged} of {len(jobs)} jobs completed"
+                 + (f", {diverged} diverged" if diverged else ""), "",
                  "| job | folder | overrides | status | error |", "|---|---|---|---|---|"]
         lines += [f"| #{j['job']} | {j['folder']} | {' '.join(j['overrides'])} | {j['status']} | {j['error'] or ''} |"
                   for j in jobs]
