@@ -22,7 +22,7 @@ from pathlib import Path
 from hdqt_cil.sweep import gpu_slots
 gpu, handle = gpu_slots.claim(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
 print(gpu, handle is not None, flush=True)
-time.sleep(60)
+time.sleep(3600)  # held until the test kills it: a timed hold ends early under load, freeing its slot
 """
 
 
