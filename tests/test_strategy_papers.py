@@ -20,6 +20,7 @@ from hdqt_cil.benchmarks.arrays import ArrayDataset
 from hdqt_cil.config import TrainerConfig
 from hdqt_cil.models import build_model
 from hdqt_cil.strategies import STRATEGIES, DataFacts, build_strategy
+from hdqt_cil.strategies.er_ace import SumACE
 from hdqt_cil.strategies.ewc import EWCPlugin
 from hdqt_cil.strategies.si import SIPlugin
 
@@ -163,6 +164,19 @@ def test_er_ace_sums_an_asymmetric_incoming_ce_and_a_full_stored_ce(stream):
     for exp in list(stream)[:2]:
         strategy.train(exp)
     assert seen["losses"] == PER_CLASS * 2 // BATCH
+
+
+def test_er_ace_loss_stays_finite_where_logits_are_far_apart():
+    """A target logit 200 below another's: the loss is that gap (log-softmax), its gradient finite; a log of a
+    softmax (avalanche's ACE) rounds the target's probability to 0, an infinite loss and a NaN gradient."""
+    out_in = torch.tensor([[0.0, 200.0, 0.0], [0.0, 0.0, 0.0]], requires_grad=True)
+    target_in = torch.tensor([0, 1])
+    out_buffer, target_buffer = torch.zeros(2, 3), torch.tensor([2, 0])
+    loss = SumACE()(out_in, target_in, out_buffer, target_buffer)
+    loss.backward()
+    incoming = (200 + torch.log1p(torch.exp(torch.tensor(-200.0))) + torch.log(torch.tensor(2.0))) / 2
+    assert torch.allclose(loss, incoming + torch.log(torch.tensor(3.0)))
+    assert torch.isfinite(out_in.grad).all()
 
 
 def test_agem_projects_a_conflicting_gradient_off_the_reference_gradient(stream):
