@@ -312,7 +312,7 @@ def _finished(cfg, folder: RunFolder) -> dict:
     if summary["status"] == "diverged":
         error = summary["error"]
         if cfg.on_divergence == "stop":
-            raise Diverged(error["experience"], error["epoch"], error["where"])
+            raise Diverged(error["experience"], error["epoch"], error["where"], error.get("phase"))
         log.warning("%s holds this run, which diverged (%s); overwrite=true reruns it", folder.path, error["message"])
     else:
         log.info("%s already holds this run, finished; overwrite=true reruns it", folder.path)

@@ -1,5 +1,6 @@
 """strategy.hp_replay: after each experience past the first, N exemplars trained on at 8-bit operands and 16-bit
 accumulators (the old model too), then training goes on at the scheme's own precision."""
+import json
 import pickle
 import random
 from collections import Counter
@@ -18,6 +19,7 @@ from hdqt_cil.quant import preset, quantize_model
 from hdqt_cil.quant.layers import QuantLayer
 from hdqt_cil.trainer.cuda_graphs import CudaGraphPlugin
 from hdqt_cil.trainer.hp_replay import HigherPrecisionReplay, higher_precision_scheme, spread_over_classes
+from hdqt_cil.trainer.monitor import Diverged
 
 BASE = ("quant=hdqt", "trainer.epochs=2", "trainer.device=cpu", "benchmark.n_experiences=null",
         "benchmark.classes_per_exp=4", "trainer.memory_size=60")
@@ -167,3 +169,24 @@ def test_a_checkpoint_written_before_the_batchnorm_setting_resumes_the_authors_p
     del plugin.__dict__["bn"]  # as an earlier version pickled it
     restored = pickle.loads(pickle.dumps(plugin))
     assert restored.bn == "train" and restored.size == 20
+
+
+def test_a_phase_that_diverges_stops_the_run_as_diverged_naming_the_phase(make_cfg, tmp_path, monkeypatch):
+    """A NaN loss in the phase stops the run there, before the experience's accuracy and checkpoint are taken from
+    its weights, rather than being blamed on the next experience's first epoch."""
+    original = HigherPrecisionReplay.after_training_iteration
+
+    def nan_loss(self, strategy, **kwargs):
+        if self._losses is not None:
+            strategy.loss = strategy.loss * float("nan")
+        original(self, strategy, **kwargs)
+
+    monkeypatch.setattr(HigherPrecisionReplay, "after_training_iteration", nan_loss)
+    with pytest.raises(Diverged, match=r"diverged in the higher-precision replay after experience 2, its epoch 1: "
+                                       r"non-finite loss"):
+        run(make_cfg("strategy=icarl", *BASE[1:], "strategy.hp_replay=20"), tmp_path / "run")
+    summary = json.loads(next((tmp_path / "run").rglob("summary.json")).read_text())
+    assert summary["status"] == "diverged"
+    assert {k: summary["error"][k] for k in ("experience", "epoch", "phase")} == {
+        "experience": 1, "epoch": 1, "phase": "the higher-precision replay"}
+    assert len(summary["acc_matrix"]) == 1  # only the experience before the phase

@@ -9,7 +9,8 @@ the learning rate of the experience's last epoch; the 8-bit weight storage round
 model's BatchNorm layers train as in any step (`bn="train"`, the authors'), or stay in eval mode (`bn="eval"`):
 normalising by their running statistics, which the phase's batches of old classes alone then leave unchanged. These
 steps replay eagerly (not from CUDA graphs, which hold the scheme's own kernels) and are not counted in the run's
-cost (docs/cost.md). Each phase's mean loss is logged and kept in `phases`.
+cost (docs/cost.md). Each phase's mean loss is logged and kept in `phases`. A phase that diverges (the monitor's
+rule, after each of its epochs) stops the run as diverged there, before the experience's accuracy and checkpoint.
 """
 import logging
 from collections import defaultdict
@@ -22,16 +23,18 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader
 
-from ..quant import quantize_model, scheme_from_config
+from ..quant import NonFiniteError, quantize_model, scheme_from_config
 from ..quant.layers import QuantLayer
 from ..quant.schemes import SCHEMES
 from .checkpoint import experience_epochs
 from .cost import CostCounter
 from . import plugin_of
 from .cuda_graphs import CudaGraphPlugin
+from .monitor import Diverged, TrainingMonitor, divergence
 
 log = logging.getLogger(__name__)
 
+PHASE = "the higher-precision replay"  # how a divergence names the phase
 RAISABLE = ("bits", "acc_bits")  # the settings a scheme needs for a higher-precision phase
 
 
@@ -147,13 +150,26 @@ class HigherPrecisionReplay(SupervisedPlugin):
         loader = DataLoader(exemplars, batch_size=len(exemplars), shuffle=True,
                             collate_fn=getattr(exemplars, "collate_fn", None))
         with self._phase(strategy, loader):
-            for _ in range(self.epochs):
-                strategy.training_epoch()
+            for epoch in range(1, self.epochs + 1):
+                self._train_epoch(strategy, epoch)
             loss = torch.stack(self._losses).mean().item()
         self.phases.append({"experience": clock.train_exp_counter, "exemplars": len(exemplars),
                             "epochs": self.epochs, "loss": loss})
         log.info("experience %d: higher-precision replay of %d exemplars, %d epochs at %s: mean loss %.4f",
                  clock.train_exp_counter + 1, len(exemplars), self.epochs, self.precision, loss)
+
+    def _train_epoch(self, strategy, epoch: int) -> None:
+        """One epoch of the phase; a divergence in it (the monitor's rule, against the experience's first-epoch
+        loss, or a NaN reaching a quantizer) raises Diverged naming the phase."""
+        experience, start = strategy.clock.train_exp_counter, len(self._losses)
+        try:
+            strategy.training_epoch()
+        except NonFiniteError as error:
+            raise Diverged(experience, epoch, str(error), PHASE) from error
+        mean = torch.stack(self._losses[start:]).mean().item()
+        what = divergence(strategy.model, mean, plugin_of(strategy, TrainingMonitor).losses[-1][0])
+        if what is not None:
+            raise Diverged(experience, epoch, what, PHASE)
 
     @property
     def precision(self) -> str:

@@ -23,11 +23,28 @@ RUNAWAY_FACTOR = 1e3
 
 class Diverged(RuntimeError):
     """`experience` is 0-based (as the rows of the accuracy matrix, and in `details`), `epoch` counts from 1 within
-    it; the message counts both from 1, as the progress lines do."""
+    it, or within `phase`, a stage trained after the experience's epochs (the higher-precision replay); the message
+    counts both from 1, as the progress lines do."""
 
-    def __init__(self, experience: int, epoch: int, what: str):
-        super().__init__(f"training diverged in experience {experience + 1}, epoch {epoch}: {what}")
-        self.details = {"experience": experience, "epoch": epoch, "where": what}
+    def __init__(self, experience: int, epoch: int, what: str, phase: str | None = None):
+        place = (f"experience {experience + 1}, epoch {epoch}" if phase is None
+                 else f"{phase} after experience {experience + 1}, its epoch {epoch}")
+        super().__init__(f"training diverged in {place}: {what}")
+        self.details = {"experience": experience, "epoch": epoch, "where": what, **({"phase": phase} if phase else {})}
+
+
+def divergence(model, mean: float, first: float) -> str | None:
+    """What shows that training diverged, or None: weights or an epoch's `mean` loss no longer finite, or a runaway
+    loss over the experience's `first`-epoch mean. One rule for the epochs and for the phases after them."""
+    for name, param in model.named_parameters():
+        if not torch.isfinite(param).all():
+            return f"non-finite weights in {name}"
+    if not math.isfinite(mean):
+        return "non-finite loss"
+    if mean > RUNAWAY_FACTOR * max(1.0, first):
+        return (f"runaway loss {mean:.3g} (above {RUNAWAY_FACTOR:g} × max(1, the experience's first-epoch loss "
+                f"{first:.3g}))")
+    return None
 
 
 def training_place(strategy) -> tuple[int, int]:
@@ -87,16 +104,10 @@ class TrainingMonitor(SupervisedPlugin):
 
     def after_training_epoch(self, strategy, **kwargs):
         experience, epoch = training_place(strategy)
-        for name, param in strategy.model.named_parameters():
-            if not torch.isfinite(param).all():
-                raise Diverged(experience, epoch, f"non-finite weights in {name}")
         mean = self._sum.item() / max(self._count, 1)
-        if not math.isfinite(mean):
-            raise Diverged(experience, epoch, "non-finite loss")
-        first = self.losses[-1][0] if self.losses[-1] else mean
-        if mean > RUNAWAY_FACTOR * max(1.0, first):
-            raise Diverged(experience, epoch, f"runaway loss {mean:.3g} (above {RUNAWAY_FACTOR:g} × max(1, the "
-                                              f"experience's first-epoch loss {first:.3g}))")
+        what = divergence(strategy.model, mean, self.losses[-1][0] if self.losses[-1] else mean)
+        if what is not None:
+            raise Diverged(experience, epoch, what)
         self.losses[-1].append(mean)
         self._epochs_since += 1
         if self.log_every and epoch % self.log_every == 0:
