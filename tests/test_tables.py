@@ -370,6 +370,18 @@ def test_energy_is_set_against_fp32_of_the_same_tag_where_it_ran_so(tmp_path):
                                                  "hdqt[w8]": "0.500", "mxfp4[ce_seen]": "0.750"}
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_energy_against_an_fp32_energy_of_0_is_left_empty(tmp_path):
+    """Every cost.*_pj=0 gives FP32 no energy: no ratio (not nan, nor inf), as the other empty cells."""
+    def costed(quant, joules):
+        return {**_summary("icarl", quant, 0, 80.0),
+                "cost": {"training int GMACs": 1.0, "training energy J": {"total": joules}}}
+
+    _write(tmp_path / "runs", costed("fp32", 0.0), costed("hdqt", 0.0), costed("mxfp4", 1.0))
+    table = make_tables([tmp_path / "runs"], tmp_path / "out", plot=False).set_index("quant")
+    assert table["energy vs fp32"].to_dict() == {"fp32": "–", "hdqt": "–", "mxfp4": "–"}
+
+
 def test_each_row_is_paired_by_seed_with_its_fp32_row(tmp_path):
     _write(tmp_path / "runs", *(_summary("icarl", "fp32", seed, last) for seed, last in enumerate((80.0, 84.0, 70.0))),
            _summary("icarl", "hdqt", 0, 79.0), _summary("icarl", "hdqt", 1, 83.96),  # -0.04: "+0.0", not "-0.0"

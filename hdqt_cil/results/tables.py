@@ -325,13 +325,15 @@ def fp32_labels(quant: str) -> tuple[str, str]:
 
 
 def energy_vs_fp32(agg: pd.DataFrame) -> list[str]:
-    """Each row's mean estimated energy over that of its FP32 row (fp32_labels)."""
+    """Each row's mean estimated energy over that of its FP32 row (fp32_labels); '–' where there is none, or it is
+    0 (every cost.*_pj=0), which no ratio is taken against."""
     fp32 = agg.set_index([*REFERENCE_KEYS, "quant"]).energy_j_mean  # looked up by FP32's labels alone
     out = []
     for row in agg.itertuples():
         key = tuple(getattr(row, k) for k in REFERENCE_KEYS)
         base = next((fp32[(*key, label)] for label in fp32_labels(row.quant) if (*key, label) in fp32), math.nan)
-        out.append("–" if math.isnan(base) or math.isnan(row.energy_j_mean) else f"{row.energy_j_mean / base:.3f}")
+        unknown = math.isnan(base) or base == 0 or math.isnan(row.energy_j_mean)
+        out.append("–" if unknown else f"{row.energy_j_mean / base:.3f}")
     return out
 
 
