@@ -107,6 +107,9 @@ def test_the_phase_states_the_precision_it_runs_at(quant, acc_bits, precision):
     (("strategy=icarl", "strategy.hp_replay=20", "strategy.hp_replay_acc_bits=4"),
      r"strategy.hp_replay_acc_bits=4 is narrower than strategy.hp_replay_bits=8"),
     (("strategy=icarl", "strategy.hp_replay=0"), r"strategy.hp_replay=0"),
+    (("strategy=icarl", "quant=luq", "strategy.hp_replay=20"),
+     r"strategy.hp_replay_bits=8, hp_replay_acc_bits=16 under quant=luq: bits=8 is out of range; a log2 grid "
+     r"allows 2..5 bits"),
 ])
 def test_impossible_replays_are_refused_naming_the_setting(make_cfg, tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):

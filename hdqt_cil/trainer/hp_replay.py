@@ -52,7 +52,11 @@ def higher_precision_scheme(quant: dict, bits: int, acc_bits: int | None):
         raisable = [n for n in SCHEMES.names() if n == "fp32" or _raisable(n)]
         raise ValueError(f"strategy.hp_replay: quant={name} has no bits and acc_bits to raise; higher-precision "
                          f"replay runs under quant={', '.join(raisable)}")
-    return scheme_from_config({**quant, "bits": bits, "acc": "int", "acc_bits": acc_bits})
+    try:
+        return scheme_from_config({**quant, "bits": bits, "acc": "int", "acc_bits": acc_bits})
+    except ValueError as error:  # the scheme's own limits (LUQ's log2 grid: 2..5 bits), named by the settings given
+        raise ValueError(f"strategy.hp_replay_bits={bits}, hp_replay_acc_bits={acc_bits} under quant={name}: "
+                         f"{error}") from None
 
 
 def exemplar_memory(strategy):
