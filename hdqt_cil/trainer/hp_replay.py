@@ -171,7 +171,7 @@ class HigherPrecisionReplay(SupervisedPlugin):
         except NonFiniteError as error:
             raise Diverged(experience, epoch, str(error), PHASE) from error
         mean = torch.stack(self._losses[start:]).mean().item()
-        what = divergence(strategy.model, mean, plugin_of(strategy, TrainingMonitor).losses[-1][0])
+        what = divergence(strategy.model, mean, plugin_of(strategy, TrainingMonitor).first_epoch_loss())
         if what is not None:
             raise Diverged(experience, epoch, what, PHASE)
 

@@ -33,14 +33,16 @@ class Diverged(RuntimeError):
         self.details = {"experience": experience, "epoch": epoch, "where": what, **({"phase": phase} if phase else {})}
 
 
-def divergence(model, mean: float, first: float) -> str | None:
+def divergence(model, mean: float, first: float | None) -> str | None:
     """What shows that training diverged, or None: weights or an epoch's `mean` loss no longer finite, or a runaway
-    loss over the experience's `first`-epoch mean. One rule for the epochs and for the phases after them."""
+    loss over the experience's `first`-epoch mean (None: this is its first epoch). One rule for the epochs and for
+    the phases after them."""
     for name, param in model.named_parameters():
         if not torch.isfinite(param).all():
             return f"non-finite weights in {name}"
     if not math.isfinite(mean):
         return "non-finite loss"
+    first = mean if first is None else first
     if mean > RUNAWAY_FACTOR * max(1.0, first):
         return (f"runaway loss {mean:.3g} (above {RUNAWAY_FACTOR:g} × max(1, the experience's first-epoch loss "
                 f"{first:.3g}))")
@@ -102,10 +104,14 @@ class TrainingMonitor(SupervisedPlugin):
         self._sum += strategy.loss.detach().sum()
         self._count += 1
 
+    def first_epoch_loss(self) -> float | None:
+        """The mean loss of the experience's first epoch (None before it ends): what a runaway loss is judged by."""
+        return self.losses[-1][0] if self.losses and self.losses[-1] else None
+
     def after_training_epoch(self, strategy, **kwargs):
         experience, epoch = training_place(strategy)
         mean = self._sum.item() / max(self._count, 1)
-        what = divergence(strategy.model, mean, self.losses[-1][0] if self.losses[-1] else mean)
+        what = divergence(strategy.model, mean, self.first_epoch_loss())
         if what is not None:
             raise Diverged(experience, epoch, what)
         self.losses[-1].append(mean)
