@@ -320,7 +320,7 @@ def refuse_misspelt_overrides(overrides: list[str]) -> None:
             node, path = _section(node, part), f"{path}{part}."
             if node is None:
                 break
-    keys = _keys(cfg)
+    keys = set(_keys(cfg)) if interpolating else set()  # walked only when an override interpolates
     for override in interpolating:
         _refuse_missing_interpolations(override, keys)
 
@@ -330,7 +330,7 @@ def refuse_misspelt_overrides(overrides: list[str]) -> None:
 INTERPOLATED_KEY = re.compile(r"\$\{(\w[\w.]*)\}")
 
 
-def _refuse_missing_interpolations(override, keys: list[str]) -> None:
+def _refuse_missing_interpolations(override, keys: set[str]) -> None:
     """Refuse an override whose value interpolates a key not among the config's `keys`, naming the nearest."""
     for key in INTERPOLATED_KEY.findall(override.input_line.partition("=")[2]):
         if key not in keys:
