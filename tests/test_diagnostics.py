@@ -330,11 +330,17 @@ def test_a_run_records_fidelity_per_layer_and_experience_without_changing_its_nu
     make_tables([tmp_path / "light"], tmp_path / "tables")
     rows = (tmp_path / "tables" / "fidelity.md").read_text().splitlines()
     assert "g_W cosine old classes" in rows[0] and len(rows) == 2 + len(records[1]["layers"]) + 1  # and the logits
+    header = [c.strip() for c in rows[0].split("|")]
+    cells = [dict(zip(header, (c.strip() for c in row.split("|")))) for row in rows[2:]]
+    logits = next(row for row in cells if row["layer"] == "logits")
+    assert {row["logits cosine"] for row in cells if row is not logits} == {"–"}  # a layer has no logits
+    assert logits["g_W cosine"] == "–" and float(logits["logits cosine"]) > 0  # the logits have no weight gradient
     assert (tmp_path / "tables" / "fidelity.png").stat().st_size > 0
     assert "| grad_output |" in (tmp_path / "tables" / "gradient_stats.md").read_text()
     table = (tmp_path / "tables" / "quantizers.md").read_text().splitlines()
     header = [c.strip() for c in table[0].split("|")]
     assert "underflow grad_input.grad_output" in header and "grad_weight tile sum / limit" in header
+    assert not any(c.strip() == "nan" for row in table[2:] for c in row.split("|"))  # not applicable: '–'
     # the run's quant_stats.json shares beside them: the means over its epochs (one experience's layer by hand)
     epochs = json.loads((tmp_path / "light" / "quant_stats.json").read_text())
     layer = next(iter(records[0]["layers"]))

@@ -123,7 +123,7 @@ def fidelity_by_experience(fidelity: pd.DataFrame, quantizers: pd.DataFrame) -> 
     table["seeds"] = per_seed.groupby(level=keys).size()
     table = table.reset_index()
     table["experience"] += 1  # counted from 1, as the run's log counts them
-    return table.round(3).fillna("–")
+    return table.round(3)
 
 
 def statistics_table(statistics: pd.DataFrame) -> pd.DataFrame:
@@ -232,7 +232,7 @@ def landscape_table(found: list[dict]) -> pd.DataFrame:
                 summary = slice_summary(slices[model]["1d"]) if slices else {"centre": None, "rise": None}
                 row[f"{what} loss{suffix}"], row[f"{what} rise{suffix}"] = summary["centre"], summary["rise"]
         rows.append(row)
-    return pd.DataFrame(rows).round(3).fillna("–")  # the first experience has no old ones
+    return pd.DataFrame(rows).round(3)  # the first experience has no old ones: "–" in the table
 
 
 def _spans_decades(values) -> bool:

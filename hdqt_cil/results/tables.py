@@ -609,10 +609,15 @@ def _label_energy_axis(ax, energies) -> None:
         ax.xaxis.set_minor_formatter(ticker.NullFormatter())
 
 
+def _markdown_cell(value) -> str:
+    """A markdown cell: '–' where the measure does not apply to the row (NaN, None), as in every table here."""
+    return "–" if pd.api.types.is_scalar(value) and pd.isna(value) else str(value)
+
+
 def to_markdown(table: pd.DataFrame) -> str:
     header = "| " + " | ".join(table.columns) + " |"
     rule = "|" + "|".join("---" for _ in table.columns) + "|"
-    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    body = ["| " + " | ".join(_markdown_cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
     return "\n".join([header, rule, *body]) + "\n"
 
 
