@@ -3,7 +3,8 @@ scheme paired by seed, and the scheme's runs' quantization statistics (quant_sta
 
     python scripts/quant_gap_report.py RUNS [RUNS ...] --out DIR [--scheme int4] [--compare lwf bic icarl | --compare]
 
-Each RUNS is a folder of run folders or a tar archive of them (results/*/runs.tgz).
+Each RUNS is a folder of run folders, a tar archive of them (results/*/runs.tgz) or one folder of an archive
+(results/cifar10/runs.tgz:runs/cifar10-resnet32/bic).
 
 --scheme names the scheme set against FP32 (`hdqt` unless given; `int4`, `hot`, `fp8`, ...); the tables' columns
 name it. A tagged run set at its scheme's preset (`tag=ce_seen` on FP32 and the scheme alike) counts as its scheme's
@@ -39,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from hdqt_cil.files import read_json, write_atomic
-from hdqt_cil.results.tables import collect_runs, mean_std, readable_roots, strategy_labels, to_markdown
+from hdqt_cil.results.tables import ROOTS_HELP, collect_runs, mean_std, readable_roots, strategy_labels, to_markdown
 from hdqt_cil.wording import help_description
 
 SCHEME = "hdqt"  # set against FP32 unless --scheme names another
@@ -292,8 +293,7 @@ def report(roots, out, compare=("lwf", "icarl"), plot=True, scheme=SCHEME) -> di
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=help_description(__doc__))
-    parser.add_argument("runs", nargs="+", help="folders searched recursively for run folders (summary.json), or tar "
-                        "archives of them (results/*/runs.tgz)")
+    parser.add_argument("runs", nargs="+", help=ROOTS_HELP)
     parser.add_argument("--out", required=True)
     parser.add_argument("--compare", nargs="*", default=["lwf", "icarl"], metavar="STRATEGY",
                         help="strategies whose quantization statistics are set side by side, each against the "

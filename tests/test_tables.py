@@ -551,6 +551,38 @@ def test_tables_from_an_archive_of_run_folders_equal_the_folders(tmp_path, capsy
         assert err.count("\n") == 1
 
 
+def test_one_folder_of_an_archive_is_a_root_of_its_own(tmp_path, capsys):
+    """`runs.tgz:runs/icarl` reads that folder of the archive alone: the tables of the folder unpacked by hand; its
+    runs are named by the archive in errors; a folder the archive lacks, or an archive that is no tar, is refused in
+    one line naming both."""
+    _write(tmp_path / "runs" / "icarl", _summary("icarl", "fp32", 0, 80.0), _summary("icarl", "hdqt", 0, 78.0))
+    _write(tmp_path / "runs" / "bic", _summary("bic", "fp32", 0, 84.0))
+    with tarfile.open(tmp_path / "runs.tgz", "w:gz") as archive:
+        archive.add(tmp_path / "runs", arcname="./runs")  # members named ./runs/..., as `tar -C DIR .` writes them
+    main([str(tmp_path / "runs" / "icarl"), "--out", str(tmp_path / "by_hand"), "--no-plot"])
+    for member in ("runs/icarl", "./runs/icarl/"):
+        main([f"{tmp_path / 'runs.tgz'}:{member}", "--out", str(tmp_path / "member"), "--no-plot"])
+        for name in ("table.md", "table.csv", "main.md"):
+            assert (tmp_path / "member" / name).read_text() == (tmp_path / "by_hand" / name).read_text()
+    assert "| bic |" not in (tmp_path / "member" / "table.md").read_text()
+    capsys.readouterr()
+    _write(tmp_path / "again", _summary("icarl", "fp32", 0, 70.0))  # seed 0 again, another result
+    with pytest.raises(SystemExit) as end:
+        main([f"{tmp_path / 'runs.tgz'}:runs/icarl", str(tmp_path / "again"), "--out", str(tmp_path / "x"),
+              "--no-plot"])
+    err = capsys.readouterr().err
+    assert end.value.code == 2 and f"{tmp_path / 'runs.tgz'}:runs/icarl/run0 and {tmp_path / 'again' / 'run0'}" in err
+    (tmp_path / "notes.txt").write_text("not an archive")
+    archive, notes = tmp_path / "runs.tgz", tmp_path / "notes.txt"
+    for root, message in ((f"{archive}:runs/lwf", f"{archive} holds no folder runs/lwf"),
+                          (f"{archive}:runs/ic", f"{archive} holds no folder runs/ic"),  # a prefix of a folder's name
+                          (f"{notes}:runs", f"{notes} is not a readable tar archive")):
+        with pytest.raises(SystemExit) as end:
+            main([root, "--out", str(tmp_path / "x"), "--no-plot"])
+        err = capsys.readouterr().err
+        assert end.value.code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1
+
+
 def test_a_run_found_twice_counts_once_and_two_runs_of_one_seed_are_refused(tmp_path, capsys):
     """Overlapping roots or an archive beside its unpacked copy hold the same runs: each counts once. Two different
     runs of one row and seed would be averaged as two seeds: refused, naming both (an archive's by its name)."""

@@ -1,16 +1,16 @@
 """`python -m hdqt_cil.results RUN_ROOT [RUN_ROOT ...] --out DIR`: aggregate run folders into tables. A root may be
-a tar archive of run folders (results/*/runs.tgz), read from a temporary copy."""
+a tar archive of run folders (results/*/runs.tgz), or one folder of one
+(results/cifar10/runs.tgz:runs/cifar10-resnet32/icarl), read from a temporary copy."""
 import argparse
 import sys
 from pathlib import Path
 
-from .tables import make_tables, readable_roots, to_markdown
+from .tables import ROOTS_HELP, make_tables, readable_roots, to_markdown
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("roots", nargs="+", help="folders searched recursively for run folders (summary.json), or "
-                        "tar archives of them")
+    parser.add_argument("roots", nargs="+", help=ROOTS_HELP)
     parser.add_argument("--out", required=True, help="where table.md/.csv/.tex and accuracy.png are written; "
                         "the files an earlier run wrote there (make_tables_outputs.txt) and this one does not are "
                         "removed")

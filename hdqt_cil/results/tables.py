@@ -206,25 +206,50 @@ def _collect(roots) -> tuple[pd.DataFrame, list[dict]]:
     return df.reset_index(drop=True), [configs[i] for i in df.index]  # the configs of the runs kept
 
 
+# what a root of the tables' commands may be (make_tables, quant_gap_report)
+ROOTS_HELP = ("folders searched recursively for run folders (summary.json), tar archives of them (results/*/runs.tgz), "
+              "or one folder of an archive (ARCHIVE:FOLDER, e.g. results/cifar10/runs.tgz:runs/cifar10-resnet32/icarl)")
+
+
+def archive_member(root: str) -> tuple[str, str]:
+    """(archive, folder inside it) for a root that names a folder of a tar archive as `runs.tgz:runs/x`, the form in
+    which the tables name an archive's runs; (root, '') for any other root."""
+    for at, char in enumerate(root):
+        if char == ":" and Path(root[:at]).is_file():
+            return root[:at], root[at + 1:].strip("/").removeprefix("./")
+    return root, ""
+
+
 def unpacked(root: str, into: str) -> str:
-    """`root` itself, or where the tar archive `root` is unpacked under `into`; a damaged or cut-short archive, or
-    one whose paths leave its folder, is a ValueError naming it."""
-    if not Path(root).is_file():
+    """`root` itself, or where the tar archive `root` is unpacked under `into` (with `archive:folder`, that folder of
+    it alone); a damaged or cut-short archive, or one whose paths leave its folder, is a ValueError naming it, a
+    folder the archive does not hold a FileNotFoundError."""
+    archive, inner = archive_member(root)
+    if not Path(archive).is_file():
         return root
     try:
-        if not tarfile.is_tarfile(root):  # reads the first member: a short archive can end there
+        if not tarfile.is_tarfile(archive):  # reads the first member: a short archive can end there
+            if inner:
+                raise tarfile.ReadError("not a tar archive")
             return root
         folder = tempfile.mkdtemp(dir=into)
-        with tarfile.open(root) as archive:
-            archive.extractall(folder, filter="data")
+        with tarfile.open(archive) as tar:
+            members = [m for m in tar.getmembers() if _within(m.name.removeprefix("./"), inner)]
+            tar.extractall(folder, members=members, filter="data")
     except (tarfile.TarError, EOFError, OSError) as error:
-        raise ValueError(f"{root} is not a readable tar archive ({error})") from error
-    return folder
+        raise ValueError(f"{archive} is not a readable tar archive ({error})") from error
+    if inner and not members:
+        raise FileNotFoundError(f"{archive} holds no folder {inner}")
+    return str(Path(folder) / inner) if inner else folder
+
+
+def _within(name: str, folder: str) -> bool:
+    return not folder or name == folder or name.startswith(f"{folder}/")
 
 
 def _refuse_missing(roots) -> None:
-    """Every root that does not exist, named in one FileNotFoundError."""
-    missing = [str(root) for root in roots if not Path(root).exists()]
+    """Every root that does not exist (an archive's folder: its archive), named in one FileNotFoundError."""
+    missing = [str(root) for root in roots if not Path(archive_member(str(root))[0]).exists()]
     if missing:
         raise FileNotFoundError(f"no such file or folder: {', '.join(missing)}")
 
@@ -232,8 +257,8 @@ def _refuse_missing(roots) -> None:
 @contextlib.contextmanager
 def readable_roots(roots):
     """`roots` to read as folders for the block's length: missing ones refused together (FileNotFoundError), tar
-    archives unpacked into a temporary folder; a ValueError or FileNotFoundError of the block names an archive's
-    runs by the archive (`runs.tgz:runs/x`), not by its copy."""
+    archives (or one folder of an archive, `runs.tgz:runs/x`) unpacked into a temporary folder; a ValueError or
+    FileNotFoundError of the block names an archive's runs by the archive (`runs.tgz:runs/x`), not by its copy."""
     roots = [str(root) for root in roots]
     _refuse_missing(roots)
     folders = []
@@ -245,16 +270,18 @@ def readable_roots(roots):
             message = str(error)
             for folder, root in zip(folders, roots):
                 if folder != root:
-                    message = message.replace(f"{folder}/", f"{root}:").replace(folder, root)
+                    archive, inner = archive_member(root)
+                    copy = folder.removesuffix(f"/{inner}") if inner else folder
+                    message = message.replace(f"{copy}/", f"{archive}:").replace(copy, archive)
             raise type(error)(message) from error
 
 
 def load_runs(*roots) -> pd.DataFrame:
-    """Every run folder under `roots` (folders, or tar archives of run folders: results/*/runs.tgz), for a
-    notebook: collect_runs' row (run identity, status, metrics, cost, wall time, peak memory, path: an archive's
-    runs in a temporary copy) with each setting of the run's config as a column of its dotted name
-    (`trainer.epochs`, `quant.acc_bits`, ...) and its accuracy matrix in `acc_matrix` (a float array, row k: after
-    experience k, NaN for experiences not yet seen)."""
+    """Every run folder under `roots` (folders, tar archives of run folders: results/*/runs.tgz, or one folder of
+    one: runs.tgz:runs/x), for a notebook: collect_runs' row (run identity, status, metrics, cost, wall time, peak
+    memory, path: an archive's runs in a temporary copy) with each setting of the run's config as a column of its
+    dotted name (`trainer.epochs`, `quant.acc_bits`, ...) and its accuracy matrix in `acc_matrix` (a float array,
+    row k: after experience k, NaN for experiences not yet seen)."""
     _refuse_missing(roots)
     copies = tempfile.mkdtemp(prefix="hdqt-runs-")
     df, configs = _collect([unpacked(str(root), copies) for root in roots])
