@@ -8,7 +8,8 @@ Each RUNS is a folder of run folders, a tar archive of them (results/*/runs.tgz)
 
 --scheme names the scheme set against FP32 (`hdqt` unless given; `int4`, `hot`, `fp8`, ...); the tables' columns
 name it. A tagged run set at its scheme's preset (`tag=ce_seen` on FP32 and the scheme alike) counts as its scheme's
-runs; one off the preset (`quant.acc_bits=12 tag=acc12`) is left out. The runs must share one schedule (preset and
+runs; one off the preset (`quant.acc_bits=12 tag=acc12`) is left out, unless --scheme names it (`hdqt[acc12]`: its
+runs set against FP32, the tables naming it). The runs must share one schedule (preset and
 epochs): FP32 at 60 epochs is not paired with a scheme at 8.
 
 Writes into DIR, from the complete run folders under RUNS (a[k,j]: accuracy on task j after experience k; each
@@ -71,15 +72,18 @@ def forgetting_by_age(acc_matrix, sizes) -> pd.DataFrame:
                          for d in range(1, len(a))])
 
 
-def load_runs(*roots) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Complete runs at their scheme's preset (collect_runs), strategies named by their variant: one row per
-    run × experience (accuracy split, last-epoch training loss) and one per run × task age (forgetting_by_age)."""
+def load_runs(*roots, scheme: str = SCHEME) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Complete runs at their scheme's preset (collect_runs), and those of the tagged run set `scheme` names
+    (`hdqt[acc12]`) whatever their settings, strategies named by their variant: one row per run × experience
+    (accuracy split, last-epoch training loss) and one per run × task age (forgetting_by_age)."""
     runs = collect_runs(*roots)
-    runs = runs[(runs.status == "complete") & (runs.quant_variant == "") & (runs.setting == "")]
+    named = runs.quant == scheme  # 'hdqt[acc12]': the label the tables give a tagged run set
+    at_preset = (runs.quant_variant == "") & (runs.setting == "")
+    runs = runs[(runs.status == "complete") & (at_preset | named)]
     if runs.benchmark.nunique() > 1:  # FP32 on one benchmark paired with the scheme on another is no gap
         raise ValueError(f"the runs are of several benchmarks ({', '.join(sorted(set(runs.benchmark)))}): give one "
                          "benchmark's runs")
-    runs = runs.assign(strategy=strategy_labels(runs), quant=runs.scheme)
+    runs = runs.assign(strategy=strategy_labels(runs), quant=runs.scheme.where(runs.quant != scheme, scheme))
     schedules = runs.groupby("strategy")[["preset", "epochs"]].apply(lambda g: sorted(set(map(tuple, g.values))))
     mixed = schedules[schedules.map(len) > 1]
     if len(mixed):  # FP32 at one schedule against the scheme at another is no gap of the scheme's
@@ -266,9 +270,9 @@ def plot_saturation(stats: pd.DataFrame, strategies, path) -> None:
 
 def report(roots, out, compare=("lwf", "icarl"), plot=True, scheme=SCHEME) -> dict:
     out = Path(out)
-    steps, ages = load_runs(*roots)
+    steps, ages = load_runs(*roots, scheme=scheme)
     if scheme not in (schemes := sorted(set(steps.quant) - {"fp32"})):
-        raise SystemExit(f"--scheme: no {scheme} runs to set against fp32 under {', '.join(map(str, roots))}; "
+        raise ValueError(f"--scheme: no {scheme} runs to set against fp32 under {', '.join(map(str, roots))}; "
                          f"there are {', '.join(schemes) or 'none'}")
     pairs = paired(steps, scheme)
     tables = {"accuracy_split.md": accuracy_split_table(pairs, scheme), "gap_decomposition.md": decomposition(pairs),
@@ -300,7 +304,8 @@ def main(argv=None) -> None:
                              "last named; none named (`--compare` alone): the accuracy tables only")
     parser.add_argument("--scheme", default=SCHEME, metavar="NAME",
                         help=f"the quant scheme set against FP32 and named in the tables (default {SCHEME}), e.g. "
-                             "int4, hot, fp8; its tagged run sets count as its runs")
+                             "int4, hot, fp8; its tagged run sets at its preset count as its runs; a tagged run set "
+                             "off it (hdqt[acc12]) is named whole")
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
     if len(args.compare) == 1:

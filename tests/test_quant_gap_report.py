@@ -258,7 +258,8 @@ def test_runs_of_two_benchmarks_are_not_paired(tmp_path, capsys):
 
 def test_a_tagged_ablation_is_left_out_and_schedules_are_not_mixed(tmp_path):
     """A tagged run set off its scheme's preset (acc_bits 12) is no run of the scheme: HDQT's gap is its preset
-    runs'. FP32 at one schedule against the scheme at another is refused, naming both."""
+    runs', unless --scheme names the set (hdqt[acc12]). FP32 at one schedule against the scheme at another is
+    refused, naming both."""
     from hdqt_cil.quant.schemes import preset_settings
 
     def config(quant, epochs=60, **settings):
@@ -270,6 +271,13 @@ def test_a_tagged_ablation_is_left_out_and_schedules_are_not_mixed(tmp_path):
     write_run(tmp_path, "lwf", "hdqt", FP32, tag="acc12", config=config("hdqt", acc_bits=12))
     steps, _ = gap.load_runs(tmp_path)
     assert sorted(set(steps.path.map(lambda p: Path(p).parent.name))) == ["fp32", "hdqt"]
+    steps, _ = gap.load_runs(tmp_path, scheme="hdqt[acc12]")
+    assert sorted(set(steps.quant)) == ["fp32", "hdqt", "hdqt[acc12]"]
+    assert set(steps[steps.quant == "hdqt[acc12]"].path.map(lambda p: Path(p).parent.name)) == {"hdqt-acc12"}
+    out = tmp_path / "out"
+    gap.main([str(tmp_path), "--out", str(out), "--no-plot", "--compare", "--scheme", "hdqt[acc12]"])
+    assert header((out / "gap_decomposition.md").read_text())[2] == "Δavg (summary)"
+    assert rows((out / "gap_decomposition.md").read_text())[0][2] == "+0.0"  # the acc12 run is FP32's twin here
     write_run(tmp_path / "short", "lwf", "hdqt", HDQT, config=config("hdqt", epochs=8))
     write_run(tmp_path / "short", "lwf", "fp32", FP32, seed=1, config=config("fp32"))
     with pytest.raises(ValueError, match=r"the runs of lwf ran at more than one schedule \(– at 60 epochs, – at 8 "
@@ -281,7 +289,7 @@ def header(md: str) -> list[str]:
     return [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
 
 
-def test_another_scheme_against_fp32(tmp_path):
+def test_another_scheme_against_fp32(tmp_path, capsys):
     """--scheme int4: FP32 against INT4 (a tagged run set), the tables naming int4; the HDQT runs beside them (no
     gap if they were paired in) are left out."""
     runs = tmp_path / "runs"
@@ -308,5 +316,8 @@ def test_another_scheme_against_fp32(tmp_path):
     forward = rows((out / "quant_stats.md").read_text().split("## grad_input_saturated")[0].split("\n", 2)[2])
     assert {(r[0], r[1]): r for r in forward}[("stage 1", "1")][2:] == ["3 (n=1)", "0 (n=1)", "+3 (n=1)", "1/1"]
 
-    with pytest.raises(SystemExit, match=r"^--scheme: no fp8 runs to set against fp32 under .*; there are hdqt, int4$"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as end:
         gap.main([str(runs), "--out", str(out), "--no-plot", "--scheme", "fp8"])
+    assert end.value.code == 2 and capsys.readouterr().err == (
+        f"error: --scheme: no fp8 runs to set against fp32 under {runs}; there are hdqt, int4\n")
