@@ -6,7 +6,7 @@ refactoring, another machine, another backend) changed no number.
 Each tree is a folder or a tar archive of run folders (results/*/runs.tgz, read from a temporary copy). An archive
 that holds one folder alone (`tar czf runs.tgz runs`) stands for that folder, as make_tables reads the two alike:
 `runs.tgz` holding `runs/<benchmark>/...` compares with a folder holding `<benchmark>/...`; any other archive stands
-for the folder it unpacks into.
+for the folder it unpacks into. `runs.tgz:runs/x` stands for that folder of the archive.
 For every run folder of RUNS_A (by its path below the root) the same folder must exist in RUNS_B with an equal
 accuracy matrix, per-class accuracies, per-epoch training losses, status and class order, and equal per-epoch
 quantization statistics (quant_stats.json) where either has them (folders that only RUNS_B holds are not compared).
@@ -34,11 +34,13 @@ def tree(path: Path, scratch: str) -> Path:
     folder it holds, where it holds one folder alone). ValueError, naming `path`, for anything else."""
     if path.is_dir():
         return path
-    from hdqt_cil.results.tables import unpacked  # the tables' module loads torch: imported for an archive only
+    from hdqt_cil.results.tables import archive_member, unpacked  # they load torch: imported for an archive only
 
     folder = Path(unpacked(str(path), scratch))
     if folder == path:
         raise ValueError(f"{path} is neither a folder nor a tar archive of run folders")
+    if archive_member(str(path))[1]:  # a folder named inside the archive stands for itself
+        return folder
     entries = list(folder.iterdir())
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else folder
 
@@ -64,13 +66,14 @@ def differences(a: Path, b: Path, b_name: Path | None = None) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    parser.add_argument("a", type=Path, help="a folder of run folders, or a tar archive of them")
+    parser.add_argument("a", type=Path, help="a folder of run folders, a tar archive of them, or one folder of an "
+                        "archive (ARCHIVE:FOLDER)")
     parser.add_argument("b", type=Path, help="the same, compared with A")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         try:
             a, b = tree(args.a, scratch), tree(args.b, scratch)
-        except ValueError as error:
+        except (ValueError, FileNotFoundError) as error:  # no archive, or no such folder in it
             print(error, file=sys.stderr)
             return 1
         runs = len(list(a.rglob("summary.json")))
@@ -78,7 +81,7 @@ def main(argv=None) -> int:
             print(f"no run folders (summary.json) under {args.a}", file=sys.stderr)
             return 1
         found = differences(a, b, args.b)
-    print("\n".join(found) if found else f"{runs} runs identical")
+    print("\n".join(found) if found else f"{runs} run{'' if runs == 1 else 's'} identical")
     return 1 if found else 0
 
 

@@ -84,6 +84,12 @@ def test_an_archive_of_several_folders_stands_for_the_folder_it_unpacks_into(tmp
     both = archive(tmp_path / "both.tgz", tmp_path / "runs" / "r_base", tmp_path / "runs" / "r_new")
     assert compare_runs.main([str(both), str(tmp_path / "runs")]) == 0
     assert capsys.readouterr().out == "2 runs identical\n"
+    # one folder of it (ARCHIVE:FOLDER) stands for that folder, whatever it holds
+    assert compare_runs.main([f"{both}:r_new", str(tmp_path / "runs" / "r_base")]) == 0
+    assert capsys.readouterr().out == "1 run identical\n"
+    assert compare_runs.main([f"{both}:r_new/x", str(tmp_path / "runs" / "r_base" / "x")]) == 0
+    assert compare_runs.main([f"{both}:r_old", str(tmp_path / "runs")]) == 1
+    assert capsys.readouterr().err == f"{both} holds no folder r_old\n"
 
 
 def test_a_path_neither_a_folder_nor_a_readable_archive_is_named_in_one_line(tmp_path, capsys):
