@@ -31,7 +31,8 @@ def _json(path: Path):
 
 def tree(path: Path, scratch: str) -> Path:
     """The folder of run folders `path` names: itself, or the tar archive `path` unpacked under `scratch` (the
-    folder it holds, where it holds one folder alone). ValueError, naming `path`, for anything else."""
+    folder it holds, where it holds one folder alone; `runs.tgz:runs/x`, that folder). ValueError, naming `path`,
+    for anything else; FileNotFoundError for a folder the archive lacks."""
     if path.is_dir():
         return path
     from hdqt_cil.results.tables import archive_member, unpacked  # they load torch: imported for an archive only
