@@ -9,6 +9,7 @@ import warnings
 import weakref
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -511,3 +512,23 @@ def test_an_integer_batch_is_diagnosed_without_torch_warning_of_its_missing_inpu
         record = diagnose_batch(model, x, g)
     first = next(iter(record["layers"].values()))
     assert "g_W" in first and not first["g_x"] and 0 < first["g_W"]["all"]["cosine"] <= 1 + 1e-6
+
+
+def test_a_growing_models_layers_stand_once_in_the_tables_at_their_last_place(tmp_path):
+    """MEMO adds an extractor each experience, which moves every later layer's place in the model."""
+    from hdqt_cil.results.diagnostics import diagnostics_frame, fidelity_table, quantizer_table, statistics_table
+
+    measures = {"cosine": 0.5, "rel_error": 0.1, "sign": 0.9}
+    layer = {"g_W": {"all": measures}, "underflow": {"input": 0.1},
+             "stats": {"input": {"max": 1.0, "min": 0.0, "mean": 0.5, "norm": 1.0}}}
+    orders = [["extractors.0", "trunk", "classifier"], ["extractors.0", "extractors.1", "trunk", "classifier"]]
+    records = [{"experience": e, "layer_order": order, "layers": dict.fromkeys(order, layer),
+                "logits": {"all": measures}} for e, order in enumerate(orders)]
+    (tmp_path / "diagnostics.json").write_text(json.dumps(records))
+    runs = pd.DataFrame([{"path": str(tmp_path), "benchmark": "b", "strategy": "memo", "scheme": "hdqt", "seed": 0}])
+    fidelity, statistics, quantizers = diagnostics_frame(runs)
+    table = fidelity_table(fidelity)
+    assert list(table.layer) == orders[1] + ["logits"]
+    assert dict(zip(table.layer, table.n)) == {"extractors.0": 2, "extractors.1": 1, "trunk": 2, "classifier": 2,
+                                               "logits": 2}
+    assert list(statistics_table(statistics).layer) == list(quantizer_table(quantizers).layer) == orders[1]

@@ -78,7 +78,17 @@ def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, p
                     where = {**keys, "experience": epoch["experience"], "position": position, "layer": layer}
                     quantizers += [{**where, "measure": EPOCH_SHARES[stat], "value": share}
                                    for stat, share in shares.items() if stat in EPOCH_SHARES]
-    return pd.DataFrame(fidelity), pd.DataFrame(statistics), pd.DataFrame(quantizers)
+    return tuple(_latest_places(pd.DataFrame(rows)) for rows in (fidelity, statistics, quantizers))
+
+
+def _latest_places(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each layer at its place in the last model that has it: a model that grows (MEMO adds an extractor each
+    experience) moves its later layers, which the tables would otherwise list once for every place they held."""
+    if frame.empty:
+        return frame
+    run_layer = [k for k in RUN_KEYS + ["seed"] if k in frame] + ["layer"]
+    latest = frame.sort_values("experience", kind="stable").groupby(run_layer, dropna=False)["position"]
+    return frame.assign(position=latest.transform("last"))
 
 
 def _keys(frame: pd.DataFrame) -> list[str]:
