@@ -131,8 +131,10 @@ SWITCHED_SETTINGS = (("strategy", "hp_replay", "hp_replay_"),)
 # A setting at the value that was the behaviour before it existed, with the settings that mean nothing then: left
 # out of a run's identity, so that a folder written before it matches.
 DEFAULTED_SETTINGS = (("quant", "acc", "int", ("acc_exp_bits", "acc_man_bits")),
+                      ("quant", "grad_clip", 1.0, ()),
                       ("trainer", "weight_update", "sgd", ()),
-                      ("strategy", "hp_replay_bn", "train", ()))
+                      ("strategy", "hp_replay_bn", "train", ()),
+                      ("benchmark", "scenario", "class", ()))
 
 
 def _without_nulls(value):

@@ -48,6 +48,14 @@ def test_mean_std_over_seeds_and_flags(tmp_path):
     assert "incomplete" in display_table(aggregate(collect_runs(tmp_path))).columns
 
 
+def test_seeds_apart_by_a_float_sums_last_bits_have_no_spread_and_others_keep_theirs():
+    from hdqt_cil.results.tables import mean_std
+
+    assert mean_std([761.0, 761.0 + 2 ** -43, 761.0], ".3g") == "761 ± 0"
+    assert mean_std([761.0, 762.0, 761.0], ".3g") == "761 ± 0.577"
+    assert mean_std([0.0, 1e-12], ".3g") == "5e-13 ± 7.07e-13"
+
+
 def test_make_tables_writes_every_format(tmp_path):
     _write(tmp_path / "runs", _summary("icarl", "fp32", 0, 80.0), _summary("icarl", "hdqt", 0, 78.0))
     table = make_tables([tmp_path / "runs"], tmp_path / "out")
@@ -290,6 +298,32 @@ def test_a_defaulted_setting_splits_rows_from_the_runs_at_its_default_and_shows_
         ("strategy.hp_replay=200, strategy.hp_replay_bn=eval", "80.0 (n=1)"),
         ("strategy.hp_replay=200, strategy.hp_replay_bn=train", "70.0 ± 0.0"),
         ("strategy.hp_replay=unset, strategy.hp_replay_bn=unset", "70.0 (n=1)")]
+
+
+def test_a_run_from_before_a_setting_or_record_existed_shares_the_row_of_runs_at_its_behaviour(tmp_path):
+    """A run written before quant.grad_clip, benchmark.scenario and the data's fingerprint were recorded computed
+    what grad_clip=1.0 on class-incremental data computes: its seed joins theirs. A clip that cuts, or other data
+    among the runs that record it, still splits rows."""
+    runs = tmp_path / "runs"
+
+    def written(name, seed, last, data=None, **quant):
+        summary = {**_summary("icarl", "hdqt", seed, last), **({"data_source": data} if data else {})}
+        write_json(runs / name / "summary.json", summary)
+        benchmark = {"name": "hapt"} if data is None else {"name": "hapt", "scenario": "class"}
+        config = {"quant": {k: v for k, v in preset_settings("hdqt").items() if k != "grad_clip"} | quant,
+                  "strategy": {"name": "icarl"}, "trainer": {}, "benchmark": benchmark}
+        (runs / name / "config.yaml").write_text(OmegaConf.to_yaml(config))
+
+    written("before", 0, 60.0)
+    written("later", 1, 62.0, data="d1", grad_clip=1.0)
+    table = make_tables([runs], tmp_path / "one")
+    assert list(table["last acc"]) == ["61.0 ± 1.4"] and not {"variant", "quant_variant"} & set(table.columns)
+    written("cut", 2, 50.0, data="d1", grad_clip=0.975)
+    written("other", 3, 40.0, data="d2", grad_clip=1.0)
+    table = make_tables([runs], tmp_path / "four")
+    assert sorted(zip(table.variant, table.quant_variant, table["last acc"])) == [
+        ("data=d1", "quant.grad_clip=0.975", "50.0 (n=1)"), ("data=d1", "quant.grad_clip=1.0", "62.0 (n=1)"),
+        ("data=d2", "quant.grad_clip=1.0", "40.0 (n=1)"), ("data=unset", "quant.grad_clip=1.0", "60.0 (n=1)")]
 
 
 def test_tagged_runs_only_leave_the_main_table_empty_and_table_md_whole(tmp_path):

@@ -116,11 +116,15 @@ def _value(key: str, flat: dict):
     return default if switch is None or switch in flat else "unset"
 
 
-def _set_alike_where_switched_on(key: str, flat: list[dict]) -> bool:
-    """Whether `key` is a switched setting with one value in every run that has its switch on: it then differs
-    only with its switch, which the rows show already."""
+def _alike_where_known(key: str, flat: list[dict]) -> bool:
+    """Whether `key` has one value among the runs where it says something: a switched setting among the runs with
+    its switch on (it then differs only with its switch, which the rows show already); the data's fingerprint among
+    the runs that record it (a run from before summaries recorded it is told apart by its config alone)."""
     switch = _switch(key)
-    return switch is not None and len({repr(_value(key, f)) for f in flat if switch in f}) == 1
+    if switch is None and key != "data":
+        return False
+    known = [f for f in flat if (switch or key) in f]
+    return len({repr(_value(key, f)) for f in known}) == 1
 
 
 def _differences(df: pd.DataFrame, flat: list[dict], by: list[str]) -> list[str]:
@@ -130,7 +134,7 @@ def _differences(df: pd.DataFrame, flat: list[dict], by: list[str]) -> list[str]
         rows = group.index.tolist()
         keys = sorted(set().union(*(flat[i] for i in rows)))
         differing = [k for k in keys if len({repr(_value(k, flat[i])) for i in rows}) > 1
-                     and not _set_alike_where_switched_on(k, [flat[i] for i in rows])]
+                     and not _alike_where_known(k, [flat[i] for i in rows])]
         for i in rows:
             out[i] = ", ".join(f"{k}={_value(k, flat[i])}" for k in differing)
     return out
@@ -293,11 +297,14 @@ def load_runs(*roots) -> pd.DataFrame:
 
 def mean_std(values, form: str = ".1f") -> str:
     """'mean ± std' over seeds (std with ddof 1), 'value (n=1)' for one seed (no spread measured, not a spread of
-    0); a '+' in `form` signs the mean only."""
+    0); a '+' in `form` signs the mean only. Seeds that differ only in a float sum's last bits (one cost summed in
+    another order) have no spread: 0, not 1e-13."""
     values = np.asarray(values, dtype=float)
     if len(values) == 1:
         return f"{number(values[0], form)} (n=1)"
-    return f"{number(values.mean(), form)} ± {values.std(ddof=1):{form.lstrip('+')}}"
+    mean, spread = values.mean(), values.std(ddof=1)
+    spread = 0.0 if spread <= 1e-9 * abs(mean) else spread
+    return f"{number(mean, form)} ± {spread:{form.lstrip('+')}}"
 
 
 def number(value: float, form: str = ".1f") -> str:
