@@ -532,3 +532,13 @@ def test_a_growing_models_layers_stand_once_in_the_tables_at_their_last_place(tm
     assert dict(zip(table.layer, table.n)) == {"extractors.0": 2, "extractors.1": 1, "trunk": 2, "classifier": 2,
                                                "logits": 2}
     assert list(statistics_table(statistics).layer) == list(quantizer_table(quantizers).layer) == orders[1]
+
+
+def test_the_fidelity_plot_names_layers_only_where_every_models_layer_at_a_place_is_the_same():
+    from hdqt_cil.results.diagnostics import layer_names
+
+    resnet = pd.DataFrame({"strategy": "lwf", "position": [0, 1, 2], "layer": ["stem", "block", "classifier"]})
+    assert layer_names(pd.concat([resnet, resnet.assign(strategy="icarl")])) == {0: "stem", 1: "block",
+                                                                                    2: "classifier"}
+    memo = pd.DataFrame({"strategy": "memo", "position": [0, 1], "layer": ["extractors.0", "trunk"]})
+    assert layer_names(pd.concat([resnet, memo])) is None

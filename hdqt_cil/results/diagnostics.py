@@ -157,6 +157,13 @@ def quantizer_table(quantizers: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index().drop(columns="position").round(3)
 
 
+def layer_names(fidelity: pd.DataFrame) -> dict[int, str] | None:
+    """The layer at each place of the plotted runs' models, or None where two runs' models put other layers at one
+    place (a panel of ResNet-32 beside MEMO's growing model): one run's names would mislabel the others' curves."""
+    names = fidelity.groupby("position").layer.unique()
+    return None if any(len(n) > 1 for n in names) else {int(p): n[0] for p, n in names.items()}
+
+
 def plot_fidelity(fidelity: pd.DataFrame, path) -> None:
     """Cosine to the float gradient by layer (g_W, g_x), and g_W's over the experiences for the old (solid) and the
     new (dashed) classes' logits: one line per strategy (colour) and scheme (marker), means over seeds; the
@@ -179,13 +186,16 @@ def plot_fidelity(fidelity: pd.DataFrame, path) -> None:
     for row, bench in zip(axes, benchmarks):
         runs = fidelity[(fidelity.benchmark == bench) & fidelity.gradient.isin(GRADIENTS)]
         one_strategy = runs.strategy.nunique() == 1
-        layers = runs.drop_duplicates("position").sort_values("position")
+        names = layer_names(runs)
         for ax, kind in zip(row[:2], GRADIENTS):
             chosen = runs[(runs.gradient == kind) & (runs.part == "all")]
             for label, group in chosen.groupby(keys[1:]):
                 curve = group.groupby("position").cosine.mean()
                 ax.plot(curve.index, curve.values, label=" / ".join(filter(None, label)), **style(label, one_strategy))
-            ax.set_xticks(layers.position, layers.layer, rotation=90, fontsize=6)
+            if names is None:
+                ax.set_xlabel("layer, by its place in its model (the models differ)")
+            else:
+                ax.set_xticks(list(names), list(names.values()), rotation=90, fontsize=6)
             ax.set(title=f"{bench}: {kind} against FP32, by layer", ylabel="cosine similarity")
         ax = row[2]
         split = runs[(runs.gradient == "g_W") & runs.part.isin(["old", "new"]) & (runs.scheme != "fp32")]
