@@ -51,12 +51,13 @@ def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, p
     fidelity, statistics, quantizers = [], [], []
     for run, records, epochs in _records(runs):
         keys = {k: run[k] for k in RUN_KEYS + ["seed"] if k in run}
-        positions = {}  # (experience, layer): the layer's place in the model
+        places = _latest_places(records)
+        diagnosed = set()  # (experience, layer)
         for record in records:
-            for position, layer in enumerate(layer_order(record)):
+            for layer in layer_order(record):
                 found = record["layers"][layer]
-                positions[record["experience"], layer] = position
-                where = {**keys, "experience": record["experience"], "position": position, "layer": layer}
+                diagnosed.add((record["experience"], layer))
+                where = {**keys, "experience": record["experience"], "position": places[layer], "layer": layer}
                 for kind in COMPARED:
                     for part, measures in found.get(kind, {}).items():
                         fidelity.append({**where, "gradient": kind, "part": part, **measures})
@@ -68,27 +69,25 @@ def diagnostics_frame(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, p
                     quantizers.append({**where, "measure": f"{product} tile sum / limit",
                                        "value": kept["largest"] / kept["limit"]})
             # the model's output, after its last layer: the quantized forward's logits against the float one's
-            where = {**keys, "experience": record["experience"], "position": len(record["layers"]), "layer": "logits"}
+            where = {**keys, "experience": record["experience"], "position": len(places), "layer": "logits"}
             fidelity += [{**where, "gradient": "logits", "part": part, **measures}
                          for part, measures in record.get("logits", {}).items()]
         for epoch in epochs:
             for layer, shares in epoch["layers"].items():
-                position = positions.get((epoch["experience"], layer))
-                if position is not None:
-                    where = {**keys, "experience": epoch["experience"], "position": position, "layer": layer}
+                if (epoch["experience"], layer) in diagnosed:
+                    where = {**keys, "experience": epoch["experience"], "position": places[layer], "layer": layer}
                     quantizers += [{**where, "measure": EPOCH_SHARES[stat], "value": share}
                                    for stat, share in shares.items() if stat in EPOCH_SHARES]
-    return tuple(_latest_places(pd.DataFrame(rows)) for rows in (fidelity, statistics, quantizers))
+    return pd.DataFrame(fidelity), pd.DataFrame(statistics), pd.DataFrame(quantizers)
 
 
-def _latest_places(frame: pd.DataFrame) -> pd.DataFrame:
-    """Each layer at its place in the last model that has it: a model that grows (MEMO adds an extractor each
+def _latest_places(records: list[dict]) -> dict[str, int]:
+    """Each layer's place in the last model that has it: a model that grows (MEMO adds an extractor each
     experience) moves its later layers, which the tables would otherwise list once for every place they held."""
-    if frame.empty:
-        return frame
-    run_layer = [k for k in RUN_KEYS + ["seed"] if k in frame] + ["layer"]
-    latest = frame.sort_values("experience", kind="stable").groupby(run_layer, dropna=False)["position"]
-    return frame.assign(position=latest.transform("last"))
+    places = {}
+    for record in sorted(records, key=lambda r: r["experience"]):
+        places.update({layer: place for place, layer in enumerate(layer_order(record))})
+    return places
 
 
 def _keys(frame: pd.DataFrame) -> list[str]:
