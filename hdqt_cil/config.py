@@ -243,14 +243,20 @@ def _refuse_unknown_members(group: str, override) -> None:
 def refuse_unknown_keys(node, path: str = "") -> None:
     """Refuse a key that no schema declares (an added `+trainer.epoch=5` would be stored and ignored), naming the
     nearest settings of its node."""
-    declared = OmegaConf.get_type(node)
-    if is_dataclass(declared):
-        for key in node.keys():
-            _refuse_unknown(key, path, declared)
+    for where, section in _sections(node, path):
+        declared = OmegaConf.get_type(section)
+        if is_dataclass(declared):
+            for key in section.keys():
+                _refuse_unknown(key, where, declared)
+
+
+def _sections(node: DictConfig, path: str = ""):
+    """`node` and every section below it, each with its dotted path (`trainer.`), read without resolving a value."""
+    yield path, node
     for key in node.keys():
         child = node._get_node(key)
         if isinstance(child, DictConfig):
-            refuse_unknown_keys(child, f"{path}{key}.")
+            yield from _sections(child, f"{path}{key}.")
 
 
 # The sections whose schema no group choice changes, and the groups whose chosen member brings its own.
@@ -322,7 +328,8 @@ def refuse_misspelt_overrides(overrides: list[str]) -> None:
             node, path = _section(node, part), f"{path}{part}."
             if node is None:
                 break
-    keys = set(_keys(cfg)) if interpolating else set()  # walked only when an override interpolates
+    # walked only when an override interpolates
+    keys = {f"{path}{key}" for path, section in _sections(cfg) for key in section.keys()} if interpolating else set()
     for override in interpolating:
         _refuse_missing_interpolations(override, keys)
 
@@ -339,17 +346,6 @@ def _refuse_missing_interpolations(override, keys: set[str]) -> None:
             hint = _did_you_mean(key, keys, lambda k: f"${{{k}}}")
             raise ValueError(f"{override.input_line} interpolates ${{{key}}}, which is not a setting; {hint}an "
                              "interpolation names a setting of the run (`--cfg job` prints them)")
-
-
-def _keys(node: DictConfig, path: str = "") -> list[str]:
-    """Every key of `node` at any depth, dotted (trainer.epochs), read without resolving a value."""
-    keys = []
-    for key in node.keys():
-        keys.append(f"{path}{key}")
-        child = node._get_node(key)
-        if isinstance(child, DictConfig):
-            keys += _keys(child, f"{path}{key}.")
-    return keys
 
 
 def _section(node: DictConfig, key: str) -> DictConfig | None:
